@@ -1,0 +1,263 @@
+"""Run configuration: `model.json` -> ModelConfig, `train.json` -> TrainConfig.
+
+Each config is a frozen, typed dataclass that maps one-to-one to its JSON file. Defaults live
+here and nowhere else. Loading is strict: a malformed file, an unknown key, a wrong type or an
+impossible value raises ConfigError with one line naming the file, the key and the value, long
+before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+MODEL_FILE = "model.json"
+TRAIN_FILE = "train.json"
+
+
+class ConfigError(ValueError):
+    """A bad run configuration; the message is one line naming the file, key and value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    # "gpt2": the full transformer; "a-to-a": token embedding straight into the output head
+    # (the seed's harness sanity check, which learns to map each token to itself).
+    architecture: Literal["gpt2", "a-to-a"]
+    vocab_size: int  # number of token ids; must exceed every id in the dataset
+    context_length: int  # longest sequence the position embedding covers
+    emb_dim: int  # residual stream width C
+    n_heads: int = 1  # attention heads; emb_dim must divide by it
+    n_layers: int = 0  # transformer blocks
+    qkv_bias: bool = False  # bias on the fused query/key/value projection
+    drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
+    tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
+
+    def __post_init__(self) -> None:
+        _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
+        if self.architecture == "gpt2":
+            _positive(self, MODEL_FILE, "n_layers")
+            if self.emb_dim % self.n_heads:
+                raise ConfigError(
+                    f"{MODEL_FILE}: emb_dim={self.emb_dim} does not divide by n_heads={self.n_heads}"
+                )
+        elif self.n_layers < 0:
+            raise ConfigError(f"{MODEL_FILE}: n_layers={self.n_layers} must be >= 0")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetConfig:
+    source: str = "builtin"  # a source known to download_dataset.py
+    options: dict[str, Any] = field(default_factory=dict)  # source-specific options
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    microbatch_size: int  # sequences per forward/backward pass (per process, before any mesh split)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    tokenizer: Literal["bytes", "gpt2"] = "bytes"
+    targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
+    sequence_length: int | None = None  # tokens per sequence; None = model context_length
+    gradient_accumulation_steps: int = 1  # microbatches per optimiser step
+    batch_size: int | None = None  # optional check: sequences per optimiser step
+    train_steps: int | None = None  # training length in optimiser steps ...
+    train_tokens: int | None = None  # ... or in tokens (exactly one of the two)
+    learning_rate: float = 6e-4  # peak learning rate
+    warmup_percent: float = 5.0  # linear warm-up, percent of the total steps
+    lr_init_factor: float = 1e-5  # warm-up starts at learning_rate * this
+    lr_end_factor: float = 0.1  # cosine decay ends at learning_rate * this
+    weight_decay: float = 0.1  # AdamW decoupled weight decay, 2-D params only
+    adam_b1: float = 0.9
+    adam_b2: float = 0.95
+    adam_eps: float = 1e-8
+    clipping_max_norm: float = 1.0  # clip the accumulated gradient's global L2 norm to this
+    checkpoint_interval: int = 100  # optimiser steps between checkpoints
+    validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
+    validation_batches: int = 8  # microbatches of the validation split per validation
+    keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
+    seed: int = 0  # parameters, dropout and batch order all derive from it
+    charts_log_y: bool = False  # draw loss.png with a log-scale y axis
+
+    def __post_init__(self) -> None:
+        _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
+                  "checkpoint_interval", "validation_batches", "keep_last_checkpoints")
+        _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
+                  "batch_size", "validation_interval", optional=True)
+        _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
+                  "lr_init_factor")
+        if (self.train_steps is None) == (self.train_tokens is None):
+            raise ConfigError(
+                f"{TRAIN_FILE}: give exactly one of train_steps or train_tokens "
+                f"(got train_steps={self.train_steps}, train_tokens={self.train_tokens})"
+            )
+        if self.batch_size is not None and self.batch_size != self.sequences_per_step:
+            raise ConfigError(
+                f"{TRAIN_FILE}: batch_size={self.batch_size} must equal microbatch_size x "
+                f"gradient_accumulation_steps = {self.microbatch_size} x "
+                f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
+            )
+        for key in ("warmup_percent",):
+            if not 0.0 <= getattr(self, key) <= 100.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
+        for key in ("lr_end_factor", "weight_decay", "seed"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
+        for key in ("adam_b1", "adam_b2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.microbatch_size * self.gradient_accumulation_steps
+
+    def seq_len(self, model: ModelConfig) -> int:
+        return self.sequence_length or model.context_length
+
+    def tokens_per_step(self, model: ModelConfig) -> int:
+        return self.sequences_per_step * self.seq_len(model)
+
+    def total_steps(self, model: ModelConfig) -> int:
+        if self.train_steps is not None:
+            return self.train_steps
+        assert self.train_tokens is not None
+        return self.train_tokens // self.tokens_per_step(model)
+
+    def eval_interval(self) -> int:
+        return self.validation_interval or self.checkpoint_interval
+
+
+def check_combination(model: ModelConfig, train: TrainConfig) -> None:
+    """Cross-file checks that neither file can make alone."""
+    seq_len = train.seq_len(model)
+    if seq_len > model.context_length:
+        raise ConfigError(
+            f"{TRAIN_FILE}: sequence_length={seq_len} exceeds {MODEL_FILE} "
+            f"context_length={model.context_length}"
+        )
+    if train.total_steps(model) < 1:
+        raise ConfigError(
+            f"{TRAIN_FILE}: train_tokens={train.train_tokens} is less than one optimiser step of "
+            f"{train.tokens_per_step(model)} tokens (microbatch_size x gradient_accumulation_steps "
+            f"x sequence_length)"
+        )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
+    """Read and validate `<run_dir>/model.json` and `<run_dir>/train.json`."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: run directory not found")
+    model = from_json(ModelConfig, run_dir / MODEL_FILE)
+    train = from_json(TrainConfig, run_dir / TRAIN_FILE)
+    try:
+        check_combination(model, train)
+    except ConfigError as e:
+        raise ConfigError(f"{run_dir}/{e}") from None
+    return model, train
+
+
+def from_json(cls: type, path: Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: malformed JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return from_dict(cls, raw, str(path))
+
+
+def from_dict(cls: type, raw: Any, where: str) -> Any:
+    """Build a config dataclass from parsed JSON, checking keys and types strictly."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(fields))})"
+        )
+    missing = [
+        name for name, f in fields.items()
+        if name not in raw and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{where}: missing required key {missing[0]!r}")
+    values = {name: _convert(hints[name], value, f"{where}: {name}") for name, value in raw.items()}
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        # __post_init__ names the bare file name; replace it with the full path.
+        msg = str(e)
+        base = Path(where).name
+        raise ConfigError(where + msg[len(base):] if msg.startswith(base) else f"{where}: {msg}") from None
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [t for t in options if t is not type(None)]
+        return _convert(inner[0], value, where)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}={value!r} must be one of {', '.join(map(repr, allowed))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r} must be a JSON object")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be true or false")
+        return value
+    if tp is int:
+        # JSON has one number type: accept 1e6-style integral floats, reject 2.5 and true.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}={value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}={value!r} must be a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}={value!r} must be a string")
+        return value
+    raise AssertionError(f"unhandled config type {tp} at {where}")
+
+
+def _positive(obj: Any, file: str, *keys: str, optional: bool = False) -> None:
+    for key in keys:
+        value = getattr(obj, key)
+        if value is None and optional:
+            continue
+        if not value > 0:
+            raise ConfigError(f"{file}: {key}={value} must be > 0")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config, every default filled in, as written beside the checkpoints."""
+    return dataclasses.asdict(cfg)

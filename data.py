@@ -1,0 +1,387 @@
+"""Token datasets on disk and the deterministic batch sampler that feeds training.
+
+A dataset is a folder holding manifest.json and <split>-<NNNNN>.safetensors shards (split is
+"train" or "val"); each shard has one 1-D tensor "tokens" (uint16 when the vocabulary fits,
+else uint32). Shards are memory-mapped, never read whole into RAM, so a dataset may be far
+larger than memory.
+
+    ds = open_dataset(Path("data/builtin-bytes"))
+    sampler = BatchSampler(ds.train, microbatch_size=8, seq_len=256, seed=0)
+    x, y = sampler.batch(step, accum_steps)        # (k, B, T) int32 each
+
+Pure numpy: nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+MANIFEST = "manifest.json"
+# safetensors' dtype names for the two token dtypes we write.
+_ST_DTYPES = {"uint16": "U16", "uint32": "U32"}
+_MAX_HEADER = 1 << 20  # our headers are ~100 bytes; a huge value means a corrupt file
+
+
+class DataError(ValueError):
+    """A dataset is missing, incomplete, corrupt or unusable (one-line message naming the file)."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Smallest unsigned dtype that holds ids 0..vocab_size-1 (uint16 for both of our tokenizers)."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fsync(path: Path) -> None:
+    # Without fsync a power cut after the rename could leave a manifest pointing at empty shards.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_shard(folder: Path, split: str, index: int, tokens: np.ndarray) -> dict[str, Any]:
+    name = f"{split}-{index:05d}.safetensors"
+    path = folder / name
+    save_file({"tokens": np.ascontiguousarray(tokens)}, str(path))
+    os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
+    _fsync(path)
+    return {"file": name, "tokens": int(tokens.size), "max_token_id": int(tokens.max()), "sha256": _sha256(path)}
+
+
+def _write_split(folder: Path, split: str, docs: Iterable[np.ndarray], dtype: np.dtype, vocab_size: int,
+                 shard_tokens: int, where: Path) -> dict[str, Any]:
+    """Stream documents into shards of exactly shard_tokens tokens (the last one shorter); `where` names errors."""
+    shards: list[dict[str, Any]] = []
+    pending: list[np.ndarray] = []  # documents not yet written, at most ~one shard's worth
+    n_pending = n_tokens = n_docs = 0
+    for doc in docs:
+        doc = np.asarray(doc).reshape(-1)
+        n_docs += 1
+        if doc.size == 0:
+            continue
+        if not np.issubdtype(doc.dtype, np.integer):
+            raise DataError(f"{where}: {split} document {n_docs - 1} has dtype {doc.dtype}, expected integers")
+        lo, hi = int(doc.min()), int(doc.max())
+        if lo < 0 or hi >= vocab_size:  # checked before the cast, which would silently wrap
+            bad = lo if lo < 0 else hi
+            raise DataError(
+                f"{where}: {split} document {n_docs - 1} has token id {bad} outside 0..{vocab_size - 1}")
+        pending.append(doc.astype(dtype, copy=False))
+        n_pending += doc.size
+        n_tokens += doc.size
+        if n_pending >= shard_tokens:
+            # Concatenate once and cut every full shard from it: a long document may fill several.
+            flat = np.concatenate(pending)
+            n_full = flat.size // shard_tokens
+            for i in range(n_full):
+                shards.append(_write_shard(folder, split, len(shards), flat[i * shard_tokens:(i + 1) * shard_tokens]))
+            rest = flat[n_full * shard_tokens:]
+            pending, n_pending = ([rest] if rest.size else []), int(rest.size)
+    if n_pending:
+        shards.append(_write_shard(folder, split, len(shards), np.concatenate(pending)))
+    return {"tokens": n_tokens, "documents": n_docs, "shards": shards}
+
+
+def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint: str, tokenizer: Tokenizer,
+                  splits: dict[str, Iterable[np.ndarray]], shard_tokens: int = 2**27) -> dict:
+    """Write a dataset atomically and return its manifest.
+
+    `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
+    already ending with its end-of-text token; they are concatenated in order. Everything is
+    built in a sibling `<dir>.tmp-<pid>` and renamed into place once complete (manifest last),
+    so a killed write never looks like a dataset. An existing folder is moved aside and
+    removed only after the new one is in place.
+    """
+    dataset_dir = Path(dataset_dir)
+    if sorted(splits) != sorted(SPLITS):
+        raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
+    if shard_tokens < 1:
+        raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
+    dtype = token_dtype(tokenizer.n_vocab)
+    dataset_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dataset_dir.with_name(f"{dataset_dir.name}.tmp-{os.getpid()}")
+    if tmp.exists():  # left by an earlier crashed write of this same pid
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        manifest: dict[str, Any] = {
+            "format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
+            "tokenizer": tokenizer.name, "vocab_size": int(tokenizer.n_vocab), "eot_id": int(tokenizer.eot_id),
+            "dtype": dtype.name, "splits": {},
+        }
+        for split in SPLITS:
+            manifest["splits"][split] = _write_split(tmp, split, splits[split], dtype, tokenizer.n_vocab, shard_tokens,
+                                                     dataset_dir)
+        manifest_path = tmp / MANIFEST
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync(manifest_path)
+        _fsync(tmp)
+        old = None
+        if dataset_dir.exists():
+            old = dataset_dir.with_name(f"{dataset_dir.name}.old-{os.getpid()}")
+            os.replace(dataset_dir, old)
+        os.replace(tmp, dataset_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-built folder behind
+        raise
+    if old is not None:
+        shutil.rmtree(old)
+    return manifest
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_manifest(dataset_dir: Path) -> dict:
+    """The parsed manifest.json of a dataset folder; DataError if missing or not valid JSON."""
+    path = Path(dataset_dir) / MANIFEST
+    if not path.is_file():
+        raise DataError(f"{path}: missing (no complete dataset here; run download_dataset.py to prepare it)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: malformed JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def _field(manifest: dict, key: str, kind: type | tuple[type, ...], where: Path) -> Any:
+    value = manifest.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):  # JSON true is not a count
+        raise DataError(f"{where}: field {key!r} is missing or has the wrong type (got {value!r})")
+    return value
+
+
+def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool) -> np.memmap:
+    """Memory-map the "tokens" tensor of one shard after cheap consistency checks."""
+    if not path.is_file():
+        raise DataError(f"{path}: shard listed in {MANIFEST} is missing")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise DataError(f"{path}: truncated shard ({size} bytes)")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > _MAX_HEADER or 8 + header_len > size:
+            raise DataError(f"{path}: truncated or corrupt shard (header length {header_len}, file size {size})")
+        try:
+            header = json.loads(f.read(header_len))
+            info = header["tokens"]
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = [int(x) for x in info["shape"]]
+            st_dtype = info["dtype"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path}: corrupt safetensors header ({exc!r})") from None
+    n = int(entry["tokens"])
+    if st_dtype != _ST_DTYPES[dtype.name] or shape != [n] or end - begin != n * dtype.itemsize:
+        raise DataError(f"{path}: tensor 'tokens' is {st_dtype}{shape}, manifest says {dtype.name}[{n}]")
+    if size != 8 + header_len + end:
+        raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
+    if verify and _sha256(path) != entry["sha256"]:
+        raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
+    # Zero-copy: pages are read on demand and shared with the OS page cache.
+    return np.memmap(path, dtype=dtype, mode="r", offset=8 + header_len + begin, shape=(n,))
+
+
+@dataclass
+class TokenSplit:
+    """One split's tokens, as a virtual concatenation of its memory-mapped shards."""
+
+    name: str
+    shards: list[np.memmap]
+    n_tokens: int = field(init=False)
+    _ends: np.ndarray = field(init=False, repr=False)  # cumulative end offset of each shard
+
+    def __post_init__(self) -> None:
+        self._ends = np.cumsum([s.size for s in self.shards], dtype=np.int64)
+        self.n_tokens = int(self._ends[-1]) if self.shards else 0
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """int32 copy of tokens[start:start+length]; the range may cross shard boundaries."""
+        out = np.empty(length, dtype=np.int32)
+        self.read_into(start, out)
+        return out
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Fill the 1-D `out` with tokens[start:start+len(out)] (cast on assignment, no temporary)."""
+        length = out.shape[0]
+        if start < 0 or length < 0 or start + length > self.n_tokens:
+            raise DataError(f"{self.name} split: cannot read [{start}, {start + length}) of {self.n_tokens} tokens")
+        k = int(np.searchsorted(self._ends, start, side="right"))  # shard holding `start`
+        done = 0
+        while done < length:
+            shard_start = int(self._ends[k - 1]) if k else 0
+            lo = start + done - shard_start
+            take = min(length - done, self.shards[k].size - lo)
+            out[done:done + take] = self.shards[k][lo:lo + take]
+            done += take
+            k += 1
+
+
+@dataclass
+class Dataset:
+    manifest: dict
+    path: Path
+    train: TokenSplit
+    val: TokenSplit
+    tokenizer: str
+    vocab_size: int
+    eot_id: int
+    max_token_id: int  # over all shards: a model needs vocab_size > max_token_id
+
+
+def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
+    """Open a prepared dataset; DataError naming the file if anything is missing or inconsistent.
+
+    The default checks are cheap (manifest fields, each shard's header and exact size), which
+    catches truncated or half-copied shards; verify=True also checks every shard's sha256.
+    """
+    dataset_dir = Path(dataset_dir)
+    manifest = read_manifest(dataset_dir)
+    where = dataset_dir / MANIFEST
+    if manifest.get("format") != FORMAT_VERSION:
+        raise DataError(f"{where}: format {manifest.get('format')!r} is not {FORMAT_VERSION}; prepare it again")
+    vocab_size = _field(manifest, "vocab_size", int, where)
+    eot_id = _field(manifest, "eot_id", int, where)
+    tokenizer = _field(manifest, "tokenizer", str, where)
+    dtype_name = _field(manifest, "dtype", str, where)
+    if dtype_name not in _ST_DTYPES:
+        raise DataError(f"{where}: dtype {dtype_name!r} is not one of {sorted(_ST_DTYPES)}")
+    dtype = np.dtype(dtype_name)
+    splits_meta = _field(manifest, "splits", dict, where)
+    splits: dict[str, TokenSplit] = {}
+    max_token_id = -1
+    for split in SPLITS:
+        meta = splits_meta.get(split)
+        if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
+            raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
+        maps = []
+        for entry in meta["shards"]:
+            if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
+                raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
+            if not isinstance(entry["tokens"], int) or not isinstance(entry["max_token_id"], int):
+                raise DataError(f"{where}: shard {entry['file']!r} has non-integer 'tokens' or 'max_token_id'")
+            # Shards live in the dataset folder itself: a manifest must not point elsewhere.
+            if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
+                raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
+            maps.append(_open_shard(dataset_dir / entry["file"], entry, dtype, verify))
+            max_token_id = max(max_token_id, int(entry["max_token_id"]))
+        splits[split] = TokenSplit(split, maps)
+        if splits[split].n_tokens != meta.get("tokens"):
+            raise DataError(
+                f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {splits[split].n_tokens}")
+    if max_token_id >= vocab_size:
+        raise DataError(f"{where}: max_token_id {max_token_id} >= vocab_size {vocab_size}")
+    return Dataset(manifest=manifest, path=dataset_dir, train=splits["train"], val=splits["val"], tokenizer=tokenizer,
+                   vocab_size=vocab_size, eot_id=eot_id, max_token_id=max_token_id)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+class BatchSampler:
+    """Deterministic (inputs, targets) batches: a pure function of (seed, index), so resuming needs only the step.
+
+    The split is cut into n_windows = (n_tokens - 1) // seq_len non-overlapping windows starting
+    at i*seq_len. Sequence s (s = index*B + b) is window perm(seed, epoch)[s % n_windows] with
+    epoch = s // n_windows, so each epoch visits every window exactly once.
+    """
+
+    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, seed: int,
+                 targets: str = "next", shuffle: bool = True) -> None:
+        if targets not in ("next", "same"):
+            raise DataError(f"{split.name} split: targets must be 'next' or 'same', got {targets!r}")
+        if microbatch_size < 1 or seq_len < 1:
+            raise DataError(
+                f"{split.name} split: microbatch_size and seq_len must be >= 1, got {microbatch_size}, {seq_len}")
+        if seed < 0:  # numpy's SeedSequence rejects negative entropy
+            raise DataError(f"{split.name} split: seed must be >= 0, got {seed}")
+        self.split = split
+        self.microbatch_size = microbatch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.targets = targets
+        self.shuffle = shuffle
+        self.n_windows = max(0, (split.n_tokens - 1) // seq_len)
+        if self.n_windows < microbatch_size:
+            raise DataError(
+                f"{split.name} split: dataset too small: {split.n_tokens} tokens make {self.n_windows} windows of "
+                f"seq_len {seq_len}, fewer than microbatch_size {microbatch_size}")
+        # Windows read seq_len+1 tokens for "next" targets (y is x shifted by one).
+        self._width = seq_len + 1 if targets == "next" else seq_len
+        self._perms: dict[int, np.ndarray] = {}  # epoch -> permutation; a permutation of millions costs ~0.1 s
+        self._lock = threading.Lock()  # a prefetch thread may call batch() while the main thread does too
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            perm = self._perms.get(epoch)
+            if perm is None:
+                perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+                if len(self._perms) >= 2:  # consecutive batches touch at most two epochs; bound the memory
+                    self._perms.pop(min(self._perms))
+                self._perms[epoch] = perm
+            return perm
+
+    def _windows(self, first: int, count: int) -> np.ndarray:
+        """Window indices of sequences first .. first+count-1."""
+        seqs = np.arange(first, first + count, dtype=np.int64)
+        if not self.shuffle:
+            return seqs % self.n_windows
+        epochs, pos = np.divmod(seqs, self.n_windows)
+        out = np.empty(count, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            out[mask] = self._perm(int(epoch))[pos[mask]]
+        return out
+
+    def _sequences(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.empty((count, self._width), dtype=np.int32)
+        for row, window in zip(tokens, self._windows(first, count)):
+            self.split.read_into(int(window) * self.seq_len, row)
+        if self.targets == "next":
+            return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+        return tokens, tokens.copy()
+
+    def microbatch(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(B, T) int32 inputs and targets of microbatch `index`."""
+        if index < 0:
+            raise DataError(f"{self.split.name} split: microbatch index must be >= 0, got {index}")
+        return self._sequences(index * self.microbatch_size, self.microbatch_size)
+
+    def batch(self, step: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1 (k = accum_steps)."""
+        if step < 0 or accum_steps < 1:
+            raise DataError(f"{self.split.name} split: need step >= 0 and accum_steps >= 1, got {step}, {accum_steps}")
+        b, k = self.microbatch_size, accum_steps
+        x, y = self._sequences(step * k * b, k * b)
+        return x.reshape(k, b, -1), y.reshape(k, b, -1)
+
+    def epoch_of(self, step: int, accum_steps: int) -> int:
+        """Epoch of the first sequence of optimiser step `step` (0-based)."""
+        return (step * accum_steps * self.microbatch_size) // self.n_windows

@@ -1,0 +1,99 @@
+"""The optimiser, its learning-rate schedule, and the one place that reads its statistics.
+
+    nnx.Optimizer(model,
+        apply_if_finite(                              # skip (and count) non-finite microbatches
+            MultiSteps(                               # accumulate k microbatch gradients
+                chain(snapshot("grad_norm"),          # pre-clip norm of the accumulated gradient
+                      clip_by_global_norm(max_norm),
+                      inject_hyperparams(adamw)(learning_rate=warmup-cosine, ...)),
+                every_k_schedule=k),
+            max_consecutive_errors=inf),
+        wrt=nnx.Param)
+
+The snapshot sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
+exactly what the clip sees: the number the seed's author wanted and gave up on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from config import TrainConfig
+
+# Names under which optax keeps the statistics; `optimizer_stats` looks each up by name, so
+# no caller depends on how the wrappers happen to nest.
+_STAT_NAMES = {
+    "learning_rate": "learning_rate",  # inject_hyperparams: the rate used by the last update
+    "grad_norm": "grad_norm",  # our snapshot: pre-clip global L2 norm of the accumulated grads
+    "gradient_step": "gradient_step",  # MultiSteps: optimiser steps applied so far
+    "mini_step": "mini_step",  # MultiSteps: microbatches in the open accumulation window
+    "notfinite_count": "notfinite_count",  # apply_if_finite: consecutive skipped microbatches
+    "total_notfinite": "total_notfinite",  # apply_if_finite: skipped microbatches, ever
+}
+
+
+def make_schedule(train: TrainConfig, total_steps: int) -> optax.Schedule:
+    """Linear warm-up from lr * lr_init_factor to lr, then cosine decay to lr * lr_end_factor."""
+    warmup = int(total_steps * train.warmup_percent / 100)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=train.learning_rate * train.lr_init_factor,
+        peak_value=train.learning_rate,
+        warmup_steps=warmup,
+        # optax's decay_steps counts the warm-up too (the seed's "!!"); keep one decay step so a
+        # 100% warm-up still gives a valid schedule.
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=train.learning_rate * train.lr_end_factor,
+    )
+
+
+def _decay_mask(params: Any) -> Any:
+    # Decay matrices only: biases, LayerNorm scales/offsets (1-D) are left alone, as in GPT-2.
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+        learning_rate=make_schedule(train, total_steps),
+        b1=train.adam_b1,
+        b2=train.adam_b2,
+        eps=train.adam_eps,
+        weight_decay=train.weight_decay,
+        mask=_decay_mask,
+    )
+    inner = optax.chain(
+        optax.snapshot(_STAT_NAMES["grad_norm"], optax.tree.norm),
+        optax.clip_by_global_norm(train.clipping_max_norm),
+        adamw,
+    )
+    return optax.apply_if_finite(
+        optax.MultiSteps(inner, every_k_schedule=train.gradient_accumulation_steps),
+        max_consecutive_errors=math.inf,  # never give up: skip every bad microbatch, as PyTorch AMP
+    )
+
+
+def make_optimizer(model: nnx.Module, train: TrainConfig, total_steps: int) -> nnx.Optimizer:
+    return nnx.Optimizer(model, make_transform(train, total_steps), wrt=nnx.Param)
+
+
+def optimizer_stats(optimizer: nnx.Optimizer) -> dict[str, jax.Array]:
+    """Learning rate, pre-clip grad norm, step counters and skip counts, looked up by name.
+
+    Works inside jit (returns traced scalars) and outside (concrete arrays).
+    """
+    state = nnx.as_pure(optimizer.opt_state)
+    stats = {
+        key: optax.tree.get(state, name, filtering=lambda _path, v: isinstance(v, jax.Array))
+        for key, name in _STAT_NAMES.items()
+    }
+    return stats
+
+
+def clip_flag(grad_norm: float | None, max_norm: float) -> bool:
+    """Whether clip_by_global_norm scaled the step down (it clips when norm > max_norm)."""
+    return grad_norm is not None and grad_norm > max_norm

@@ -1,0 +1,67 @@
+"""The compiled steps: loss, one optimiser step over k microbatches, validation loss.
+
+A train step is a pure function of (model, optimiser, batch, key): the loop around it only
+fetches data, steps, logs, evaluates and saves.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from optim import optimizer_stats
+
+
+def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
+            rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Mean cross-entropy over every position. inputs, targets: (B, T) int32."""
+    logits = model(inputs, rngs)  # (B, T, V)
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), targets)  # (B, T)
+    return losses.mean()
+
+
+@nnx.jit(donate_argnums=(0, 1))
+def train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
+               targets: jax.Array, step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
+
+    inputs, targets: (k, B, T) int32; step_key: the dropout key of this step.
+    Returns the k microbatch losses (k,) and the optimiser statistics after the step.
+
+    The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
+    loop would unroll k forward/backward passes into one program: the seed's OOM). Each
+    microbatch still goes through `optimizer.update`, so MultiSteps and apply_if_finite keep
+    their exact semantics: gradients are averaged over the window, and a non-finite microbatch
+    is skipped and counted.
+    """
+    k = inputs.shape[0]
+    dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
+    keys = jax.random.split(step_key, k)
+    graphdef, state = nnx.split((model, optimizer))
+
+    def microstep(state: nnx.State, xs: tuple[jax.Array, ...]) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+        x, y, key = xs
+        rngs = nnx.Rngs(dropout=key) if dropout else None
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys))
+    nnx.update((model, optimizer), state)
+    return losses, optimizer_stats(optimizer)
+
+
+@nnx.jit
+def eval_step(model: nnx.Module, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """Validation loss of one (B, T) microbatch, dropout off."""
+    return loss_fn(model, inputs, targets)
+
+
+def step_key(seed: int, step: int) -> jax.Array:
+    """The dropout key of optimiser step `step`: a pure function of (seed, step), so a resumed
+    run draws exactly the dropout masks the uninterrupted run would have."""
+    return jax.random.fold_in(jax.random.key(seed), step)

@@ -1,0 +1,175 @@
+"""Tests for charts.py: history loading rules, the three PNGs, error cases and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The modules are flat files in the project root; make them importable however pytest is launched.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import matplotlib.image  # noqa: E402
+
+import charts  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def meta(step: int, *, val: float | None = None, series: bool = True, **extra) -> dict:
+    """A meta.json record whose series covers the steps since the previous checkpoint (10 apart)."""
+    steps = list(range(step - 9, step + 1))
+    record = {
+        "step": step,
+        "tokens_seen": step * 1024,
+        "train_loss": {"min": 5.0 / step, "max": 9.0 / step, "mean": 7.0 / step, "last": 7.0 / step},
+        "val_loss": val,
+        "learning_rate": 1e-3,
+        "grad_norm": 2.0,
+        "clip_max_norm": 1.0,
+        "series": {
+            "step": steps,
+            "loss": [7.0 / s for s in steps],
+            "learning_rate": [1e-3 * s / step for s in steps],
+            # None marks a step whose norm was not recorded; it must be skipped, not crash the plot.
+            "grad_norm": [None if s == step - 5 else 0.5 + s / 100 for s in steps],
+        }
+        if series
+        else {},
+    }
+    record.update(extra)
+    return record
+
+
+def write(path: Path, record: dict | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record if isinstance(record, str) else json.dumps(record), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run with live checkpoints 20 and 30, a pruned step 10 in history/, aliases and an unfinished save."""
+    run = tmp_path / "demo"
+    ckpts = run / "checkpoints"
+    write(ckpts / "history" / "20240101T000000Z-step-10.json", meta(10, val=0.9))
+    # Step 20 was pruned and then live again (e.g. kept as "best"): the live copy must win.
+    write(ckpts / "history" / "20240101T000100Z-step-20.json", meta(20, val=123.0))
+    write(ckpts / "20240101T000100Z-step-20" / "meta.json", meta(20, val=0.4, series=False))
+    last = ckpts / "20240101T000200Z-step-30"
+    write(last / "meta.json", meta(30, val=None))
+    (ckpts / "latest").symlink_to(last.name)
+    # An alias whose target is not a checkpoint folder here: following it would add a step 99.
+    write(run / "elsewhere" / "meta.json", meta(99))
+    (ckpts / "best").symlink_to(run / "elsewhere")
+    # An interrupted save: unreadable on purpose, so reading it would raise.
+    write(ckpts / ".tmp-20240101T000300Z-step-40" / "meta.json", "{not json")
+    return run
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.std() > 0.01  # not a blank canvas
+
+
+def test_load_history_sorts_dedupes_and_skips_aliases(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    assert [r["step"] for r in records] == [10, 20, 30]
+    assert [r["val_loss"] for r in records] == [0.9, 0.4, None]
+
+
+def test_draw_charts_writes_three_valid_pngs(run_dir: Path) -> None:
+    paths = charts.draw_charts(run_dir)
+    assert [p.name for p in paths] == ["loss.png", "lr.png", "grad_norm.png"]
+    for path in paths:
+        assert path.parent == run_dir / "charts"
+        assert_png(path)
+    # Atomic writes must not leave temp files behind.
+    assert sorted(p.name for p in (run_dir / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png"]
+
+
+def test_per_step_series_with_fallback_and_none(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    steps, lrs = charts._per_step(records, "learning_rate")
+    # Step 20 has no series, so its per-checkpoint value stands in for those ten steps.
+    assert steps == list(range(1, 11)) + [20] + list(range(21, 31))
+    assert lrs[10] == 1e-3
+    steps, norms = charts._per_step(records, "grad_norm")
+    assert 5 not in steps and 25 not in steps and None not in norms
+
+
+def test_log_y_changes_loss_chart_only(run_dir: Path) -> None:
+    linear = {p.name: p.read_bytes() for p in charts.draw_charts(run_dir)}
+    log = {p.name: p.read_bytes() for p in charts.draw_charts(run_dir, log_y=True)}
+    assert log["loss.png"] != linear["loss.png"]
+    assert log["lr.png"] == linear["lr.png"]
+
+
+def test_no_checkpoints_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no checkpoints folder") as missing:
+        charts.load_history(tmp_path / "nope")
+    assert str(tmp_path / "nope") in str(missing.value) and "\n" not in str(missing.value)
+    (tmp_path / "empty" / "checkpoints" / ".tmp-x").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no checkpoints with meta.json") as empty:
+        charts.draw_charts(tmp_path / "empty")
+    assert "\n" not in str(empty.value)
+    assert not (tmp_path / "empty" / "charts").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{truncated", "[1, 2]", json.dumps({"step": "7", "train_loss": {"min": 1, "max": 2, "mean": 1.5}})],
+)
+def test_malformed_meta_names_the_file(run_dir: Path, content: str) -> None:
+    bad = write(run_dir / "checkpoints" / "20240101T000300Z-step-40" / "meta.json", content)
+    with pytest.raises(ValueError, match="malformed checkpoint metadata") as err:
+        charts.load_history(run_dir)
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mismatched_series_lengths_are_rejected(run_dir: Path) -> None:
+    record = meta(40)
+    record["series"]["grad_norm"].pop()
+    bad = write(run_dir / "checkpoints" / "history" / "x-step-40.json", record)
+    with pytest.raises(ValueError, match="grad_norm") as err:
+        charts.load_history(run_dir)
+    assert str(bad) in str(err.value)
+
+
+def test_single_checkpoint_without_series_or_clip(tmp_path: Path) -> None:
+    run = tmp_path / "tiny"
+    record = meta(1, series=False, clip_max_norm=None)
+    del record["series"]
+    write(run / "checkpoints" / "t-step-1" / "meta.json", record)
+    for path in charts.draw_charts(run, log_y=True):
+        assert_png(path)
+
+
+def test_main_return_codes(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert charts.main([str(run_dir), "--log-y"]) == 0
+    out = capsys.readouterr().out
+    assert str(run_dir / "charts" / "loss.png") in out
+    assert_png(run_dir / "charts" / "grad_norm.png")
+
+    assert charts.main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and str(tmp_path / "missing") in err
+
+    with pytest.raises(SystemExit) as help_exit:
+        charts.main(["--help"])
+    assert help_exit.value.code == 0
+    assert "--log-y" in capsys.readouterr().out
+
+
+def test_script_entry_point(tmp_path: Path) -> None:
+    script = Path(charts.__file__)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "missing")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and str(tmp_path / "missing") in result.stderr

@@ -1,0 +1,185 @@
+"""The builtin corpus, prepare_dataset (build, reuse, rebuild) and the download_dataset CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import download_dataset as dd
+from data import DataError, open_dataset
+from tokenizer import BytesTokenizer, get_tokenizer
+
+TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
+# Stdlib modules with import side effects: reading their docstrings must not import them.
+SIDE_EFFECT_MODULES = ("antigravity", "this", "turtle", "tkinter", "idlelib", "pydoc_data.topics", "smtpd")
+
+
+class Log(list):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+
+
+def test_builtin_documents_deterministic_and_imports_nothing() -> None:
+    dd._builtin_documents.cache_clear()  # really read the files again, not the cached copy
+    before = {m for m in SIDE_EFFECT_MODULES if m in sys.modules}
+    first = dd.builtin_documents()
+    assert {m for m in SIDE_EFFECT_MODULES if m in sys.modules} == before
+    dd._builtin_documents.cache_clear()
+    second = dd.builtin_documents()
+    assert first == second
+    assert dd.documents_fingerprint(first) == dd.documents_fingerprint(second)
+
+    assert len(first) > 300
+    assert sum(len(doc.encode("utf-8")) for doc in first) > 1_000_000
+    assert first[0].startswith('The "assert" statement')  # pydoc topics come first, sorted by key
+    assert any("Assert statements are a convenient way to insert debugging assertions" in d for d in first)
+    json_doc = next(d for d in first if d.startswith("Module json\n"))
+    assert "JSON (JavaScript Object Notation)" in json_doc and "json.dumps\n" in json_doc
+    headers = [d.split("\n", 1)[0] for d in first if d.startswith("Module ")]
+    assert len(set(headers)) == len(headers)  # one document per module, never two
+    assert not [h for h in headers if h.startswith("Module test.") or ".tests" in h or "idle_test" in h]
+
+
+def test_fingerprint_tracks_text_and_boundaries() -> None:
+    base = dd.documents_fingerprint(["ab", "c"])
+    version = ".".join(str(v) for v in sys.version_info[:3])
+    assert base.startswith(f"python-{version}-")
+    assert dd.documents_fingerprint(["a", "bc"]) != base
+    assert dd.documents_fingerprint(["ab", "d"]) != base
+
+
+def test_split_documents() -> None:
+    docs = [f"doc {i}" for i in range(200)]
+    train, val = dd.split_documents(docs, 0.05)
+    assert len(val) == 10 and len(train) == 190
+    assert sorted(train + val) == sorted(docs)
+    assert (train, val) == dd.split_documents(docs, 0.05)  # deterministic
+    assert val != docs[:10] and val == sorted(val, key=docs.index)  # spread out, original order kept
+    with pytest.raises(DataError, match="still train"):
+        dd.split_documents(["only one"], 0.5)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"validation_fraction": 0}, "validation_fraction"),
+    ({"validation_fraction": 1.0}, "validation_fraction"),
+    ({"validation_fraction": True}, "validation_fraction"),
+    ({"shuffle": 1}, "unknown option"),
+])
+def test_bad_options(options: dict, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        dd.resolve_options("builtin", options)
+
+
+def test_unknown_source(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="'wikipedia'"):
+        dd.prepare_dataset("wikipedia", "bytes", tmp_path)
+
+
+def test_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert dd.dataset_dir(tmp_path, "builtin", "gpt2") == tmp_path / "builtin-gpt2"
+    monkeypatch.setenv("JAXGPT_DATA_DIR", str(tmp_path))
+    assert dd.default_data_root() == tmp_path
+    monkeypatch.delenv("JAXGPT_DATA_DIR")
+    assert dd.default_data_root() == Path(dd.__file__).resolve().parent / "data"
+
+
+def test_prepare_builds_the_corpus(tmp_path: Path) -> None:
+    log = Log()
+    path = dd.prepare_dataset("builtin", "bytes", tmp_path, log=log)
+    assert path == tmp_path / "builtin-bytes" and "preparing" in log[0] and "wrote" in log[-1]
+    ds = open_dataset(path, verify=True)
+    docs = dd.builtin_documents()
+    train_docs, val_docs = dd.split_documents(docs, 0.05)
+    meta = ds.manifest
+    assert meta["options"] == {"validation_fraction": 0.05}
+    assert meta["fingerprint"] == dd.documents_fingerprint(docs)
+    assert meta["splits"]["val"]["documents"] == len(val_docs) and len(val_docs) == round(0.05 * len(docs))
+    # Every document is its UTF-8 bytes followed by one end-of-text token, in order.
+    expected = np.concatenate([np.frombuffer(d.encode("utf-8"), np.uint8).astype(np.int32).tolist() + [256]
+                               for d in val_docs[:3]])
+    np.testing.assert_array_equal(ds.val.read(0, expected.size), expected)
+    assert ds.train.n_tokens == sum(len(d.encode("utf-8")) + 1 for d in train_docs)
+    first = ds.train.read(0, len(train_docs[0].encode("utf-8")) + 1)
+    assert first[-1] == 256 and BytesTokenizer().decode(first) == train_docs[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["builtin-bytes"]
+
+
+def test_prepare_reuses_then_rebuilds(tmp_path: Path) -> None:
+    path = dd.prepare_dataset("builtin", "bytes", tmp_path, log=Log())
+    stamp = (path / "manifest.json").stat().st_mtime_ns, (path / "train-00000.safetensors").stat().st_mtime_ns
+
+    log = Log()
+    assert dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.05}, log=log) == path
+    assert log == [f"reusing dataset {path} (manifest matches)"]
+    assert ((path / "manifest.json").stat().st_mtime_ns, (path / "train-00000.safetensors").stat().st_mtime_ns) == stamp
+
+    log = Log()
+    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    assert "options changed" in log[0]
+    assert open_dataset(path).manifest["options"] == {"validation_fraction": 0.1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["builtin-bytes"]  # old folder removed
+
+    # A damaged folder (here a truncated shard) is never taken for complete: it is rebuilt.
+    shard = path / "val-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    log = Log()
+    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    assert "truncated" in log[0] and "val-00000.safetensors" in log[0]
+    open_dataset(path, verify=True)
+
+    # So is a folder without manifest.json, e.g. one left by a copy that was interrupted.
+    (path / "manifest.json").unlink()
+    log = Log()
+    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    assert "missing" in log[0]
+    open_dataset(path)
+
+
+def test_prepare_gpt2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not TIKTOKEN_CACHE.is_dir():
+        pytest.skip(f"no tiktoken cache at {TIKTOKEN_CACHE} (the gpt2 files cannot be fetched offline)")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE.resolve()))
+    path = dd.prepare_dataset("builtin", "gpt2", tmp_path, log=Log())
+    ds = open_dataset(path)
+    assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["dtype"]) == ("gpt2", 50257, 50256, "uint16")
+    tok = get_tokenizer("gpt2")
+    train_docs, _ = dd.split_documents(dd.builtin_documents(), 0.05)
+    ids = tok.encode(train_docs[0])
+    np.testing.assert_array_equal(ds.train.read(0, len(ids) + 1), ids + [50256])
+    n_bytes = open_dataset(dd.prepare_dataset("builtin", "bytes", tmp_path, log=Log())).train.n_tokens
+    assert 0.15 < ds.train.n_tokens / n_bytes < 0.5  # BPE packs ~3-4 bytes of English per token
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert dd.main(["builtin", "--data-dir", str(tmp_path), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "verified" in out
+    assert dd.main(["builtin", "--data-dir", str(tmp_path)]) == 0
+    assert "reusing" in capsys.readouterr().out
+
+    assert dd.main(["builtin", "--data-dir", str(tmp_path), "--validation-fraction", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: builtin: validation_fraction") and err.count("\n") == 1
+
+    with pytest.raises(SystemExit) as info:
+        dd.main(["--help"])
+    assert info.value.code == 0 and "--tokenizer" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        dd.main(["nosuchsource"])
+    assert info.value.code == 2
+
+
+def test_cli_gpt2_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tiktoken = pytest.importorskip("tiktoken")
+
+    def offline(name: str):
+        raise OSError("Failed to resolve host")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    assert dd.main(["builtin", "--tokenizer", "gpt2", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: gpt2 tokenizer:") and "TIKTOKEN_CACHE_DIR" in err and err.count("\n") == 1
+    assert not (tmp_path / "builtin-gpt2").exists()

@@ -1,0 +1,160 @@
+"""End-to-end: train.py on tiny runs: convergence, exact resume after SIGINT, input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import checkpointing as ckpt
+import test_a_to_a
+import test_generation
+import train
+from charts import load_history
+from conftest import ROOT, write_run
+
+A_TO_A_MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 64}
+A_TO_A_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same",
+                "microbatch_size": 8, "gradient_accumulation_steps": 2, "train_steps": 300,
+                "learning_rate": 0.02, "weight_decay": 0.0, "checkpoint_interval": 100,
+                "validation_batches": 2, "keep_last_checkpoints": 2, "charts_log_y": True}
+GPT_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
+             "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
+GPT_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
+             "gradient_accumulation_steps": 2, "train_steps": 120, "learning_rate": 0.003,
+             "checkpoint_interval": 10, "validation_batches": 1, "keep_last_checkpoints": 2}
+
+
+def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
+    return train.main([str(run_dir), "--data-dir", str(data_root), *extra])
+
+
+def per_step_losses(run_dir: Path) -> dict[int, float]:
+    losses = {}
+    for meta in load_history(run_dir):
+        losses.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    return losses
+
+
+def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: Path, capsys) -> None:
+    run = write_run(tmp_path / "a-to-a", A_TO_A_MODEL, A_TO_A_TRAIN)
+    assert run_main(run, data_root) == 0
+    out = capsys.readouterr().out
+    assert "Training complete" in out and "Final train loss" in out
+    latest = ckpt.latest_checkpoint(run)
+    meta = ckpt.read_meta(latest)
+    assert meta["step"] == 300 and meta["tokens_seen"] == 300 * 2 * 8 * 64
+    assert meta["train_loss"]["last"] < 0.01, meta["train_loss"]
+    assert meta["val_loss"] < 0.01
+    # keep_last=2 plus the best; the pruned ones live on in history/ for the charts
+    assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [200, 300]
+    assert sorted(per_step_losses(run)) == list(range(1, 301))
+    assert (run / "checkpoints" / "best").is_symlink()
+    for chart in ("loss.png", "lr.png", "grad_norm.png"):
+        assert (run / "charts" / chart).stat().st_size > 1000
+    assert test_a_to_a.main([str(run)]) == 0
+    assert "Reproduced exactly." in capsys.readouterr().out
+    # Rerunning a finished run trains nothing and changes nothing.
+    assert run_main(run, data_root) == 0
+    assert ckpt.latest_checkpoint(run) == latest
+
+
+def _wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = ckpt.latest_checkpoint(run_dir)
+        if latest is not None and ckpt.step_of(latest) >= min_step:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
+
+
+def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root: Path) -> None:
+    interrupted = write_run(tmp_path / "interrupted", GPT_MODEL, GPT_TRAIN)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(interrupted), "--data-dir", str(data_root)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_step(interrupted, proc, 20)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (out, err)
+    assert f"Resume with: uv run train.py {interrupted}" in out
+    stopped_at = ckpt.step_of(ckpt.latest_checkpoint(interrupted))
+    assert 20 <= stopped_at < 120, "the run finished before the signal: make it longer"
+
+    assert run_main(interrupted, data_root) == 0  # resume to the end
+    straight = write_run(tmp_path / "straight", GPT_MODEL, GPT_TRAIN)
+    assert run_main(straight, data_root) == 0
+
+    a, b = per_step_losses(interrupted), per_step_losses(straight)
+    assert sorted(a) == sorted(b) == list(range(1, 121))
+    np.testing.assert_array_equal([a[s] for s in sorted(a)], [b[s] for s in sorted(b)])
+    wa = load_file(str(ckpt.latest_checkpoint(interrupted) / "model.safetensors"))
+    wb = load_file(str(ckpt.latest_checkpoint(straight) / "model.safetensors"))
+    for key in wb:
+        np.testing.assert_array_equal(wa[key], wb[key], err_msg=key)
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(interrupted))
+    assert meta["data_position"]["next_step"] == 120 and meta["learning_rate"] > 0
+    assert test_generation.main([str(interrupted), "--max-new-tokens", "5"]) == 0
+
+
+def test_restart_moves_old_checkpoints_aside(tmp_path: Path, data_root: Path) -> None:
+    run = write_run(tmp_path / "r", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 0
+    first = ckpt.latest_checkpoint(run)
+    assert run_main(run, data_root, "--restart") == 0
+    old = list(tmp_path.joinpath("r").glob("checkpoints.old-*"))
+    assert len(old) == 1 and (old[0] / first.name / "model.safetensors").is_file()
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 2
+
+
+BAD_INPUTS = [
+    # (what, model overrides, train overrides, words the one-line error must contain)
+    ("unknown key", {}, {"learning_rat": 0.1}, ["train.json", "learning_rat"]),
+    ("vocab below tokenizer", {"vocab_size": 100}, {}, ["model.json", "vocab_size=100"]),
+    ("unknown source", {}, {"dataset": {"source": "nope"}}, ["nope"]),
+    ("dataset too small", {}, {"microbatch_size": 100000}, ["train split", "100000"]),
+    ("batch does not divide", {}, {"batch_size": 5}, ["train.json", "batch_size=5"]),
+    ("sequence too long", {}, {"sequence_length": 65}, ["train.json", "sequence_length=65"]),
+]
+
+
+@pytest.mark.parametrize("what,model,train_cfg,words", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_one_line_error(tmp_path: Path, data_root: Path, capsys, what, model, train_cfg, words) -> None:
+    run = write_run(tmp_path / "bad", {**A_TO_A_MODEL, **model}, {**A_TO_A_TRAIN, **train_cfg})
+    assert run_main(run, data_root) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    assert not (run / "checkpoints").exists()
+
+
+def test_corrupt_or_mismatched_checkpoint_is_reported_and_kept(tmp_path: Path, data_root: Path, capsys) -> None:
+    run = write_run(tmp_path / "c", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 0
+    latest = ckpt.latest_checkpoint(run)
+    capsys.readouterr()
+    # model.json changed under an existing checkpoint: refuse, naming the key, touch nothing.
+    write_run(run, {**A_TO_A_MODEL, "emb_dim": 96}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 2
+    err = capsys.readouterr().err
+    assert "emb_dim=96" in err and latest.name in err
+    # A corrupt meta.json in the latest checkpoint: one-line error, the files stay as they were.
+    write_run(run, A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    (latest / "meta.json").write_text("{not json")
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert run_main(run, data_root) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "meta.json" in err and "\n" not in err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    assert (latest / "meta.json").read_text() == "{not json"
