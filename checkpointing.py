@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
@@ -50,9 +50,18 @@ class CheckpointError(ValueError):
 
 
 def weights_to_numpy(model: nnx.Module) -> dict[str, np.ndarray]:
-    """The model's parameters as a flat {dotted key: host array} dict."""
+    """The model's parameters as a flat {dotted key: host array} dict.
+
+    Sharded parameters are gathered first; across processes every process must call this.
+    """
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    return {".".join(map(str, path)): np.asarray(jax.device_get(var.get_value())) for path, var in flat}
+    return {".".join(map(str, path)): _to_host(var.get_value()) for path, var in flat}
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(x))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def save_weights(model: nnx.Module, path: Path) -> None:
@@ -84,8 +93,10 @@ def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str
         old, arr = var.get_value(), tensors[key]
         if tuple(arr.shape) != tuple(old.shape):
             raise CheckpointError(f"{where}: {key} has shape {arr.shape}, model.json needs {old.shape}")
-        # Keep each parameter's placement (sharding), whatever device the file was written from.
-        new.append((path, var.replace(jax.device_put(jnp.asarray(arr, old.dtype), old.sharding))))
+        # Keep each parameter's placement (sharding), whatever mesh the file was written from;
+        # each device takes just its slice (make_array_from_callback also works across processes).
+        host = np.asarray(arr, dtype=old.dtype)
+        new.append((path, var.replace(jax.make_array_from_callback(host.shape, old.sharding, lambda i, h=host: h[i]))))
     nnx.update(model, nnx.from_flat_state(new))
 
 
@@ -143,8 +154,13 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not found (incomplete checkpoint?)") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
-        raise CheckpointError(f"{path}: corrupt meta.json (no integer 'step')")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: corrupt meta.json (not UTF-8 text)") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
+    if (not isinstance(meta, dict) or not isinstance(meta.get("step"), int)
+            or isinstance(meta["step"], bool) or meta["step"] < 0):
+        raise CheckpointError(f"{path}: corrupt meta.json (no non-negative integer 'step')")
     return meta
 
 
@@ -159,28 +175,33 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
     Raises on any failure: a run must stop loudly rather than train on without checkpoints.
     """
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(root)
-    now = now or dt.datetime.now(dt.timezone.utc)
-    name = f"{now.strftime('%Y%m%dT%H%M%SZ')}-step-{meta['step']}"
+    name = f"{_agreed_time(now).strftime('%Y%m%dT%H%M%SZ')}-step-{meta['step']}"
     final, tmp = root / name, root / f".tmp-{name}"
-
-    tmp.mkdir()
-    save_weights(model, tmp / WEIGHTS)
+    # Every process takes part in the Orbax save and the weight gather; process 0 alone
+    # writes the other files and moves the pointers.
+    main = jax.process_index() == 0
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
+        tmp.mkdir()
+    _sync("checkpoint-start")
+    weights = weights_to_numpy(model)
     ocp.v1.save((tmp / OPTIMIZER).absolute(), nnx.state(optimizer))  # Orbax wants absolute paths
-    for filename, cfg in configs.items():
-        _write_json(tmp / filename, cfg)
-    _write_json(tmp / META, meta)  # last: its presence marks the folder complete
-    _fsync_tree(tmp)
-    if final.exists():  # same step saved twice within one second: keep the newer one
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-
-    _point(root, "latest", name)
-    if meta.get("is_best"):
-        _point(root, "best", name)
-    prune(run_dir, keep_last)
+    if main:
+        save_file(weights, str(tmp / WEIGHTS))
+        for filename, cfg in configs.items():
+            _write_json(tmp / filename, cfg)
+        _write_json(tmp / META, meta)  # last: its presence marks the folder complete
+        _fsync_tree(tmp)
+        if final.exists():  # same step saved twice within one second: keep the newer one
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _point(root, "latest", name)
+        if meta.get("is_best"):
+            _point(root, "best", name)
+        prune(run_dir, keep_last)
+    _sync("checkpoint-done")
     return final
 
 
@@ -212,7 +233,9 @@ def move_aside(run_dir: Path) -> Path | None:
     if not root.exists():
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target = root.with_name(f"{CHECKPOINTS}.old-{stamp}")
+    target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}"), 1
+    while target.exists():  # two restarts within one second
+        target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}-{n}"), n + 1
     os.rename(root, target)
     return target
 
@@ -238,7 +261,8 @@ def load_checkpoint(ckpt: Path, model: nnx.Module, optimizer: nnx.Optimizer | No
             restored = ocp.v1.load(target.absolute(), abstract)
         except Exception as e:  # Orbax raises many types for a damaged folder; name it once
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{target}: cannot restore optimizer state ({first[:200]})") from e
+            raise CheckpointError(f"{target}: cannot restore optimizer state ({first[:200]}); if it was "
+                                  f"written by an older version or another optimiser, use --restart") from e
         nnx.update(optimizer, restored)
     return meta
 
@@ -254,6 +278,20 @@ def read_configs(ckpt: Path) -> dict[str, dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def _agreed_time(now: dt.datetime | None) -> dt.datetime:
+    """One timestamp for all processes (they name the same folder): process 0's."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if jax.process_count() == 1:
+        return now
+    stamp = multihost_utils.broadcast_one_to_all(np.int64(now.timestamp()))
+    return dt.datetime.fromtimestamp(int(stamp), dt.timezone.utc)
 
 
 def _write_json(path: Path, obj: Any) -> None:

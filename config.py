@@ -60,8 +60,21 @@ class DatasetConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshConfig:
+    # Devices are arranged as a (data, model) mesh; see sharding.py. The mesh may change between
+    # a save and a resume (say 8 devices -> 4): checkpoints restore onto any shape.
+    data: int | None = None  # data-parallel ways; None = every device not used by `model`
+    model: int = 1  # tensor-parallel ways (attention heads, MLP, vocabulary), within one host
+    fsdp: bool = False  # also shard parameters and optimiser state over the data axis
+
+    def __post_init__(self) -> None:
+        _positive(self, TRAIN_FILE, "model")
+        _positive(self, TRAIN_FILE, "data", optional=True)
+
+
+@dataclass(frozen=True, slots=True)
 class TrainConfig:
-    microbatch_size: int  # sequences per forward/backward pass (per process, before any mesh split)
+    microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     tokenizer: Literal["bytes", "gpt2"] = "bytes"
     targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
@@ -85,6 +98,10 @@ class TrainConfig:
     keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
+    # Weights to start from when the run has no checkpoint yet (fine-tuning): a checkpoint folder,
+    # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
@@ -107,6 +124,8 @@ class TrainConfig:
         for key in ("warmup_percent",):
             if not 0.0 <= getattr(self, key) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
+        if self.init_from is not None and not self.init_from.strip():
+            raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
         for key in ("lr_end_factor", "weight_decay", "seed"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
@@ -170,9 +189,13 @@ def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
 def from_json(cls: type, path: Path) -> Any:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -183,7 +206,7 @@ def from_json(cls: type, path: Path) -> Any:
 def from_dict(cls: type, raw: Any, where: str) -> Any:
     """Build a config dataclass from parsed JSON, checking keys and types strictly."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__} {json.dumps(raw)[:80]}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(fields))
@@ -202,10 +225,13 @@ def from_dict(cls: type, raw: Any, where: str) -> Any:
     try:
         return cls(**values)
     except ConfigError as e:
-        # __post_init__ names the bare file name; replace it with the full path.
+        # __post_init__ starts its message with the bare file name ("train.json: key=value ...");
+        # put the full location (path, and the section for nested configs) in its place.
         msg = str(e)
-        base = Path(where).name
-        raise ConfigError(where + msg[len(base):] if msg.startswith(base) else f"{where}: {msg}") from None
+        for base in (MODEL_FILE, TRAIN_FILE):
+            if msg.startswith(base + ": "):
+                msg = msg[len(base) + 2:]
+        raise ConfigError(f"{where}: {msg}") from None
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:

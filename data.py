@@ -14,13 +14,15 @@ Pure numpy: nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,94 +66,179 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _write_shard(folder: Path, split: str, index: int, tokens: np.ndarray) -> dict[str, Any]:
-    name = f"{split}-{index:05d}.safetensors"
-    path = folder / name
-    save_file({"tokens": np.ascontiguousarray(tokens)}, str(path))
-    os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
-    _fsync(path)
-    return {"file": name, "tokens": int(tokens.size), "max_token_id": int(tokens.max()), "sha256": _sha256(path)}
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
 
 
-def _write_split(folder: Path, split: str, docs: Iterable[np.ndarray], dtype: np.dtype, vocab_size: int,
-                 shard_tokens: int, where: Path) -> dict[str, Any]:
-    """Stream documents into shards of exactly shard_tokens tokens (the last one shorter); `where` names errors."""
-    shards: list[dict[str, Any]] = []
+def _remove_stale(dataset_dir: Path) -> None:
+    """Delete `<dir>.tmp-<pid>` / `<dir>.old-<pid>` folders left by writers that were killed (SIGKILL, power cut)."""
+    for sibling in dataset_dir.parent.glob(f"{dataset_dir.name}.*-*"):
+        kind, _, pid = sibling.name[len(dataset_dir.name) + 1:].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def dataset_lock(dataset_dir: Path, log: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold an exclusive lock on a dataset folder while checking or (re)building it.
+
+    Two runs started together on a missing dataset would otherwise both build it and race on the
+    final rename; with the lock the second one waits and then reuses the first one's work.
+    """
+    dataset_dir = Path(dataset_dir)
+    dataset_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(dataset_dir.parent / f".{dataset_dir.name}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another process preparing {dataset_dir} ...")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock, also when the process dies
+
+
+class DatasetWriter:
+    """Builds a dataset folder atomically: use as a context manager, add shards, then commit().
+
+    Shards go into a sibling `<dir>.tmp-<pid>`; commit() writes manifest.json last and renames the
+    folder into place (an existing folder is moved aside and removed only afterwards), so a
+    killed write never looks like a dataset. Leaving the block without commit() removes the
+    temporary folder.
+    """
+
+    def __init__(self, dataset_dir: Path, *, source: str, options: dict, fingerprint: str,
+                 tokenizer: str, vocab_size: int, eot_id: int) -> None:
+        self.path = Path(dataset_dir)
+        self.vocab_size = vocab_size
+        self.dtype = token_dtype(vocab_size)
+        self.tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
+        self.manifest: dict[str, Any] = {
+            "format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
+            "tokenizer": tokenizer, "vocab_size": int(vocab_size), "eot_id": int(eot_id), "dtype": self.dtype.name,
+            "splits": {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS},
+        }
+        self._committed = False
+
+    def __enter__(self) -> DatasetWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(self.path)
+        self.tmp.mkdir()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._committed:
+            shutil.rmtree(self.tmp, ignore_errors=True)  # never leave a half-built folder behind
+
+    def _next_name(self, split: str) -> str:
+        return f"{split}-{len(self.manifest['splits'][split]['shards']):05d}.safetensors"
+
+    def _record(self, split: str, entry: dict[str, Any], documents: int) -> dict[str, Any]:
+        meta = self.manifest["splits"][split]
+        meta["shards"].append(entry)
+        meta["tokens"] += entry["tokens"]
+        meta["documents"] += documents
+        return entry
+
+    def add_shard(self, split: str, tokens: np.ndarray, *, documents: int | None = None, where: Path | str = "",
+                  **extra: Any) -> dict[str, Any]:
+        """Write one 1-D shard; ids outside the vocabulary are a DataError naming `where` (the data's origin).
+
+        `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry.
+        """
+        tokens = np.asarray(tokens).reshape(-1)
+        if tokens.size == 0:
+            raise DataError(f"{where or self.path}: empty {split} shard")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.vocab_size:  # checked before the cast, which would silently wrap
+            raise DataError(f"{where or self.path}: token id {lo if lo < 0 else hi} outside 0..{self.vocab_size - 1}")
+        name = self._next_name(split)
+        path = self.tmp / name
+        save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype)}, str(path))
+        os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
+        _fsync(path)
+        entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": _sha256(path), **extra}
+        if documents is not None:
+            entry["documents"] = documents
+        return self._record(split, entry, documents or 0)
+
+    def link_shard(self, split: str, source: Path, entry: dict[str, Any]) -> dict[str, Any]:
+        """Reuse a shard of an existing dataset (its manifest entry): a hard link, so no copy and no extra disk."""
+        name = self._next_name(split)
+        try:
+            os.link(source, self.tmp / name)
+        except OSError:  # another file system, or links not supported
+            shutil.copy2(source, self.tmp / name)
+        return self._record(split, {**entry, "file": name}, entry.get("documents", 0))
+
+    def commit(self) -> dict[str, Any]:
+        manifest_path = self.tmp / MANIFEST
+        manifest_path.write_text(json.dumps(self.manifest, indent=2) + "\n")
+        _fsync(manifest_path)
+        _fsync(self.tmp)
+        old = None
+        if self.path.exists():
+            old = self.path.with_name(f"{self.path.name}.old-{os.getpid()}")
+            os.replace(self.path, old)
+        os.replace(self.tmp, self.path)
+        self._committed = True
+        if old is not None:
+            shutil.rmtree(old)
+        return self.manifest
+
+
+def _write_split(writer: DatasetWriter, split: str, docs: Iterable[np.ndarray], shard_tokens: int) -> None:
+    """Stream documents into shards of exactly shard_tokens tokens (the last one shorter)."""
     pending: list[np.ndarray] = []  # documents not yet written, at most ~one shard's worth
-    n_pending = n_tokens = n_docs = 0
+    n_pending = n_docs = 0
     for doc in docs:
         doc = np.asarray(doc).reshape(-1)
         n_docs += 1
         if doc.size == 0:
             continue
         if not np.issubdtype(doc.dtype, np.integer):
-            raise DataError(f"{where}: {split} document {n_docs - 1} has dtype {doc.dtype}, expected integers")
+            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has dtype {doc.dtype}, expected integers")
         lo, hi = int(doc.min()), int(doc.max())
-        if lo < 0 or hi >= vocab_size:  # checked before the cast, which would silently wrap
-            bad = lo if lo < 0 else hi
-            raise DataError(
-                f"{where}: {split} document {n_docs - 1} has token id {bad} outside 0..{vocab_size - 1}")
-        pending.append(doc.astype(dtype, copy=False))
+        if lo < 0 or hi >= writer.vocab_size:  # checked before the cast, which would silently wrap
+            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has token id {lo if lo < 0 else hi} "
+                            f"outside 0..{writer.vocab_size - 1}")
+        pending.append(doc.astype(writer.dtype, copy=False))
         n_pending += doc.size
-        n_tokens += doc.size
         if n_pending >= shard_tokens:
             # Concatenate once and cut every full shard from it: a long document may fill several.
             flat = np.concatenate(pending)
             n_full = flat.size // shard_tokens
             for i in range(n_full):
-                shards.append(_write_shard(folder, split, len(shards), flat[i * shard_tokens:(i + 1) * shard_tokens]))
+                writer.add_shard(split, flat[i * shard_tokens:(i + 1) * shard_tokens])
             rest = flat[n_full * shard_tokens:]
             pending, n_pending = ([rest] if rest.size else []), int(rest.size)
     if n_pending:
-        shards.append(_write_shard(folder, split, len(shards), np.concatenate(pending)))
-    return {"tokens": n_tokens, "documents": n_docs, "shards": shards}
+        writer.add_shard(split, np.concatenate(pending))
+    writer.manifest["splits"][split]["documents"] = n_docs
 
 
 def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint: str, tokenizer: Tokenizer,
                   splits: dict[str, Iterable[np.ndarray]], shard_tokens: int = 2**27) -> dict:
-    """Write a dataset atomically and return its manifest.
+    """Write a dataset atomically (see DatasetWriter) and return its manifest.
 
     `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
-    already ending with its end-of-text token; they are concatenated in order. Everything is
-    built in a sibling `<dir>.tmp-<pid>` and renamed into place once complete (manifest last),
-    so a killed write never looks like a dataset. An existing folder is moved aside and
-    removed only after the new one is in place.
+    already ending with its end-of-text token; they are concatenated in order and cut into
+    shards of `shard_tokens` tokens (2**27 = 256 MiB of uint16 by default).
     """
     dataset_dir = Path(dataset_dir)
     if sorted(splits) != sorted(SPLITS):
         raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
     if shard_tokens < 1:
         raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
-    dtype = token_dtype(tokenizer.n_vocab)
-    dataset_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dataset_dir.with_name(f"{dataset_dir.name}.tmp-{os.getpid()}")
-    if tmp.exists():  # left by an earlier crashed write of this same pid
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        manifest: dict[str, Any] = {
-            "format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
-            "tokenizer": tokenizer.name, "vocab_size": int(tokenizer.n_vocab), "eot_id": int(tokenizer.eot_id),
-            "dtype": dtype.name, "splits": {},
-        }
+    with DatasetWriter(dataset_dir, source=source, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
+                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id) as writer:
         for split in SPLITS:
-            manifest["splits"][split] = _write_split(tmp, split, splits[split], dtype, tokenizer.n_vocab, shard_tokens,
-                                                     dataset_dir)
-        manifest_path = tmp / MANIFEST
-        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-        _fsync(manifest_path)
-        _fsync(tmp)
-        old = None
-        if dataset_dir.exists():
-            old = dataset_dir.with_name(f"{dataset_dir.name}.old-{os.getpid()}")
-            os.replace(dataset_dir, old)
-        os.replace(tmp, dataset_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-built folder behind
-        raise
-    if old is not None:
-        shutil.rmtree(old)
-    return manifest
+            _write_split(writer, split, splits[split], shard_tokens)
+        return writer.commit()
 
 
 # ----------------------------------------------------------------------------- reading
@@ -215,12 +302,20 @@ class TokenSplit:
 
     name: str
     shards: list[np.memmap]
+    files: list[Path] = field(default_factory=list)  # one per shard, for error messages
+    max_token_id: int | None = None  # the manifest's bound; batches above it mean a changed shard
     n_tokens: int = field(init=False)
     _ends: np.ndarray = field(init=False, repr=False)  # cumulative end offset of each shard
 
     def __post_init__(self) -> None:
         self._ends = np.cumsum([s.size for s in self.shards], dtype=np.int64)
         self.n_tokens = int(self._ends[-1]) if self.shards else 0
+
+    def locate(self, position: int) -> tuple[str, int]:
+        """(shard file, offset in it) of a global token position: what error messages name."""
+        k = int(np.searchsorted(self._ends, position, side="right"))
+        start = int(self._ends[k - 1]) if k else 0
+        return (str(self.files[k]) if k < len(self.files) else f"{self.name} shard {k}"), position - start
 
     def read(self, start: int, length: int) -> np.ndarray:
         """int32 copy of tokens[start:start+length]; the range may cross shard boundaries."""
@@ -281,7 +376,7 @@ def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
         meta = splits_meta.get(split)
         if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
             raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
-        maps = []
+        maps, files, split_max = [], [], -1
         for entry in meta["shards"]:
             if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
                 raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
@@ -290,9 +385,11 @@ def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
             # Shards live in the dataset folder itself: a manifest must not point elsewhere.
             if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
                 raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
-            maps.append(_open_shard(dataset_dir / entry["file"], entry, dtype, verify))
-            max_token_id = max(max_token_id, int(entry["max_token_id"]))
-        splits[split] = TokenSplit(split, maps)
+            files.append(dataset_dir / entry["file"])
+            maps.append(_open_shard(files[-1], entry, dtype, verify))
+            split_max = max(split_max, int(entry["max_token_id"]))
+        max_token_id = max(max_token_id, split_max)
+        splits[split] = TokenSplit(split, maps, files, split_max)
         if splits[split].n_tokens != meta.get("tokens"):
             raise DataError(
                 f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {splits[split].n_tokens}")
@@ -348,9 +445,9 @@ class BatchSampler:
                 self._perms[epoch] = perm
             return perm
 
-    def _windows(self, first: int, count: int) -> np.ndarray:
-        """Window indices of sequences first .. first+count-1."""
-        seqs = np.arange(first, first + count, dtype=np.int64)
+    def _windows(self, seqs: np.ndarray) -> np.ndarray:
+        """Window indices of the given global sequence numbers."""
+        count = len(seqs)
         if not self.shuffle:
             return seqs % self.n_windows
         epochs, pos = np.divmod(seqs, self.n_windows)
@@ -360,27 +457,49 @@ class BatchSampler:
             out[mask] = self._perm(int(epoch))[pos[mask]]
         return out
 
-    def _sequences(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        tokens = np.empty((count, self._width), dtype=np.int32)
-        for row, window in zip(tokens, self._windows(first, count)):
+    def _sequences(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.empty((len(seqs), self._width), dtype=np.int32)
+        windows = self._windows(seqs)
+        for row, window in zip(tokens, windows):
             self.split.read_into(int(window) * self.seq_len, row)
+        self._check_ids(tokens, windows)
         if self.targets == "next":
             return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
         return tokens, tokens.copy()
 
-    def microbatch(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(B, T) int32 inputs and targets of microbatch `index`."""
+    def _check_ids(self, tokens: np.ndarray, windows: np.ndarray) -> None:
+        # A shard changed in place keeps its size, so only --verify's hashes would notice; an id
+        # above the manifest's bound (which train.py checks against the model's vocab_size) would
+        # make the embedding lookup read out of range silently. One max() per batch catches it.
+        limit = self.split.max_token_id
+        if limit is None or int(tokens.max()) <= limit:
+            return
+        row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
+        file, offset = self.split.locate(int(windows[row]) * self.seq_len + col)
+        raise DataError(f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
+                        f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)")
+
+    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
         if index < 0:
             raise DataError(f"{self.split.name} split: microbatch index must be >= 0, got {index}")
-        return self._sequences(index * self.microbatch_size, self.microbatch_size)
+        return self._sequences(index * self.microbatch_size + self._row_ids(rows))
 
-    def batch(self, step: int, accum_steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1 (k = accum_steps)."""
+    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1 (k = accum_steps).
+
+        rows: in a multi-process run each process reads only its own rows of every microbatch.
+        """
         if step < 0 or accum_steps < 1:
             raise DataError(f"{self.split.name} split: need step >= 0 and accum_steps >= 1, got {step}, {accum_steps}")
         b, k = self.microbatch_size, accum_steps
-        x, y = self._sequences(step * k * b, k * b)
-        return x.reshape(k, b, -1), y.reshape(k, b, -1)
+        ids = self._row_ids(rows)
+        seqs = ((step * k + np.arange(k, dtype=np.int64))[:, None] * b + ids[None, :]).reshape(-1)
+        x, y = self._sequences(seqs)
+        return x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1)
+
+    def _row_ids(self, rows: slice) -> np.ndarray:
+        return np.arange(self.microbatch_size, dtype=np.int64)[rows]
 
     def epoch_of(self, step: int, accum_steps: int) -> int:
         """Epoch of the first sequence of optimiser step `step` (0-based)."""

@@ -1,21 +1,33 @@
 """Prepare a tokenized training corpus on disk (train/val safetensors shards + manifest.json).
 
 Usage:
-    uv run download_dataset.py builtin                       # bytes tokenizer -> data/builtin-bytes
-    uv run download_dataset.py builtin --tokenizer gpt2      # GPT-2 BPE (needs tiktoken's gpt2 files)
-    uv run download_dataset.py builtin --data-dir /big/disk --validation-fraction 0.1 --verify
+    uv run download_dataset.py builtin [--tokenizer gpt2]          # offline corpus -> data/builtin-bytes
+    uv run download_dataset.py text ~/books notes/*.md dump.jsonl  # local text -> data/text-books-bytes
+    uv run download_dataset.py tinyshakespeare [--from input.txt]  # -> data/tinyshakespeare-bytes
+    uv run download_dataset.py fineweb10B-gpt2 --train-tokens 1e9  # -> data/fineweb10B-gpt2-gpt2
+    uv run download_dataset.py run runs/gpt2-small                 # what train.py would prepare for that run
+    uv run download_dataset.py text corpus/ --tokenizer gpt2 --name mine --validation-fraction 0.1 --verify
 
-Sources:
-    builtin   an offline corpus of a few MB of English technical prose that ships with every
-              Python: the pydoc help topics plus the docstrings of the standard-library modules,
-              read from their source files with `ast` (nothing is imported or executed).
+Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" names one):
+    builtin          a few MB of English technical prose that ships with every Python: the pydoc
+                     help topics plus the standard library's docstrings, read with `ast` (offline).
+    text             local .txt / .md files (one document each) and .jsonl files (one document per
+                     line, its "text" field), given as files, folders (recursive) or globs.
+    tinyshakespeare  the 1.1 MB char-rnn corpus, downloaded once into <data>/downloads/ (sha256
+                     checked) or taken from --from <file>; the last 10% of the text is validation.
+    fineweb10B-gpt2  FineWeb-10B pre-tokenized with GPT-2 (Hugging Face kjj0/fineweb10B-gpt2, llm.c
+                     .bin files of 100M tokens): only as many train files as the training length
+                     needs, fetched with huggingface_hub unless --from <folder> or
+                     <data>/downloads/fineweb10B-gpt2/ already holds them (see fineweb.py).
 
-A folder whose manifest matches the request (source, options, fingerprint, tokenizer) is
-reused as is; anything else is rebuilt atomically. The default data root is $JAXGPT_DATA_DIR,
-else <project root>/data. From Python:
+Documents are tokenized with `bytes` or `gpt2` and each is followed by the end-of-text token;
+a validation fraction is held out by whole documents (or, with too few documents for that, as
+the last part of the text). A folder whose manifest matches the request (source, options,
+fingerprint, tokenizer) is reused as is; anything else is rebuilt atomically. The data root is
+--data-dir, else $JAXGPT_DATA_DIR, else <project root>/data. From Python:
 
     from download_dataset import prepare_dataset, default_data_root
-    path = prepare_dataset("builtin", "bytes", default_data_root())
+    path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
 """
 
 from __future__ import annotations
@@ -24,25 +36,44 @@ import argparse
 import ast
 import functools
 import hashlib
+import itertools
 import os
+import re
 import sys
 import sysconfig
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from data import DataError, open_dataset, read_manifest, token_dtype, write_dataset
+import fineweb
+import sources
+from config import ConfigError, load_run_configs
+from data import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
 from tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
 
+FINEWEB = fineweb.SOURCE
 # Options that change what is written; each source lists its defaults here and nowhere else.
-DEFAULT_OPTIONS: dict[str, dict] = {"builtin": {"validation_fraction": 0.05}}
+DEFAULT_OPTIONS: dict[str, dict] = {
+    "builtin": {"validation_fraction": 0.05},
+    # paths: files, folders or globs (relative to the working directory); name: the dataset
+    # folder is data/text-<name>-<tokenizer>, by default named after the first path.
+    "text": {"paths": None, "name": None, "validation_fraction": 0.05},
+    "tinyshakespeare": {"validation_fraction": 0.1},  # nanoGPT's split
+    # train_shards: how many 100M-token train files; null = as many as the training length needs.
+    FINEWEB: {"train_shards": None},
+}
 SOURCES = tuple(DEFAULT_OPTIONS)
+_TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
+_FROM_SOURCES = ("tinyshakespeare", FINEWEB)  # sources that can read a local copy instead of downloading
 # Folder names under the stdlib that hold tests, third-party packages, binaries or build files.
 _SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages", "lib-dynload"}
 _ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
+SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def default_data_root() -> Path:
@@ -51,8 +82,9 @@ def default_data_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
-def dataset_dir(data_root: Path, source: str, tokenizer: str) -> Path:
-    return Path(data_root) / f"{source}-{tokenizer}"
+def dataset_dir(data_root: Path, source: str, tokenizer: str, name: str | None = None) -> Path:
+    """data_root/<source>-<tokenizer>, or data_root/<source>-<name>-<tokenizer> for named (text) corpora."""
+    return Path(data_root) / (f"{source}-{name}-{tokenizer}" if name else f"{source}-{tokenizer}")
 
 
 # ----------------------------------------------------------------------------- builtin corpus
@@ -152,6 +184,29 @@ def documents_fingerprint(documents: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------- preparing
 
 
+# ----------------------------------------------------------------------------- options
+
+
+def _check_fraction(source: str, fraction: object) -> float:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise DataError(f"{source}: validation_fraction must be a number in (0, 1), got {fraction!r}")
+    return float(fraction)  # 1 vs 1.0 must not trigger a rebuild
+
+
+def _text_options(resolved: dict) -> None:
+    paths = resolved["paths"]
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise DataError(f"text: option 'paths' must be a non-empty list of files, folders or globs, got {paths!r}")
+    # normpath: "corpus/" and "corpus" name the same folder and must not trigger a rebuild.
+    resolved["paths"] = [os.path.normpath(p) for p in paths]
+    name = resolved["name"] if resolved["name"] is not None else sources.default_name(resolved["paths"])
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise DataError(f"text: option 'name' must be letters, digits, '.', '_' or '-', got {name!r}")
+    resolved["name"] = name
+
+
 def resolve_options(source: str, options: dict | None) -> dict:
     """The source's default options updated with `options`; DataError for unknown keys or bad values."""
     if source not in DEFAULT_OPTIONS:
@@ -161,11 +216,18 @@ def resolve_options(source: str, options: dict | None) -> dict:
     if unknown:
         raise DataError(f"{source}: unknown option(s) {unknown}; known: {sorted(resolved)}")
     resolved.update(options or {})
-    fraction = resolved["validation_fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise DataError(f"{source}: validation_fraction must be a number in (0, 1), got {fraction!r}")
-    resolved["validation_fraction"] = float(fraction)  # 1 vs 1.0 must not trigger a rebuild
+    if "validation_fraction" in resolved:
+        resolved["validation_fraction"] = _check_fraction(source, resolved["validation_fraction"])
+    if source == "text":
+        _text_options(resolved)
+    shards = resolved.get("train_shards")
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
+                               or not 1 <= shards <= fineweb.N_TRAIN_FILES):
+        raise DataError(f"{source}: train_shards must be null or 1..{fineweb.N_TRAIN_FILES}, got {shards!r}")
     return resolved
+
+
+# ----------------------------------------------------------------------------- documents
 
 
 def split_documents(documents: Sequence[str], validation_fraction: float) -> tuple[list[str], list[str]]:
@@ -180,15 +242,54 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> Iterator[np.ndarray]:
+def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str]) -> Iterator[np.ndarray]:
     """Token arrays of each document with the end-of-text id appended (what write_dataset expects)."""
     dtype = token_dtype(tokenizer.n_vocab)
-    for i in range(0, len(documents), _ENCODE_CHUNK):
-        for ids in tokenizer.encode_batch(documents[i:i + _ENCODE_CHUNK]):
+    documents = iter(documents)
+    while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
+        for ids in tokenizer.encode_batch(chunk):
             doc = np.empty(ids.size + 1, dtype=dtype)
             doc[:-1] = ids
             doc[-1] = tokenizer.eot_id
             yield doc
+
+
+@dataclass
+class _Corpus:
+    """A document source: its fingerprint now (cheap), its train/val documents only when building."""
+
+    fingerprint: str
+    splits: Callable[[float], tuple[Iterable[str], Iterable[str], str]]  # fraction -> train, val, how
+
+
+def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
+            log: Callable[[str], None]) -> _Corpus:
+    if source == "builtin":
+        docs = builtin_documents()
+
+        def split_builtin(fraction: float) -> tuple[list[str], list[str], str]:
+            train, val = split_documents(docs, fraction)
+            return train, val, f"{len(val)} of {len(docs)} documents"
+
+        return _Corpus(documents_fingerprint(docs), split_builtin)
+    if source == "text":
+        files = sources.find_text_files(options["paths"])
+        where = f"text {' '.join(options['paths'])}"
+        return _Corpus(sources.files_fingerprint(files),
+                       lambda fraction: sources.hold_out(lambda: sources.read_documents(files), fraction, where))
+    assert source == "tinyshakespeare", source
+    remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
+    if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
+        sources.fetch_file(remote, downloads, from_path=from_path, log=log)
+
+    def split_file(fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
+        path = sources.fetch_file(remote, downloads, from_path=None, log=log)
+        return sources.hold_out(lambda: sources.read_documents([path]), fraction, str(path))
+
+    return _Corpus(f"sha256-{remote.sha256}", split_file)  # the file is pinned by its hash
+
+
+# ----------------------------------------------------------------------------- preparing
 
 
 def _reuse_problem(path: Path, expected: dict) -> str | None:
@@ -209,60 +310,133 @@ def _reuse_problem(path: Path, expected: dict) -> str | None:
     return None
 
 
-def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: dict | None = None,
-                    log: Callable[[str], None] = print) -> Path:
-    """Make sure data_root/<source>-<tokenizer> holds the requested dataset and return its path.
-
-    Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
-    otherwise tokenizes the source and writes it atomically, replacing the old folder.
-    """
-    resolved = resolve_options(source, options)
-    if tokenizer not in TOKENIZER_NAMES:
-        raise TokenizerError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
-    path = dataset_dir(data_root, source, tokenizer)
+def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
+                       log: Callable[[str], None]) -> Path:
     started = time.perf_counter()
-    documents = builtin_documents()
-    fingerprint = documents_fingerprint(documents)
-    expected = {"source": source, "options": resolved, "fingerprint": fingerprint, "tokenizer": tokenizer}
+    expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
     problem = _reuse_problem(path, expected)
     if problem is None:
         log(f"reusing dataset {path} (manifest matches)")
         return path
     log(f"preparing dataset {path}: {problem}")
     tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
-    train_docs, val_docs = split_documents(documents, resolved["validation_fraction"])
+    train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
     manifest = write_dataset(
-        path, source=source, options=resolved, fingerprint=fingerprint, tokenizer=tok,
+        path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
         splits={"train": tokenize_documents(tok, train_docs), "val": tokenize_documents(tok, val_docs)})
-    text_mb = sum(len(doc.encode("utf-8")) for doc in documents) / 1e6
+    splits = manifest["splits"]
+    share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
     counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
-                       for name, s in manifest["splits"].items())
-    log(f"wrote {path}: {text_mb:.1f} MB of text -> {counts} in {time.perf_counter() - started:.1f} s")
+                       for name, s in splits.items())
+    log(f"wrote {path}: {counts}; validation = {how}, {share:.1%} of the tokens; "
+        f"{time.perf_counter() - started:.1f} s")
     return path
+
+
+def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: dict | None = None,
+                    train_tokens: int | None = None, from_path: Path | None = None,
+                    log: Callable[[str], None] = print) -> Path:
+    """Make sure data_root holds the requested dataset (see dataset_dir) and return its path.
+
+    Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
+    otherwise reads, downloads or converts the source and writes it atomically, replacing the old
+    folder. train_tokens (the run's training length) decides how many FineWeb files are needed;
+    from_path is a local copy of a downloadable source (tinyshakespeare: the file; FineWeb: a
+    folder of .bin files).
+    """
+    resolved = resolve_options(source, options)
+    if tokenizer not in TOKENIZER_NAMES:
+        raise TokenizerError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
+    if tokenizer not in _TOKENIZERS.get(source, TOKENIZER_NAMES):
+        raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
+                        f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
+    if from_path is not None and source not in _FROM_SOURCES:
+        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
+    path = dataset_dir(data_root, source, tokenizer, resolved.get("name"))
+    if source == FINEWEB:
+        with dataset_lock(path, log):
+            return fineweb.prepare(path, resolved, train_tokens=train_tokens, from_dir=from_path,
+                                   downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
+    corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
+    with dataset_lock(path, log):
+        return _prepare_documents(path, source, tokenizer, resolved, corpus, log)
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Tokenize a corpus into train/val safetensors shards (reused when already prepared).")
-    parser.add_argument("source", choices=SOURCES, help="corpus to prepare")
-    parser.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="bytes", help="default: bytes")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="data root holding <source>-<tokenizer>/ (default: $JAXGPT_DATA_DIR or <project>/data)")
-    parser.add_argument("--validation-fraction", type=float, default=None,
-                        help="share of documents held out for validation (default: 0.05)")
-    parser.add_argument("--verify", action="store_true", help="afterwards, check every shard's sha256")
-    args = parser.parse_args(argv)
+def _count(text: str) -> int:
+    """A token count such as 1000000 or 1e9."""
+    value = float(text)
+    if not value.is_integer() or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", type=Path, default=None,
+                        help="data root (default: $JAXGPT_DATA_DIR or <project>/data)")
+    common.add_argument("--verify", action="store_true", help="afterwards, check every shard's sha256")
+    tokenized = argparse.ArgumentParser(add_help=False, parents=[common])
+    tokenized.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="bytes", help="default: bytes")
+    tokenized.add_argument("--validation-fraction", type=float, default=None,
+                           help="share held out for validation (default: 0.05; tinyshakespeare 0.1)")
+    parser = argparse.ArgumentParser(description="Tokenize a corpus into train/val safetensors shards "
+                                     "(reused when already prepared).", epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    sub.add_parser("builtin", parents=[tokenized], help="offline corpus of Python's own documentation")
+    text = sub.add_parser("text", parents=[tokenized], help="local .txt/.md/.jsonl files, folders or globs")
+    text.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
+    text.add_argument("--name", default=None,
+                      help="dataset folder text-<name>-<tokenizer> (default: the first path's name)")
+    shakespeare = sub.add_parser("tinyshakespeare", parents=[tokenized], help="the 1.1 MB char-rnn corpus")
+    shakespeare.add_argument("--from", dest="from_path", type=Path, default=None,
+                             help="a local copy of input.txt instead of downloading it")
+    web = sub.add_parser(FINEWEB, parents=[common], help="FineWeb-10B as GPT-2 tokens (llm.c .bin files)")
+    size = web.add_mutually_exclusive_group()
+    size.add_argument("--train-tokens", type=_count, default=None,
+                      help="take as many 100M-token train files as this many tokens need (default: 1 file)")
+    size.add_argument("--train-shards", type=int, default=None,
+                      help=f"take exactly this many train files (1..{fineweb.N_TRAIN_FILES})")
+    web.add_argument("--from", dest="from_path", type=Path, default=None,
+                     help="a folder holding the .bin files (e.g. modded-nanogpt's data/fineweb10B)")
+    run = sub.add_parser("run", parents=[common], help="the dataset a run's train.json names, for its length")
+    run.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
+    run.add_argument("--from", dest="from_path", type=Path, default=None,
+                     help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder)")
+    return parser
+
+
+def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
+    """(source, tokenizer, options, train_tokens) from the command line; only options given are passed."""
+    if args.source == "run":
+        model_cfg, train_cfg = load_run_configs(args.run_dir)
+        tokens = train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg)
+        return train_cfg.dataset.source, train_cfg.tokenizer, train_cfg.dataset.options, tokens
+    if args.source == FINEWEB:
+        options = {} if args.train_shards is None else {"train_shards": args.train_shards}
+        return FINEWEB, "gpt2", options, args.train_tokens
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
+    if args.source == "text":
+        options["paths"] = args.paths
+        if args.name is not None:
+            options["name"] = args.name
+    return args.source, args.tokenizer, options, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     data_root = args.data_dir if args.data_dir is not None else default_data_root()
     try:
-        path = prepare_dataset(args.source, args.tokenizer, data_root, options=options)
+        source, tokenizer, options, train_tokens = _request(args)
+        path = prepare_dataset(source, tokenizer, data_root, options=options, train_tokens=train_tokens,
+                               from_path=getattr(args, "from_path", None))
         if args.verify:
             open_dataset(path, verify=True)
             print(f"verified sha256 of every shard in {path}")
-    except (DataError, TokenizerError) as exc:
+    except (DataError, TokenizerError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1,14 +1,44 @@
-"""Load a trained model from a checkpoint and sample from it (used by test_generation.py).
+"""Sample from a trained model: a KV cache, a compiled one-token decode step, batched prompts.
 
-Decoding runs the full forward pass over a fixed (1, context_length) window for each new token,
-so one program is compiled once and reused; past context_length the window slides.
+    from generate import load_model, generate_batch
+    model, cfg, tok, path = load_model(Path("runs/tiny"))      # run dir, checkpoint or latest/best link
+    texts = generate_batch(model, [tok.encode("Every effort moves you")], max_new_tokens=50)
+
+    uv run generate.py --bench      # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
+
+How decoding works (used by test_generation.py):
+  prefill  the prompts, right-padded to a multiple of 64 tokens (so only a handful of programs is
+           ever compiled), go through the model once; every layer's keys and values land in a
+           cache of (L, B, H, D, S) keys and (L, B, H, S, D) values, S = context_length, and the
+           logits at each row's last prompt token give its first new token.
+  step     a program compiled ahead of time (it refuses other shapes rather than recompile)
+           feeds one token per row at that row's own position, writes its key/value into the
+           cache in place and attends to positions 0..pos of the row, reading only the first
+           128, 256, 512, ... slots that hold every row: at most log2(S / 128) + 1 programs,
+           each compiled once when first needed. Prompts of different lengths need nothing more.
+  full     the default `slide`: when a row's cache holds context_length tokens, the row is
+           re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
+           any window), so a long generation costs one prefill per context_length / 2 tokens and
+           every other row keeps its whole window. `stop` instead ends a row once prompt + new
+           tokens fill context_length.
+
+The decoder walks model.py's submodules (tok_emb, pos_emb, blocks[i].ln1/attn.qkv/attn.proj/
+ln2/mlp, ln_f, head or tok_emb.attend) rather than calling GPT.__call__, so it must mirror that
+forward pass: tests/test_generate.py checks it against the full forward pass at every position.
+Sampling (temperature, top-k, top-p) runs on the host in numpy from a seeded generator.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import collections
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,58 +46,260 @@ import numpy as np
 from flax import nnx
 
 import checkpointing as ckpt
-from config import ModelConfig, TrainConfig, from_dict, from_json
+from config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
 from model import build_model
 from tokenizer import Tokenizer, get_tokenizer
 
+BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
+ON_FULL = ("slide", "stop")
+# How often each program was traced (a Python side effect that runs only while tracing): the
+# tests use it to check that decoding never recompiles.
+TRACES: collections.Counter[str] = collections.Counter()
 
-def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
-    """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir.
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_weights(path: Path) -> Path:
+    """The checkpoint folder behind `path`: a checkpoint, a latest/best link, a run dir's latest
+    checkpoint, or, for a run that has none yet, the weights its train.json `init_from` names
+    (an imported GPT-2, see import_gpt2.py)."""
+    path = Path(path)
+    try:
+        return ckpt.resolve_checkpoint(path)
+    except ckpt.CheckpointError:
+        if not (path / MODEL_FILE).is_file() or not (path / TRAIN_FILE).is_file():
+            raise
+        init_from = from_json(TrainConfig, path / TRAIN_FILE).init_from
+        if init_from is None:
+            raise
+        return ckpt.resolve_checkpoint(path / init_from)
+
+
+def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
+    """(checkpoint folder, model config, train.json as a dict) for a checkpoint or run dir.
 
     The architecture comes from the run's model.json (the checkpoint's own copy when the folder
-    was moved out of its run); the tokenizer from the train.json saved with the checkpoint.
+    was moved out of its run); train.json from the run directory when `path` is one, else the
+    copy saved with the checkpoint.
     """
-    ckpt_dir = ckpt.resolve_checkpoint(path)
-    run_model_json = ckpt_dir.parent.parent / "model.json"
+    path = Path(path)
+    ckpt_dir = resolve_weights(path)
+    saved = ckpt.read_configs(ckpt_dir)
+    run_model_json = ckpt_dir.parent.parent / MODEL_FILE
     if run_model_json.is_file():
         model_cfg = from_json(ModelConfig, run_model_json)
+    elif "model.json" in saved:
+        model_cfg = from_dict(ModelConfig, saved["model.json"], str(ckpt_dir / MODEL_FILE))
     else:
-        model_cfg = from_dict(ModelConfig, ckpt.read_configs(ckpt_dir)["model.json"], str(ckpt_dir / "model.json"))
-    saved_train = ckpt.read_configs(ckpt_dir).get("train.json")
-    tokenizer_name = saved_train["tokenizer"] if saved_train else TrainConfig.__dataclass_fields__["tokenizer"].default
+        raise ckpt.CheckpointError(f"{ckpt_dir}: no model.json beside the checkpoint or in its run")
+    if not (path / ckpt.META).is_file() and (path / TRAIN_FILE).is_file() and (path / MODEL_FILE).is_file():
+        train = json.loads((path / TRAIN_FILE).read_text())
+        from_dict(TrainConfig, train, str(path / TRAIN_FILE))  # validate: one-line errors
+    else:
+        train = saved.get("train.json", {})
+    return ckpt_dir, model_cfg, train
+
+
+def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
+    """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir."""
+    ckpt_dir, model_cfg, train = checkpoint_configs(path)
+    tokenizer_name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
     model = build_model(model_cfg)
     ckpt.load_weights(model, ckpt_dir / ckpt.WEIGHTS)
     return model, model_cfg, get_tokenizer(tokenizer_name), ckpt_dir
 
 
-@nnx.jit
-def _logits_at(model: nnx.Module, window: jax.Array, pos: jax.Array) -> jax.Array:
-    """Logits (V,) predicting the token after window[0, pos]. window: (1, T) int32."""
-    logits = model(window)  # (1, T, V); causal, so the padding after pos cannot leak back
-    return logits[0, pos].astype(jnp.float32)
+# ----------------------------------------------------------------------------- the model, walked
+
+
+def _embed(model: nnx.Module, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    """tokens: (B, T) or (B,) ids; positions: broadcastable to them. -> (..., C)"""
+    x = model.tok_emb(tokens)
+    if model.cfg.architecture == "gpt2":
+        x = x + model.pos_emb(positions)
+    return x
+
+
+def _logits(model: nnx.Module, x: jax.Array) -> jax.Array:
+    """x: (N, C) residual stream -> (N, V) float32 logits."""
+    if model.cfg.architecture == "gpt2":
+        x = model.ln_f(x)
+    logits = model.tok_emb.attend(x) if model.cfg.tie_embeddings else model.head(x)
+    return logits.astype(jnp.float32)
+
+
+def _blocks(model: nnx.Module) -> Sequence[nnx.Module]:
+    return model.blocks if model.cfg.architecture == "gpt2" else ()
+
+
+def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
+             tokens: jax.Array, last: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The model over right-padded prompts, keeping every layer's keys and values.
+
+    tokens: (B, P) int32, position p of a row in column p; last: (B,) each row's last real column.
+    cache_k: (L, B, H, D, S), cache_v: (L, B, H, S, D); slots 0..P-1 are overwritten (padding
+    columns too: they stay masked until a decode step writes over them). Returns the caches and
+    the logits (B, V) at `last`.
+    """
+    TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, state)
+    B, P = tokens.shape
+    C, H = model.cfg.emb_dim, model.cfg.n_heads
+    x = _embed(model, tokens, jnp.arange(P)).reshape(B * P, C)  # (B*P, C), flat like model.py
+    for i, block in enumerate(_blocks(model)):
+        q, k, v = (t.reshape(B, P, H, C // H) for t in jnp.split(block.attn.qkv(block.ln1(x)), 3, axis=-1))
+        at = (i, 0, 0, 0, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), at)
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, P, H, D)
+        x = x + block.attn.proj(y.reshape(B * P, C))
+        x = x + block.mlp(block.ln2(x))
+    x = x.reshape(B, P, C)[jnp.arange(B), last]  # (B, C): only each row's last token needs logits
+    return cache_k, cache_v, _logits(model, x)
+
+
+def _step(graphdef: nnx.GraphDef, span: int, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
+          tokens: jax.Array, pos: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One new token per row. tokens, pos: (B,) int32; row b's token sits at position pos[b].
+
+    Its key/value go to cache slot pos[b] (a per-row scatter into the donated cache, in place) and
+    it attends to slots 0..pos[b] of its row, read from the first `span` slots only (static: every
+    advancing row has pos < span). Returns the caches and the next logits (B, V).
+    """
+    TRACES["step"] += 1
+    model = nnx.merge(graphdef, state)
+    B = tokens.shape[0]
+    C, H = model.cfg.emb_dim, model.cfg.n_heads
+    rows = jnp.arange(B)
+    visible = jnp.arange(span)[None, None, :] <= pos[:, None, None]  # (B, 1, span)
+    x = _embed(model, tokens, pos)  # (B, C)
+    for i, block in enumerate(_blocks(model)):
+        q, k, v = (t.reshape(B, H, C // H) for t in jnp.split(block.attn.qkv(block.ln1(x)), 3, axis=-1))
+        cache_k = cache_k.at[i, rows, :, :, pos].set(k.astype(cache_k.dtype))
+        cache_v = cache_v.at[i, rows, :, pos].set(v.astype(cache_v.dtype))
+        # Keys are stored transposed, (H, D, S) per row, so both products stream the cache
+        # contiguously: on CPU this halved the step time of a batch of 4 against (S, H, D).
+        att = jnp.einsum("bhd,bhds->bhs", q, cache_k[i, :, :, :, :span]) / math.sqrt(C // H)  # (B, H, span)
+        att = jax.nn.softmax(jnp.where(visible, att.astype(jnp.float32), -jnp.inf), axis=-1)
+        y = jnp.einsum("bhs,bhsd->bhd", att.astype(cache_v.dtype), cache_v[i, :, :, :span])  # (B, H, D)
+        x = x + block.attn.proj(y.reshape(B, C))
+        x = x + block.mlp(block.ln2(x))
+    return cache_k, cache_v, _logits(model, x)
+
+
+def _full_forward(graphdef: nnx.GraphDef, state: nnx.State, window: jax.Array, last: jax.Array) -> jax.Array:
+    """No cache: the model's own forward pass over (B, T) windows, logits (B, V) at `last`."""
+    TRACES["full"] += 1
+    model = nnx.merge(graphdef, state)
+    return model(window)[jnp.arange(window.shape[0]), last].astype(jnp.float32)
+
+
+_prefill_jit = jax.jit(_prefill, static_argnums=0, donate_argnums=(2, 3))
+_full_forward_jit = jax.jit(_full_forward, static_argnums=0)
+
+
+class KVDecoder:
+    """A KV cache for `batch_size` rows of one model, with its prefill and decode programs.
+
+        dec = KVDecoder(model, batch_size=2)
+        logits = dec.prefill([[1, 2, 3], [4]])     # (B, V) numpy: next-token logits of each row
+        logits = dec.step([5, 6])                  # feed one token per row at position dec.lengths
+
+    A decode step attends over the shortest span of cache slots, a power of two times 128 up to
+    context_length, that holds every row: a 1024-token model compiles at most 4 step programs,
+    each once, ahead of time (a compiled program refuses other shapes rather than recompile).
+    """
+
+    def __init__(self, model: nnx.Module, batch_size: int, *, bucket: int = BUCKET) -> None:
+        cfg = model.cfg
+        self.cfg, self.batch_size, self.bucket = cfg, batch_size, bucket
+        self.graphdef, self.state = nnx.split(model)
+        dtype = model.tok_emb.embedding.get_value().dtype
+        L, H, D, S = len(_blocks(model)), cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.context_length
+        self._cache = (jnp.zeros((L, batch_size, H, D, S), dtype),  # keys, transposed
+                       jnp.zeros((L, batch_size, H, S, D), dtype))  # values
+        self.lengths = np.zeros(batch_size, np.int64)  # tokens held in each row's cache
+        self._steps: dict[int, Any] = {}  # span -> compiled step
+        self.compile_s = 0.0
+
+    def _compiled_step(self, span: int) -> Any:
+        if span not in self._steps:
+            started = time.perf_counter()
+            ids = jnp.zeros((self.batch_size,), jnp.int32)
+            self._steps[span] = (jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
+                                 .lower(self.graphdef, span, self.state, *self._cache, ids, ids).compile())
+            self.compile_s += time.perf_counter() - started
+        return self._steps[span]
+
+    def span_for(self, longest: int) -> int:
+        """Cache slots a step reads when the longest advancing row holds `longest` tokens."""
+        span = 128
+        while span < longest:
+            span *= 2
+        return min(span, self.cfg.context_length)
+
+    def prefill(self, windows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Restart every row from its window (1..context_length tokens, positions from 0);
+        returns the next-token logits (B, V)."""
+        n = np.array([len(w) for w in windows], np.int64)
+        ctx = self.cfg.context_length
+        if len(windows) != self.batch_size or n.min() < 1 or n.max() > ctx:
+            raise ValueError(f"prefill: need {self.batch_size} windows of 1..{ctx} tokens, got lengths {n.tolist()}")
+        P = min(ctx, -(-int(n.max()) // self.bucket) * self.bucket)
+        tokens = np.zeros((self.batch_size, P), np.int32)
+        for row, window in zip(tokens, windows):
+            row[:len(window)] = window
+        *self._cache, logits = _prefill_jit(self.graphdef, self.state, *self._cache,
+                                            jnp.asarray(tokens), jnp.asarray(n - 1, jnp.int32))
+        self.lengths = n
+        return np.asarray(logits)
+
+    def step(self, tokens: Sequence[int], advance: np.ndarray | None = None) -> np.ndarray:
+        """Append one token per row at position self.lengths[row]; returns the next logits (B, V).
+
+        Rows where `advance` is False (finished rows) are computed but not advanced; what they
+        attend to does not matter.
+        """
+        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
+        if (self.lengths[advance] >= self.cfg.context_length).any():
+            raise ValueError(f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window")
+        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
+        step = self._compiled_step(self.span_for(int(pos[advance].max(initial=0)) + 1))
+        *self._cache, logits = step(self.state, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
+        self.lengths = self.lengths + advance
+        return np.asarray(logits)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+_TOP_P_SLACK = 1e-9  # mass this close to top_p counts as reaching it: float rounding adds no token
 
 
 def filter_logits(logits: np.ndarray, top_k: int | None = None, top_p: float | None = None) -> np.ndarray:
-    """Set every logit outside the top-k and outside the top-p nucleus to -inf.
+    """A float64 copy of 1-D logits with every token outside the kept set at -inf.
 
-    top_p keeps the smallest set of most likely tokens whose probability adds up to >= top_p.
+    top_k keeps exactly the k largest logits (ties go to the lower token id). top_p then keeps the
+    smallest set of most likely tokens whose probabilities (renormalised after top_k) add up to
+    >= top_p; the most likely token is always kept.
     """
-    out = np.asarray(logits, dtype=np.float64).copy()
+    out = np.array(logits, dtype=np.float64)
+    order = np.argsort(-out, kind="stable")  # most likely first, ties by lower id
     if top_k is not None and top_k < out.size:
-        kth = np.sort(out)[-top_k]
-        out[out < kth] = -np.inf
+        out[order[top_k:]] = -np.inf
     if top_p is not None and top_p < 1.0:
-        order = np.argsort(-out, kind="stable")
-        probs = np.exp(out[order] - out[order[0]])
+        ranked = out[order]
+        probs = np.exp(ranked - ranked[0])
         probs /= probs.sum()
-        # Keep token i if the mass before it is still short of top_p.
-        keep = np.cumsum(probs) - probs < top_p
-        out[order[~keep]] = -np.inf
+        mass_before = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
+        out[order[mass_before >= top_p - _TOP_P_SLACK]] = -np.inf
     return out
 
 
 def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float,
                 top_k: int | None, top_p: float | None) -> int:
+    """One token id from 1-D logits: argmax when temperature <= 0, else a filtered softmax draw."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
     filtered = filter_logits(np.asarray(logits, np.float64) / temperature, top_k, top_p)
@@ -75,49 +307,243 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float
     return int(rng.choice(probs.size, p=probs / probs.sum()))
 
 
-def generate(model: nnx.Module, prompt: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             eot_id: int | None = None, n_vocab: int | None = None) -> Iterator[int]:
-    """Yield up to max_new_tokens new token ids (stops early at eot_id).
+@dataclass
+class GenerationStats:
+    """Where the time of one generate call went (compile of the decode step reported apart)."""
 
-    n_vocab: the tokenizer's vocabulary; ids past it (a vocab_size padded for speed) are never drawn.
+    rows: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefills: int = 0  # the first one plus one per slide
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0  # includes compiling each new prefill length bucket
+    steps: int = 0
+    decode_s: float = 0.0
+    compile_s: float = 0.0  # the decode step programs (one per attention span), compiled when first needed
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+
+    def summary(self) -> str:
+        step_rate = self.steps * self.rows / max(self.decode_s, 1e-9)
+        return (f"{self.new_tokens} new tokens in {self.prefill_s + self.decode_s:.2f} s = "
+                f"{self.tokens_per_s:,.1f} tok/s ({self.rows} row(s); {self.prefills} prefill(s) of "
+                f"{self.prefill_tokens} tokens in {self.prefill_s:.2f} s; {self.steps} decode steps in "
+                f"{self.decode_s:.2f} s = {step_rate:,.1f} tok/s; decode step compiled in {self.compile_s:.2f} s)")
+
+
+def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int = 0, eot_id: int | None = None, n_vocab: int | None = None,
+           on_full: str = "slide", stats: GenerationStats | None = None) -> Iterator[list[int | None]]:
+    """Decode all prompts together; yield, per step, each row's new token (None once it finished).
+
+    A row finishes at eot_id (not yielded), after max_new_tokens, or with on_full="stop" once
+    prompt + new tokens fill context_length. n_vocab: the tokenizer's vocabulary; ids past it (a
+    vocab_size padded for speed) are never drawn. The same seed gives the same tokens.
     """
-    ctx = model.cfg.context_length
-    if not prompt:
-        raise ValueError("generate: the prompt must hold at least one token")
+    if on_full not in ON_FULL:
+        raise ValueError(f"on_full={on_full!r} must be one of {', '.join(ON_FULL)}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt must hold at least one token")
+    ctx, B = model.cfg.context_length, len(prompts)
+    keep = max(1, ctx // 2)
+    n_vocab = n_vocab or model.cfg.vocab_size
+    stats = stats if stats is not None else GenerationStats()
+    stats.rows, stats.prompt_tokens = B, sum(len(p) for p in prompts)
     rng = np.random.default_rng(seed)
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        recent = ids[-ctx:]  # slide once the context is full
-        window = np.zeros((1, ctx), np.int32)
-        window[0, :len(recent)] = recent
-        logits = np.asarray(_logits_at(model, jnp.asarray(window), jnp.int32(len(recent) - 1)))
-        token = sample_next(logits[: n_vocab or model.cfg.vocab_size], rng, temperature, top_k, top_p)
-        if token == eot_id:
+    seqs = [list(p) for p in prompts]
+    start = [max(0, len(s) - ctx) for s in seqs]  # each row's window is seqs[b][start[b]:]
+    done = np.array([on_full == "stop" and len(s) >= ctx for s in seqs])
+    if max_new_tokens <= 0 or done.all():
+        return
+
+    dec = KVDecoder(model, B)
+
+    def prefill() -> np.ndarray:
+        windows = [s[st:] for s, st in zip(seqs, start)]
+        t0 = time.perf_counter()
+        out = dec.prefill(windows)
+        stats.prefill_s += time.perf_counter() - t0
+        stats.prefills += 1
+        stats.prefill_tokens += sum(map(len, windows))
+        return out
+
+    logits = prefill()
+    for i in range(max_new_tokens):
+        new: list[int | None] = [None] * B
+        for b in np.flatnonzero(~done):
+            token = sample_next(logits[b, :n_vocab], rng, temperature, top_k, top_p)
+            if token == eot_id:
+                done[b] = True
+                continue
+            seqs[b].append(token)
+            new[b] = token
+            if on_full == "stop" and len(seqs[b]) - start[b] >= ctx:
+                done[b] = True
+        stats.new_tokens += sum(t is not None for t in new)
+        if any(t is not None for t in new):
+            yield new
+        if done.all() or i == max_new_tokens - 1:
             return
-        ids.append(token)
+        full = ~done & (dec.lengths >= ctx)
+        if full.any():  # slide: those rows restart from their last `keep` tokens, the others as they are
+            for b in np.flatnonzero(full):
+                start[b] = len(seqs[b]) - keep
+            logits = prefill()
+        else:
+            t0, compiled = time.perf_counter(), dec.compile_s
+            logits = dec.step([s[-1] for s in seqs], advance=~done)
+            stats.compile_s += dec.compile_s - compiled
+            stats.decode_s += time.perf_counter() - t0 - (dec.compile_s - compiled)
+            stats.steps += 1
+
+
+def generate_batch(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                   **kwargs: Any) -> list[list[int]]:
+    """The new tokens of each prompt (same keyword arguments as `stream`)."""
+    out: list[list[int]] = [[] for _ in prompts]
+    for new in stream(model, prompts, max_new_tokens=max_new_tokens, **kwargs):
+        for row, token in zip(out, new):
+            if token is not None:
+                row.append(token)
+    return out
+
+
+def generate(model: nnx.Module, prompt: Sequence[int], *, max_new_tokens: int, **kwargs: Any) -> Iterator[int]:
+    """Yield up to max_new_tokens new token ids for one prompt (stops early at eot_id)."""
+    for (token,) in stream(model, [prompt], max_new_tokens=max_new_tokens, **kwargs):
         yield token
+
+
+def full_forward_logits(model: nnx.Module, windows: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Uncached next-token logits (B, V) at column `last` of each (B, T) window: the reference
+    that the KV cache must match, and the baseline of the benchmark."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(_full_forward_jit(graphdef, state, jnp.asarray(windows, jnp.int32),
+                                        jnp.asarray(last, jnp.int32)))
+
+
+# ----------------------------------------------------------------------------- command line helpers
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=50)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="keep the smallest set with this much probability")
+    parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
+    parser.add_argument("--on-full", choices=ON_FULL, default="slide",
+                        help="when the context is full: slide (re-read the last context_length/2 "
+                             "tokens, default) or stop")
 
 
 def check_sampling_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.max_new_tokens < 0:
         parser.error(f"--max-new-tokens={args.max_new_tokens} must be >= 0")
+    if args.temperature < 0 or not math.isfinite(args.temperature):
+        parser.error(f"--temperature={args.temperature} must be a finite number >= 0")
     if args.top_k is not None and args.top_k < 1:
         parser.error(f"--top-k={args.top_k} must be >= 1")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         parser.error(f"--top-p={args.top_p} must be in (0, 1]")
+    if args.seed < 0:
+        parser.error(f"--seed={args.seed} must be >= 0")
 
 
-def continuation(model: nnx.Module, tok: Tokenizer, prompt: str, args: argparse.Namespace) -> str:
-    new = generate(model, tok.encode(prompt), max_new_tokens=args.max_new_tokens,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab)
-    return tok.decode(list(new))
+def continuations(model: nnx.Module, tok: Tokenizer, prompts: Sequence[str], args: argparse.Namespace,
+                  stats: GenerationStats | None = None) -> list[str]:
+    """Decoded continuations of text prompts, sampled as the command line asks."""
+    new = generate_batch(model, [tok.encode(p) for p in prompts], max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab,
+                         on_full=args.on_full, stats=stats)
+    return [tok.decode(ids) for ids in new]
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+GPT2_124M = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768,
+                        n_heads=12, n_layers=12, qkv_bias=True, tie_embeddings=True)
+
+
+def bench(*, new_tokens: int = 256, prompt_tokens: int = 16, batch_size: int = 1,
+          cfg: ModelConfig = GPT2_124M, uncached: bool = True, log: Any = print) -> dict[str, float]:
+    """Greedy decoding speed, KV cache vs re-running the full forward pass for every token.
+
+    Compilation is excluded from both: the uncached baseline runs one program over a window just
+    long enough for the whole generation (prompt + new tokens, rounded up to BUCKET), its best
+    case; the cached path is prefill + (new_tokens - 1) decode steps.
+    """
+    model = build_model(cfg)
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(0, cfg.vocab_size, size=(batch_size, prompt_tokens)).tolist()
+    log(f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, vocab {cfg.vocab_size}, "
+        f"{sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6:.1f}M params; "
+        f"batch {batch_size}, prompt {prompt_tokens}, {new_tokens} new tokens; {jax.devices()[0].platform}")
+
+    dec = KVDecoder(model, batch_size)
+
+    def cached() -> list[np.ndarray]:
+        tokens = [dec.prefill(prompts).argmax(-1)]
+        for _ in range(new_tokens - 1):
+            tokens.append(dec.step(tokens[-1]).argmax(-1))
+        return tokens
+
+    cached()  # compiles the prefill bucket and every attention span the run needs
+    t0 = time.perf_counter()
+    cached_tokens = cached()
+    cached_s = time.perf_counter() - t0
+    result = {"cached_s": cached_s, "cached_tok_s": new_tokens * batch_size / cached_s,
+              "compile_step_s": dec.compile_s}
+    log(f"cached:   {cached_s:7.2f} s  {result['cached_tok_s']:8.1f} tok/s  "
+        f"({1e3 * cached_s / new_tokens:.1f} ms/token; {len(dec._steps)} decode step program(s) compiled "
+        f"in {dec.compile_s:.1f} s)")
+    if not uncached:
+        return result
+
+    width = min(cfg.context_length, -(-(prompt_tokens + new_tokens) // BUCKET) * BUCKET)
+    windows = np.zeros((batch_size, width), np.int32)
+    windows[:, :prompt_tokens] = prompts
+    last = np.full(batch_size, prompt_tokens - 1)
+    full_forward_logits(model, windows, last)  # compile
+    t0 = time.perf_counter()
+    same = 0
+    for i in range(new_tokens):
+        nxt = full_forward_logits(model, windows, last).argmax(-1)
+        same += int((nxt == cached_tokens[i]).all())
+        if i + 1 < new_tokens:
+            last = last + 1
+            windows[np.arange(batch_size), last] = nxt
+    full_s = time.perf_counter() - t0
+    result.update(full_s=full_s, full_tok_s=new_tokens * batch_size / full_s, speedup=full_s / cached_s,
+                  same_greedy_tokens=same / new_tokens)
+    log(f"uncached: {full_s:7.2f} s  {result['full_tok_s']:8.1f} tok/s  (window {width}; "
+        f"{1e3 * full_s / new_tokens:.1f} ms/token)")
+    log(f"speed-up: {result['speedup']:.1f}x; greedy tokens identical at {same}/{new_tokens} steps")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Benchmark KV-cached against uncached decoding "
+                                     "(sample from a checkpoint with test_generation.py).")
+    parser.add_argument("--bench", action="store_true", help="run the benchmark")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached baseline")
+    args = parser.parse_args(argv)
+    if not args.bench:
+        parser.error("nothing to do without --bench; sample with: uv run test_generation.py <run dir>")
+    if min(args.new_tokens, args.prompt_tokens, args.batch_size) < 1:
+        parser.error("--new-tokens, --prompt-tokens and --batch-size must be >= 1")
+    if args.new_tokens + args.prompt_tokens > GPT2_124M.context_length:
+        parser.error(f"--prompt-tokens + --new-tokens must fit the context ({GPT2_124M.context_length})")
+    bench(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, batch_size=args.batch_size,
+          uncached=not args.cached_only)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

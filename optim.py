@@ -3,21 +3,21 @@
     nnx.Optimizer(model,
         apply_if_finite(                              # skip (and count) non-finite microbatches
             MultiSteps(                               # accumulate k microbatch gradients
-                chain(snapshot("grad_norm"),          # pre-clip norm of the accumulated gradient
+                chain(record_grad_norm(),             # pre-clip norm of the accumulated gradient
                       clip_by_global_norm(max_norm),
                       inject_hyperparams(adamw)(learning_rate=warmup-cosine, ...)),
                 every_k_schedule=k),
             max_consecutive_errors=inf),
         wrt=nnx.Param)
 
-The snapshot sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
+The norm recorder sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
 exactly what the clip sees: the number the seed's author wanted and gave up on.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ from config import TrainConfig
 # no caller depends on how the wrappers happen to nest.
 _STAT_NAMES = {
     "learning_rate": "learning_rate",  # inject_hyperparams: the rate used by the last update
-    "grad_norm": "grad_norm",  # our snapshot: pre-clip global L2 norm of the accumulated grads
+    "grad_norm": "grad_norm",  # record_grad_norm: pre-clip global L2 norm of the accumulated grads
     "gradient_step": "gradient_step",  # MultiSteps: optimiser steps applied so far
     "mini_step": "mini_step",  # MultiSteps: microbatches in the open accumulation window
     "notfinite_count": "notfinite_count",  # apply_if_finite: consecutive skipped microbatches
@@ -57,6 +57,27 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+class GradNormState(NamedTuple):
+    grad_norm: jax.Array  # NaN until the first optimiser step
+
+
+def record_grad_norm() -> optax.GradientTransformation:
+    """Store the global L2 norm of the updates passing through (here: the accumulated gradient).
+
+    Like optax.snapshot, except that it starts at NaN: snapshot's init measures the
+    *parameters*, which would read as a (huge, clipped) gradient norm until the first step.
+    """
+    def init(params: Any) -> GradNormState:
+        del params
+        return GradNormState(jnp.asarray(jnp.nan, jnp.float32))
+
+    def update(updates: Any, state: GradNormState, params: Any = None) -> tuple[Any, GradNormState]:
+        del state, params
+        return updates, GradNormState(optax.tree.norm(updates).astype(jnp.float32))
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransformation:
     adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
         learning_rate=make_schedule(train, total_steps),
@@ -67,7 +88,7 @@ def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransf
         mask=_decay_mask,
     )
     inner = optax.chain(
-        optax.snapshot(_STAT_NAMES["grad_norm"], optax.tree.norm),
+        record_grad_norm(),
         optax.clip_by_global_norm(train.clipping_max_norm),
         adamw,
     )
@@ -92,6 +113,27 @@ def optimizer_stats(optimizer: nnx.Optimizer) -> dict[str, jax.Array]:
         for key, name in _STAT_NAMES.items()
     }
     return stats
+
+
+def close_skipped_window(optimizer: nnx.Optimizer) -> jax.Array:
+    """Keep one optimiser step per k microbatches when apply_if_finite skipped some of them.
+
+    A skipped microbatch does not advance MultiSteps, so after k microbatches its window would
+    still be open and would swallow the next step's first microbatch: every later step would
+    straddle two batches. Instead, an open window at the end of a step is dropped: a step with
+    a non-finite microbatch gradient is skipped whole (as PyTorch's GradScaler skips a step),
+    and the counters say so. Returns whether the step was dropped.
+    """
+    state = nnx.as_pure(optimizer.opt_state)
+    dropped = optax.tree.get(state, "mini_step") != 0
+    acc = optax.tree.get(state, "acc_grads")
+    state = optax.tree.set(
+        state,
+        mini_step=jnp.where(dropped, 0, optax.tree.get(state, "mini_step")),
+        acc_grads=jax.tree.map(lambda a: jnp.where(dropped, jnp.zeros_like(a), a), acc),
+    )
+    nnx.update(optimizer.opt_state, nnx.state(state))
+    return dropped
 
 
 def clip_flag(grad_norm: float | None, max_norm: float) -> bool:

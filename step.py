@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from optim import optimizer_stats
+from optim import close_skipped_window, optimizer_stats
 
 
 def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
@@ -34,8 +34,9 @@ def train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
     The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
     loop would unroll k forward/backward passes into one program: the seed's OOM). Each
     microbatch still goes through `optimizer.update`, so MultiSteps and apply_if_finite keep
-    their exact semantics: gradients are averaged over the window, and a non-finite microbatch
-    is skipped and counted.
+    their semantics: gradients are averaged over the window, and a non-finite microbatch is
+    skipped and counted; a step that lost a microbatch that way is dropped whole, so every call
+    stays exactly one optimiser step (optim.close_skipped_window).
     """
     k = inputs.shape[0]
     dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
@@ -52,7 +53,8 @@ def train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
 
     state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys))
     nnx.update((model, optimizer), state)
-    return losses, optimizer_stats(optimizer)
+    skipped_step = close_skipped_window(optimizer)
+    return losses, optimizer_stats(optimizer) | {"skipped_step": skipped_step}
 
 
 @nnx.jit

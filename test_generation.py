@@ -1,8 +1,12 @@
 """Smoke test for language models: continue "Every effort moves you" from a checkpoint.
 
     uv run test_generation.py runs/tiny                          # greedy, 50 new tokens
-    uv run test_generation.py runs/tiny --temperature 0.8 --top-k 40 --seed 1 --max-new-tokens 200
-    uv run test_generation.py runs/tiny/checkpoints/best --prompt "To be"
+    uv run test_generation.py runs/tiny --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1 --max-new-tokens 200
+    uv run test_generation.py runs/tiny/checkpoints/best --prompt "To be" --prompt "Once upon"   # one batch
+    uv run test_generation.py runs/gpt2                          # an imported GPT-2 (import_gpt2.py)
+
+Decoding uses a KV cache and a compiled one-token step (see generate.py); the last line reports
+the speed in tokens per second.
 """
 
 from __future__ import annotations
@@ -13,26 +17,34 @@ from pathlib import Path
 
 import checkpointing as ckpt
 from config import ConfigError
-from generate import add_sampling_args, check_sampling_args, continuation, load_model
+from generate import GenerationStats, add_sampling_args, check_sampling_args, continuations, load_model
 from tokenizer import TokenizerError
 
 PROMPT = "Every effort moves you"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
-    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--prompt", action="append", default=None,
+                        help=f"text to continue; repeat for a batch (default: {PROMPT!r})")
     add_sampling_args(parser)
     args = parser.parse_args(argv)
     check_sampling_args(parser, args)
+    prompts = args.prompt or [PROMPT]
+    if any(p == "" for p in prompts):
+        parser.error("--prompt must not be empty")
     try:
         model, _cfg, tok, path = load_model(args.checkpoint)
     except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"Checkpoint: {path}")
-    print(args.prompt + continuation(model, tok, args.prompt, args))
+    stats = GenerationStats()
+    for prompt, text in zip(prompts, continuations(model, tok, prompts, args, stats)):
+        print(("\n" if len(prompts) > 1 else "") + prompt + text)
+    print(f"\n[{stats.summary()}]")
     return 0
 
 

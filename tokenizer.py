@@ -19,6 +19,11 @@ from typing import Protocol
 import numpy as np
 
 TOKENIZER_NAMES = ("bytes", "gpt2")
+# GPT-2's vocabulary, for data that arrives already tokenized (no tiktoken files needed to use it).
+GPT2_N_VOCAB, GPT2_EOT_ID = 50257, 50256
+
+
+_GPT2_FILES_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
 
 
 class TokenizerError(ValueError):
@@ -85,11 +90,11 @@ class GPT2Tokenizer:
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             cache = os.environ.get("TIKTOKEN_CACHE_DIR", "<unset>")
             raise TokenizerError(
-                f"gpt2 tokenizer: tiktoken could not load its 'gpt2' files (TIKTOKEN_CACHE_DIR={cache}): "
-                f"{type(exc).__name__}: {first_line[:200]}; fetch them once with network access "
-                "(python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR set) "
-                "and point TIKTOKEN_CACHE_DIR at that folder"
-            ) from exc
+                f"gpt2 tokenizer: tiktoken could not load its 'gpt2' files, vocab.bpe and encoder.json from "
+                f"{_GPT2_FILES_URL} (TIKTOKEN_CACHE_DIR={cache}; {type(exc).__name__}: {first_line[:120]}); "
+                "fetch them once with network access (python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" "
+                "with TIKTOKEN_CACHE_DIR set) and point TIKTOKEN_CACHE_DIR at that folder"
+            ) from None
         self.n_vocab: int = self._enc.n_vocab
         self.eot_id: int = self._enc.eot_token
 

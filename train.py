@@ -12,17 +12,13 @@ rate, next batch and dropout keys as if never interrupted.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import signal
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 
 import checkpointing as ckpt
+import sharding
 from config import ConfigError, ModelConfig, TrainConfig, load_run_configs, to_dict
 from data import BatchSampler, Dataset, DataError, open_dataset
 from download_dataset import default_data_root, prepare_dataset
@@ -43,18 +39,7 @@ class Run:
     val_batches: BatchSampler
     total_steps: int
     resume_from: Path | None
-
-
-@dataclass
-class Window:
-    """Per-step statistics since the last checkpoint: what meta.json and the charts record."""
-
-    steps: list[int] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # mean over the step's microbatches
-    micro_losses: list[float] = field(default_factory=list)
-    lrs: list[float] = field(default_factory=list)
-    grad_norms: list[float | None] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
+    init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -64,7 +49,8 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
     """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each."""
     model_cfg, train_cfg = load_run_configs(run_dir)
     ds_path = prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
-                              options=train_cfg.dataset.options)
+                              options=train_cfg.dataset.options,  # the length decides how many FineWeb files
+                              train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
     dataset = open_dataset(ds_path)
     _check_dataset(run_dir, model_cfg, train_cfg, dataset)
     seq_len = train_cfg.seq_len(model_cfg)
@@ -82,10 +68,39 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
             print(f"Moved old checkpoints aside to {moved}")
     resume_from = ckpt.latest_checkpoint(run_dir)
     if resume_from is not None:
-        ckpt.read_meta(resume_from)  # a corrupt checkpoint is reported now, not after JAX starts
+        meta = ckpt.read_meta(resume_from)  # a corrupt checkpoint is reported now, not after JAX starts
         _check_resume(resume_from, model_cfg, train_cfg)
+        saved = meta.get("data_position", {}).get("fingerprint")
+        if saved is not None and saved != dataset.manifest.get("fingerprint"):
+            raise DataError(f"{dataset.path}/manifest.json: dataset differs from the one checkpoint "
+                            f"{resume_from.name} was trained on (fingerprint {saved!r}), so the batches "
+                            f"would not continue where they stopped; use --restart, or restore that dataset")
+    init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from)
+               train_cfg.total_steps(model_cfg), resume_from, init_from)
+
+
+# Keys that decide the parameters' shapes: init_from weights must agree on all of them.
+_SHAPE_KEYS = ("architecture", "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers",
+               "qkv_bias", "tie_embeddings")
+
+
+def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
+    """The checkpoint folder train.json `init_from` names (relative to the run directory), checked
+    against model.json now, before JAX starts."""
+    if train.init_from is None:
+        return None
+    try:
+        found = ckpt.resolve_checkpoint(Path(run_dir) / train.init_from)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(f"{run_dir}/train.json: init_from={train.init_from!r}: {e}") from None
+    saved = ckpt.read_configs(found).get("model.json")
+    if saved is not None:
+        for key in _SHAPE_KEYS:
+            if saved.get(key) != getattr(model, key):
+                raise ConfigError(f"{run_dir}/model.json: {key}={getattr(model, key)!r} differs from the "
+                                  f"init_from weights {found} ({key}={saved.get(key)!r})")
+    return found
 
 
 def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Dataset) -> None:
@@ -125,182 +140,12 @@ def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig) -> Non
             print(f"Note: train.json changed since {ckpt_dir.name}: {', '.join(changed)}")
 
 
-# ----------------------------------------------------------------------------- the loop
-
-
-class StopFlag:
-    """First SIGINT/SIGTERM asks the loop to checkpoint and stop; the second aborts."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old = {}
-
-    def __enter__(self) -> StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nStopping: finishing this step and writing a checkpoint "
-              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
-
-
 def train(run: Run) -> int:
-    # jax and the model stack are imported here so that every input error above is reported
-    # before JAX starts up, let alone compiles.
-    import jax
-    from tqdm import tqdm
+    # JAX and the model stack are imported only now, so that every input error above is
+    # reported before JAX starts up, let alone compiles.
+    from trainer import Trainer
 
-    import charts
-    from model import build_model
-    from optim import clip_flag, make_optimizer, make_schedule
-    from step import eval_step, step_key, train_step
-
-    cfg, mcfg = run.train_cfg, run.model_cfg
-    k, tokens_per_step = cfg.gradient_accumulation_steps, cfg.tokens_per_step(mcfg)
-    model = build_model(mcfg, seed=cfg.seed)
-    optimizer = make_optimizer(model, cfg, run.total_steps)
-    schedule = make_schedule(cfg, run.total_steps)
-    start, best, elapsed = 0, None, 0.0
-    if run.resume_from is not None:
-        meta = ckpt.load_checkpoint(run.resume_from, model, optimizer)
-        start, best, elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
-        print(f"Resuming {run.run_dir} from {run.resume_from.name} (step {start})")
-    if start >= run.total_steps:
-        print(f"Nothing to do: {run.run_dir} already trained {start}/{run.total_steps} steps.")
-        return 0
-
-    def validate() -> float:
-        total = 0.0
-        for i in range(cfg.validation_batches):
-            x, y = run.val_batches.microbatch(i)
-            total += eval_step(model, jax.device_put(x), jax.device_put(y))
-        return float(total) / cfg.validation_batches
-
-    def checkpoint(done: int, window: Window, stats: dict, val: float | None) -> Path:
-        nonlocal best
-        score = val if val is not None else float(np.mean(window.losses))
-        is_best = best is None or score < best
-        best = score if is_best else best
-        meta = _meta(run, done, window, stats, val, best, is_best, elapsed, schedule)
-        path = ckpt.save_checkpoint(run.run_dir, model, optimizer, meta,
-                                    {"model.json": to_dict(mcfg), "train.json": to_dict(cfg)},
-                                    keep_last=cfg.keep_last_checkpoints)
-        charts.draw_charts(run.run_dir, log_y=cfg.charts_log_y)
-        return path
-
-    window, last_val, last_loss, t_start = Window(), None, float("nan"), time.perf_counter()
-    bar = tqdm(total=run.total_steps, initial=start, unit="step", dynamic_ncols=True, disable=None)
-    x, y = run.train_batches.batch(start, k)
-    with StopFlag() as stop:
-        for s in range(start, run.total_steps):
-            losses, stats = train_step(model, optimizer, jax.device_put(x), jax.device_put(y),
-                                       step_key(cfg.seed, s))
-            if s + 1 < run.total_steps:  # assemble the next batch while the device works
-                x, y = run.train_batches.batch(s + 1, k)
-            losses, stats = jax.device_get((losses, stats))
-            done = s + 1
-            last_loss = float(np.mean(losses))
-            _record(window, done, losses, stats)
-            now = time.perf_counter()
-            bar.update(1)
-            bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{float(stats['learning_rate']):.2e}",
-                            tok_s=f"{len(window.steps) * tokens_per_step / (now - window.started):,.0f}",
-                            refresh=False)
-            at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stop.requested
-            if at_ckpt or done % cfg.eval_interval() == 0:
-                last_val = validate()
-            if at_ckpt:
-                elapsed += now - window.started
-                path = checkpoint(done, window, stats, last_val)
-                bar.write(_progress_line(done, run.total_steps, window, stats, last_val,
-                                         tokens_per_step, now, cfg.clipping_max_norm, clip_flag) + f" | saved {path.name}")
-                window = Window()
-            if stop.requested:
-                bar.close()
-                print(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
-                      f"Resume with: uv run train.py {run.run_dir}")
-                return 130
-    bar.close()
-    _summary(run, start, tokens_per_step, time.perf_counter() - t_start, last_loss, best)
-    return 0
-
-
-def _record(window: Window, done: int, losses: np.ndarray, stats: dict) -> None:
-    window.steps.append(done)
-    window.losses.append(float(np.mean(losses)))
-    window.micro_losses.extend(float(v) for v in losses)
-    window.lrs.append(float(stats["learning_rate"]))
-    gn = float(stats["grad_norm"])
-    window.grad_norms.append(gn if np.isfinite(gn) else None)
-
-
-def _meta(run: Run, done: int, window: Window, stats: dict, val: float | None, best: float,
-          is_best: bool, elapsed: float, schedule: Any) -> dict[str, Any]:
-    cfg, mcfg = run.train_cfg, run.model_cfg
-    k, tokens_per_step = cfg.gradient_accumulation_steps, cfg.tokens_per_step(mcfg)
-    micro = np.asarray(window.micro_losses)
-    seconds = time.perf_counter() - window.started
-    return {
-        "format": 1,
-        "step": done,
-        "total_steps": run.total_steps,
-        "tokens_seen": done * tokens_per_step,
-        "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "train_loss": {"min": float(micro.min()), "max": float(micro.max()),
-                       "mean": float(micro.mean()), "last": window.losses[-1]},
-        "val_loss": val,
-        "best_loss": best,  # validation loss when there is one, else mean train loss
-        "is_best": is_best,
-        "learning_rate": float(stats["learning_rate"]),  # used by the last step
-        "next_learning_rate": float(schedule(done)),
-        "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
-        "clip_max_norm": cfg.clipping_max_norm,
-        "clipped_steps": sum(g is not None and g > cfg.clipping_max_norm for g in window.grad_norms),
-        "skipped_updates": {"consecutive": int(stats["notfinite_count"]),
-                            "total": int(stats["total_notfinite"])},
-        "optimizer_steps_applied": int(stats["gradient_step"]),
-        "throughput_tokens_per_s": len(window.steps) * tokens_per_step / max(seconds, 1e-9),
-        "elapsed_s": elapsed,
-        "data_position": {"next_step": done, "microbatches_consumed": done * k,
-                          "sequences_consumed": done * k * cfg.microbatch_size,
-                          "epoch": run.train_batches.epoch_of(done, k),
-                          "dataset": str(run.dataset.path),
-                          "fingerprint": run.dataset.manifest.get("fingerprint")},
-        # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
-        "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
-        "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
-                   "grad_norm": window.grad_norms},
-    }
-
-
-def _progress_line(done: int, total: int, window: Window, stats: dict, val: float | None,
-                   tokens_per_step: int, now: float, max_norm: float, clip_flag: Any) -> str:
-    gn = window.grad_norms[-1]
-    clipped = " (clipped)" if clip_flag(gn, max_norm) else ""
-    val_txt = f" | val {val:.4f}" if val is not None else ""
-    rate = len(window.steps) * tokens_per_step / max(now - window.started, 1e-9)
-    return (f"step {done}/{total} | loss {np.mean(window.losses):.4f}{val_txt} | "
-            f"lr {float(stats['learning_rate']):.3e} | grad norm {gn if gn is None else round(gn, 4)}{clipped} | "
-            f"{rate:,.0f} tok/s")
-
-
-def _summary(run: Run, start: int, tokens_per_step: int, seconds: float, last_loss: float,
-             best: float | None) -> None:
-    tokens = (run.total_steps - start) * tokens_per_step
-    print(f"Training complete in {seconds:,.3f} seconds")
-    print(f"Tokens seen: {run.total_steps * tokens_per_step:,} ({tokens:,} in this session)")
-    print(f"Throughput: {tokens / seconds:,.0f} tokens/second")
-    print(f"Final train loss: {last_loss:.4f}")
-    if best is not None:
-        print(f"Best validation loss: {best:.4f}")
+    return Trainer(run).fit()
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -314,10 +159,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="start over: move checkpoints/ aside to checkpoints.old-<time>/")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where datasets live (default: $JAXGPT_DATA_DIR or ./data)")
+    group = parser.add_argument_group("several processes (jax.distributed); see README")
+    group.add_argument("--coordinator", default=None,
+                       help="host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
+    group.add_argument("--num-processes", type=int, default=None, help="(or $JAX_NUM_PROCESSES)")
+    group.add_argument("--process-id", type=int, default=None, help="(or $JAX_PROCESS_ID)")
+    group.add_argument("--distributed-auto", action="store_true",
+                       help="let JAX detect the cluster (SLURM, Open MPI, TPU pods, ...)")
     args = parser.parse_args(argv)
     try:
-        run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
-                          restart=args.restart)
+        sharding.maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id,
+                                              auto=args.distributed_auto)
+        # Process 0 alone prepares the dataset and moves old checkpoints aside; the others
+        # then find both ready.
+        with sharding.main_process_first():
+            run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
+                              restart=args.restart and sharding.is_main_process())
         return train(run)  # may still raise CheckpointError while loading, before compiling
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

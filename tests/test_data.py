@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from data import BatchSampler, DataError, open_dataset, write_dataset
+from data import BatchSampler, DataError, DatasetWriter, dataset_lock, open_dataset, write_dataset
 from tokenizer import BytesTokenizer
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))  # ~3.3 kB ASCII
@@ -276,3 +278,88 @@ def test_no_leftovers_and_readonly_shards(small_ds: Path) -> None:
     with pytest.raises(ValueError):  # memmaps are opened read-only: training can never corrupt a dataset
         ds.train.shards[0][0] = 1
     assert all(os.stat(small_ds / s["file"]).st_mode & 0o044 for s in ds.manifest["splits"]["train"]["shards"])
+
+
+# ----------------------------------------------------------------------------- resume, integrity, atomicity
+
+
+def test_resume_continues_across_shard_and_epoch_boundaries(tmp_path: Path) -> None:
+    """A sampler built from scratch at step s (what a resumed run does) yields exactly what an
+    uninterrupted one yields at step s, whatever shard or epoch boundaries lie around s."""
+    write_counting(tmp_path / "ds", 2001, shard_tokens=97)  # 21 shards, 200 windows of 10
+    T, B, k = 10, 3, 2  # 6 sequences per step: epoch boundaries fall inside steps 33, 66, ...
+    uninterrupted = BatchSampler(open_dataset(tmp_path / "ds").train, microbatch_size=B, seq_len=T, seed=7)
+    reference = [uninterrupted.batch(step, k) for step in range(70)]
+    seen = np.concatenate([window_ids(x, T) for x, _ in reference])
+    assert sorted(seen[:200].tolist()) == list(range(200))  # the first epoch: every window once
+    for resume_at in (1, 16, 33, 34, 66):
+        resumed = BatchSampler(open_dataset(tmp_path / "ds").train, microbatch_size=B, seq_len=T, seed=7)
+        for step in range(resume_at, resume_at + 4):
+            x, y = resumed.batch(step, k)
+            np.testing.assert_array_equal(x, reference[step][0])
+            np.testing.assert_array_equal(y, reference[step][1])
+            np.testing.assert_array_equal(x, x[..., :1] + np.arange(T))  # windows read across shard ends intact
+    crossing = [w for w in range(200) if (w * T) // 97 != (w * T + T) // 97]
+    assert crossing and set(crossing) <= set(seen.tolist())
+
+
+def test_changed_shard_is_caught_in_the_batch(tmp_path: Path) -> None:
+    write_text(tmp_path / "ds", [TEXT], shard_tokens=1000)
+    shard = tmp_path / "ds" / "train-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-20:-18] = (300).to_bytes(2, "little")  # id 300 >= 257, same size: only sha256 would notice
+    shard.write_bytes(bytes(data))
+    ds = open_dataset(tmp_path / "ds")  # the cheap checks pass
+    sampler = BatchSampler(ds.train, microbatch_size=ds.train.n_tokens // 100 - 1, seq_len=100, seed=0, shuffle=False)
+    with pytest.raises(DataError, match=r"train-00001\.safetensors: token id 300 at offset 990 exceeds the "
+                                        r"manifest's max_token_id 256"):
+        sampler.microbatch(0)
+
+
+def test_killed_writers_leave_nothing_that_survives(tmp_path: Path) -> None:
+    dead_pid = 2**22 + 12345  # above the default pid_max: never a live process
+    for name in (f"ds.tmp-{dead_pid}", f"ds.old-{dead_pid}", f"ds.tmp-{os.getppid()}", "ds.tmp-notapid"):
+        (tmp_path / name).mkdir()
+    write_text(tmp_path / "ds", ["text"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", f"ds.tmp-{os.getppid()}", "ds.tmp-notapid"]
+
+
+def test_dataset_lock_serialises_preparations(tmp_path: Path) -> None:
+    events: list[str] = []
+    with dataset_lock(tmp_path / "ds", log=events.append):
+        waiter = threading.Thread(target=lambda: dataset_lock_and_note(tmp_path / "ds", events))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        events.append("first releases")
+    waiter.join(10)
+    assert events[0].startswith("waiting for another process preparing") and events[1:] == ["first releases",
+                                                                                            "second holds it"]
+
+
+def dataset_lock_and_note(path: Path, events: list[str]) -> None:
+    with dataset_lock(path, log=events.append):
+        events.append("second holds it")
+
+
+def test_writer_links_existing_shards(tmp_path: Path) -> None:
+    write_text(tmp_path / "old", [TEXT], shard_tokens=1000)
+    old = open_dataset(tmp_path / "old").manifest
+    with DatasetWriter(tmp_path / "new", source="t", options={}, fingerprint="f", tokenizer="bytes",
+                       vocab_size=257, eot_id=256) as writer:
+        for entry in old["splits"]["train"]["shards"][1:]:
+            writer.link_shard("train", tmp_path / "old" / entry["file"], entry)
+        writer.add_shard("val", np.array([1, 2, 256]), documents=1)
+        writer.commit()
+    new = open_dataset(tmp_path / "new", verify=True)
+    assert new.train.n_tokens == old["splits"]["train"]["tokens"] - 1000
+    assert os.stat(tmp_path / "new" / "train-00000.safetensors").st_ino == \
+        os.stat(tmp_path / "old" / "train-00001.safetensors").st_ino  # a hard link, no copy
+    assert new.manifest["splits"]["val"] == {"tokens": 3, "documents": 1, "shards": [
+        {**new.manifest["splits"]["val"]["shards"][0], "documents": 1}]}
+    with pytest.raises(DataError, match="token id 257 outside 0..256"):
+        with DatasetWriter(tmp_path / "bad", source="t", options={}, fingerprint="f", tokenizer="bytes",
+                           vocab_size=257, eot_id=256) as writer:
+            writer.add_shard("train", np.array([257]))
+    assert not list(tmp_path.glob("bad*"))  # left without commit: nothing remains

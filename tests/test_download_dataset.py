@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from tokenizer import BytesTokenizer, get_tokenizer
 TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
 # Stdlib modules with import side effects: reading their docstrings must not import them.
 SIDE_EFFECT_MODULES = ("antigravity", "this", "turtle", "tkinter", "idlelib", "pydoc_data.topics", "smtpd")
+
+
+def folders(root: Path) -> list[str]:
+    """What a data root holds, without the hidden lock files."""
+    return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
 
 
 class Log(list):
@@ -104,7 +110,7 @@ def test_prepare_builds_the_corpus(tmp_path: Path) -> None:
     assert ds.train.n_tokens == sum(len(d.encode("utf-8")) + 1 for d in train_docs)
     first = ds.train.read(0, len(train_docs[0].encode("utf-8")) + 1)
     assert first[-1] == 256 and BytesTokenizer().decode(first) == train_docs[0]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["builtin-bytes"]
+    assert folders(tmp_path) == ["builtin-bytes"]
 
 
 def test_prepare_reuses_then_rebuilds(tmp_path: Path) -> None:
@@ -120,7 +126,7 @@ def test_prepare_reuses_then_rebuilds(tmp_path: Path) -> None:
     dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
     assert "options changed" in log[0]
     assert open_dataset(path).manifest["options"] == {"validation_fraction": 0.1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["builtin-bytes"]  # old folder removed
+    assert folders(tmp_path) == ["builtin-bytes"]  # old folder removed
 
     # A damaged folder (here a truncated shard) is never taken for complete: it is rebuilt.
     shard = path / "val-00000.safetensors"
@@ -183,3 +189,55 @@ def test_cli_gpt2_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: gpt2 tokenizer:") and "TIKTOKEN_CACHE_DIR" in err and err.count("\n") == 1
     assert not (tmp_path / "builtin-gpt2").exists()
+
+
+@pytest.mark.parametrize("source, options, match", [
+    ("text", {}, "text: option 'paths' must be a non-empty list"),
+    ("text", {"paths": []}, "option 'paths' must be"),
+    ("text", {"paths": ["a"], "name": "../up"}, "text: option 'name' must be"),
+    ("text", {"paths": ["a"], "validation_fraction": 0}, "validation_fraction"),
+    ("tinyshakespeare", {"paths": ["a"]}, "unknown option"),
+    ("fineweb10B-gpt2", {"train_shards": 104}, "train_shards must be null or 1..103"),
+    ("fineweb10B-gpt2", {"train_shards": True}, "train_shards"),
+    ("fineweb10B-gpt2", {"validation_fraction": 0.1}, "unknown option"),
+])
+def test_bad_source_options(source: str, options: dict, match: str) -> None:
+    with pytest.raises(DataError, match=match):
+        dd.resolve_options(source, options)
+
+
+def test_resolved_text_options() -> None:
+    resolved = dd.resolve_options("text", {"paths": "corpus/"})
+    assert resolved == {"paths": ["corpus"], "name": "corpus", "validation_fraction": 0.05}
+    assert dd.dataset_dir(Path("/d"), "text", "gpt2", resolved["name"]) == Path("/d/text-corpus-gpt2")
+
+
+def test_from_only_for_downloadable_sources(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="--from applies only to tinyshakespeare and fineweb10B-gpt2"):
+        dd.prepare_dataset("builtin", "bytes", tmp_path, from_path=tmp_path)
+
+
+def test_cli_text_and_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "my corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.md").write_text(f"Document {i}.\n" * 20)
+    data = tmp_path / "data"
+    assert dd.main(["text", str(corpus), "--data-dir", str(data), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "text-my-corpus-bytes" in out and "verified" in out
+    assert dd.main(["text", str(corpus / "none"), "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {corpus / 'none'}: no such file or folder\n"
+    # `run` prepares what a run's train.json names, with the same options: the folder is reused.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.json").write_text(json.dumps({"architecture": "gpt2", "vocab_size": 257, "context_length": 8,
+                                                "emb_dim": 8, "n_layers": 1}))
+    (run / "train.json").write_text(json.dumps({"dataset": {"source": "text", "options": {"paths": [str(corpus)]}},
+                                                "microbatch_size": 2, "train_steps": 1}))
+    assert dd.main(["run", str(run), "--data-dir", str(data)]) == 0
+    assert "reusing dataset" in capsys.readouterr().out
+    (run / "train.json").write_text("{")
+    assert dd.main(["run", str(run), "--data-dir", str(data)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run / 'train.json'}: malformed JSON")

@@ -1,0 +1,152 @@
+"""Loss, perplexity and bits per byte of a checkpoint over a dataset split.
+
+    uv run evaluate.py runs/tiny                         # the run's dataset, validation split, all of it
+    uv run evaluate.py runs/gpt2 --split train --max-batches 50
+    uv run evaluate.py runs/tiny/checkpoints/best --dataset builtin --batch-size 32 --sequence-length 128
+    uv run evaluate.py runs/tiny --dataset data/builtin-bytes     # a prepared dataset folder
+
+The dataset is the run's train.json dataset unless --dataset names another source (prepared
+with the model's tokenizer if missing) or a prepared folder. The split is read in order, as
+non-overlapping windows of sequence_length + 1 tokens in full batches (the windows left over
+after the last full batch are reported, not scored). Figures:
+
+    loss            mean next-token cross-entropy in nats over every scored token
+    perplexity      exp(loss)
+    bits per byte   loss x tokens / (ln 2 x bytes), bytes = the UTF-8 bytes the scored target
+                    tokens decode to (end-of-text counts 0 bytes), so that models with different
+                    tokenizers compare on the same text
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import checkpointing as ckpt
+from config import ConfigError, TrainConfig, from_dict
+from data import BatchSampler, DataError, TokenSplit, open_dataset
+from download_dataset import default_data_root, prepare_dataset
+from tokenizer import Tokenizer, TokenizerError, get_tokenizer
+
+INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
+
+
+def token_bytes(tok: Tokenizer) -> np.ndarray:
+    """(n_vocab,) UTF-8 byte length of each token id; end-of-text is 0."""
+    if tok.name == "bytes":
+        lengths = np.ones(tok.n_vocab, np.int64)
+    elif tok.name == "gpt2":
+        import tiktoken  # tokenizer.py has loaded the encoding already: this is a registry lookup
+
+        enc = tiktoken.get_encoding("gpt2")
+        lengths = np.array([len(enc.decode_single_token_bytes(i)) for i in range(tok.n_vocab)], np.int64)
+    else:  # any other tokenizer: decoding each id alone is exact for whole-character tokens
+        lengths = np.array([len(tok.decode([i]).encode("utf-8")) for i in range(tok.n_vocab)], np.int64)
+    lengths[tok.eot_id] = 0
+    return lengths
+
+
+def evaluate(model: Any, tok: Tokenizer, split: TokenSplit, *, batch_size: int, seq_len: int,
+             targets: str = "next", max_batches: int | None = None, progress: bool | None = None) -> dict[str, float]:
+    """Score `split` in order; returns loss, perplexity, bits_per_byte and the counts behind them."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from tqdm import tqdm
+
+    @nnx.jit
+    def loss_sum(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
+        logits = model(x).astype(jnp.float32)  # (B, T, V)
+        return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+
+    n_windows = max(0, (split.n_tokens - 1) // seq_len)
+    batch_size = min(batch_size, n_windows) if n_windows else batch_size
+    sampler = BatchSampler(split, microbatch_size=batch_size, seq_len=seq_len, seed=0, targets=targets,
+                           shuffle=False)
+    n_batches = sampler.n_windows // batch_size
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    nbytes_of = token_bytes(tok)
+    total, tokens, nbytes = 0.0, 0, 0
+    bar = tqdm(range(n_batches), unit="batch", desc=f"{split.name} split", dynamic_ncols=True,
+               disable=None if progress is None else not progress)
+    for i in bar:
+        x, y = sampler.microbatch(i)
+        total += float(loss_sum(model, jax.device_put(x), jax.device_put(y)))
+        tokens += y.size
+        nbytes += int(nbytes_of[y].sum())
+        bar.set_postfix(loss=f"{total / tokens:.4f}", refresh=False)
+    bar.close()
+    loss = total / max(tokens, 1)
+    return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf,
+            "bits_per_byte": total / (math.log(2) * nbytes) if nbytes else math.nan,
+            "tokens": tokens, "bytes": nbytes, "batches": n_batches, "batch_size": batch_size,
+            "seq_len": seq_len, "windows_skipped": sampler.n_windows - n_batches * batch_size}
+
+
+def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
+    if not train:  # a checkpoint without a train.json: the defaults (builtin corpus, bytes tokenizer)
+        return TrainConfig(microbatch_size=8, train_steps=1)
+    return from_dict(TrainConfig, train, where)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
+    parser.add_argument("--dataset", default=None, help="a dataset source (e.g. builtin) or a prepared dataset "
+                        "folder (default: the run's train.json dataset)")
+    parser.add_argument("--split", choices=("train", "val"), default="val")
+    parser.add_argument("--max-batches", type=int, default=None, help="score at most this many batches")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the run's microbatch_size")
+    parser.add_argument("--sequence-length", type=int, default=None, help="default: the run's sequence_length")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where datasets live (default: $JAXGPT_DATA_DIR or ./data)")
+    args = parser.parse_args(argv)
+    for name in ("max_batches", "batch_size", "sequence_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
+    try:
+        from generate import checkpoint_configs, load_model  # JAX starts here, after the argument checks
+
+        ckpt_dir, model_cfg, train = checkpoint_configs(args.checkpoint)
+        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        seq_len = args.sequence_length or cfg.seq_len(model_cfg)
+        if seq_len > model_cfg.context_length:
+            raise ConfigError(f"--sequence-length={seq_len} exceeds the model's context_length={model_cfg.context_length}")
+        if args.dataset is not None and (Path(args.dataset) / "manifest.json").is_file():
+            ds_path = Path(args.dataset)
+        else:
+            same = args.dataset is None or args.dataset == cfg.dataset.source
+            ds_path = prepare_dataset(args.dataset or cfg.dataset.source, cfg.tokenizer,
+                                      args.data_dir or default_data_root(),
+                                      options=cfg.dataset.options if same else None, log=print)
+        dataset = open_dataset(ds_path)
+        if dataset.tokenizer != cfg.tokenizer:
+            raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")
+        if dataset.max_token_id >= model_cfg.vocab_size:
+            raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
+        split = dataset.train if args.split == "train" else dataset.val
+        model, _cfg, _tok, _path = load_model(ckpt_dir)
+        tok = get_tokenizer(cfg.tokenizer)  # the dataset's, which the byte counts must follow
+        print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")
+        r = evaluate(model, tok, split, batch_size=args.batch_size or cfg.microbatch_size, seq_len=seq_len,
+                     targets=cfg.targets, max_batches=args.max_batches)
+    except INPUT_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"Scored {r['batches']} batches x {r['batch_size']} x {r['seq_len']} = {r['tokens']:,} tokens "
+          f"({r['bytes']:,} bytes; {r['windows_skipped']} windows left over)")
+    print(f"loss {r['loss']:.4f} | perplexity {r['perplexity']:.3f} | bits per byte {r['bits_per_byte']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

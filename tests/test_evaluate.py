@@ -1,0 +1,114 @@
+"""evaluate.py on a tiny bytes model: loss, perplexity and bits per byte against a numpy
+computation over the same in-order batches; a uniform model's exact figures; CLI errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import checkpointing as ckpt
+import evaluate
+from config import ModelConfig
+from conftest import write_run
+from data import BatchSampler, open_dataset
+from download_dataset import dataset_dir
+from model import build_model
+
+MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
+         "n_layers": 1, "qkv_bias": True, "tie_embeddings": True}
+TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 1}
+
+
+def make_run(tmp_path: Path, *, zero: bool = False) -> tuple[Path, nnx.Module]:
+    run = write_run(tmp_path / "run", MODEL, TRAIN)
+    model = build_model(ModelConfig(**MODEL), seed=1)
+    if zero:  # every parameter 0: logits are all 0, the model is uniform over the vocabulary
+        nnx.update(model, jax_tree_zeros(nnx.state(model, nnx.Param)))
+    folder = run / "checkpoints" / "20260101T000000Z-step-1"
+    folder.mkdir(parents=True)
+    ckpt.save_weights(model, folder / ckpt.WEIGHTS)
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    return run, model
+
+
+def jax_tree_zeros(state: nnx.State) -> nnx.State:
+    import jax
+
+    return jax.tree.map(jnp.zeros_like, state)
+
+
+def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
+    run, model = make_run(tmp_path)
+    assert evaluate.main([str(run), "--data-dir", str(data_root), "--max-batches", "3"]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("loss "))
+    val = open_dataset(dataset_dir(data_root, "builtin", "bytes")).val
+    sampler = BatchSampler(val, microbatch_size=4, seq_len=32, seed=123, shuffle=False)  # in order: seed unused
+    nats, tokens, nbytes = 0.0, 0, 0
+    for i in range(3):
+        x, y = sampler.microbatch(i)
+        assert np.array_equal(x[0], val.read(i * 4 * 32, 32))  # window i*B, from the split's start
+        logits = np.asarray(model(jnp.asarray(x)), np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        nats -= np.take_along_axis(logp, y[..., None], -1).sum()
+        tokens += y.size
+        nbytes += int((y != 256).sum())  # bytes tokenizer: one byte per id, end-of-text none
+    loss = nats / tokens
+    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, max_batches=3)
+    assert r["tokens"] == tokens == 3 * 4 * 32 and r["bytes"] == nbytes
+    assert r["loss"] == pytest.approx(loss, abs=1e-5)
+    assert r["perplexity"] == pytest.approx(math.exp(loss), rel=1e-5)
+    assert r["bits_per_byte"] == pytest.approx(nats / (nbytes * math.log(2)), rel=1e-5)
+    assert line == f"loss {r['loss']:.4f} | perplexity {r['perplexity']:.3f} | bits per byte {r['bits_per_byte']:.4f}"
+
+
+def test_a_uniform_model_scores_log_vocab(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
+    run, model = make_run(tmp_path, zero=True)
+    assert evaluate.main([str(run), "--data-dir", str(data_root), "--split", "train", "--max-batches", "2",
+                          "--batch-size", "3", "--sequence-length", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "train split" in out and "2 batches x 3 x 16 = 96 tokens" in out
+    train = open_dataset(dataset_dir(data_root, "builtin", "bytes")).train
+    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), train, batch_size=3, seq_len=16, max_batches=2)
+    assert r["loss"] == pytest.approx(math.log(257), rel=1e-6)
+    assert r["perplexity"] == pytest.approx(257, rel=1e-5)
+    assert r["bits_per_byte"] == pytest.approx(math.log2(257) * r["tokens"] / r["bytes"], rel=1e-6)
+
+
+def test_token_bytes_of_the_gpt2_tokenizer() -> None:
+    from tokenizer import TokenizerError, get_tokenizer
+
+    try:
+        tok = get_tokenizer("gpt2")
+    except TokenizerError as e:
+        pytest.skip(str(e))
+    lengths = evaluate.token_bytes(tok)
+    text = "Every effort moves you, naïvely"
+    ids = tok.encode(text)
+    assert lengths[ids].sum() == len(text.encode("utf-8")) and lengths[tok.eot_id] == 0
+
+
+def test_errors_are_one_line_exit_2(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
+    run, _model = make_run(tmp_path)
+    cases = {
+        "neither a checkpoint": [str(tmp_path / "missing")],
+        "unknown dataset source 'nope'": [str(run), "--dataset", "nope"],
+        "exceeds the model's context_length=32": [str(run), "--sequence-length", "33"],
+    }
+    for needle, args in cases.items():
+        assert evaluate.main([*args, "--data-dir", str(data_root)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as info:
+        evaluate.main([str(run), "--max-batches", "0"])
+    assert info.value.code == 2
+    # A prepared dataset folder works in place of a source name.
+    folder = dataset_dir(data_root, "builtin", "bytes")
+    assert evaluate.main([str(run), "--dataset", str(folder), "--max-batches", "1"]) == 0

@@ -1,0 +1,242 @@
+"""generate.py: the KV cache against the model's full forward pass at every position, sliding,
+batching, stopping, compile counts, and top-k / top-p / seeds on hand-made distributions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import generate as g
+import test_generation
+from config import ModelConfig, to_dict
+from model import build_model
+
+V, CTX, C, H, L = 61, 16, 32, 4, 2
+TOL = 1e-4
+
+
+def tiny(seed: int = 0, **kw) -> nnx.Module:
+    """A tiny GPT-2 with every parameter replaced by values of a useful size (non-zero biases,
+    LayerNorm scales away from 1, peaky attention): nothing can match by accident."""
+    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H,
+                                n_layers=L, qkv_bias=True, tie_embeddings=True), **kw})
+    model = build_model(cfg)
+    rng = np.random.default_rng(seed)
+    new = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = var.get_value().shape
+        if path[-1] == "scale":
+            value = 1 + 0.3 * rng.standard_normal(shape)
+        elif path[-1] == "bias":
+            value = 0.3 * rng.standard_normal(shape)
+        elif path[-1] == "embedding":
+            value = rng.standard_normal(shape)
+        else:
+            value = 1.5 * rng.standard_normal(shape) / math.sqrt(shape[0])
+        new.append((path, var.replace(jnp.asarray(value, jnp.float32))))
+    nnx.update(model, nnx.from_flat_state(new))
+    return model
+
+
+@nnx.jit
+def _forward(model: nnx.Module, idx: jnp.ndarray) -> jnp.ndarray:
+    return model(idx)
+
+
+def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
+    """(len(ids), V) logits of the model's own forward pass (padded to the context length, so
+    one program serves every length: the model is causal, the padding cannot leak back)."""
+    window = np.zeros((1, model.cfg.context_length), np.int32)
+    window[0, :len(ids)] = ids
+    return np.asarray(_forward(model, jnp.asarray(window))[0, :len(ids)])
+
+
+# ----------------------------------------------------------------------------- cache = full forward
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "qkv_bias": False}], ids=["tied", "untied-nobias"])
+def test_cached_logits_match_full_forward_at_every_position(kw: dict) -> None:
+    model = tiny(1, **kw)
+    rng = np.random.default_rng(2)
+    seqs = [rng.integers(0, V, CTX).tolist() for _ in range(3)]
+    prompt_lens = [1, 5, 9]  # different lengths in one batch
+    ref = [full_logits(model, s) for s in seqs]
+    dec = g.KVDecoder(model, 3)
+    got = dec.prefill([s[:n] for s, n in zip(seqs, prompt_lens)])
+    diffs = {(b, n - 1): np.abs(got[b] - ref[b][n - 1]).max() for b, n in enumerate(prompt_lens)}
+    while (dec.lengths < CTX).any():  # feed each row its next true token at its own position
+        pos = dec.lengths.copy()
+        advance = pos < CTX
+        got = dec.step([s[min(p, CTX - 1)] for s, p in zip(seqs, pos)], advance=advance)
+        diffs.update({(b, int(pos[b])): np.abs(got[b] - ref[b][pos[b]]).max() for b in np.flatnonzero(advance)})
+    assert sorted(diffs) == [(b, p) for b, n in enumerate(prompt_lens) for p in range(n - 1, CTX)]
+    assert max(diffs.values()) <= TOL, max(diffs.values())
+    assert max(np.abs(r).max() for r in ref) > 3
+
+
+def test_slide_reprefills_the_last_half_and_matches_the_model_on_that_window() -> None:
+    model = tiny(3)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, V, 5).tolist()
+    new = g.generate_batch(model, [prompt], max_new_tokens=3 * CTX)[0]
+    assert len(new) == 3 * CTX  # slides past the context instead of stopping or failing
+    # Reference with the same policy, the full forward pass for every token.
+    ids, start, keep = list(prompt), 0, CTX // 2
+    for _ in range(3 * CTX):
+        ids.append(int(full_logits(model, ids[start:])[-1].argmax()))
+        if len(ids) - start > CTX:
+            start = len(ids) - keep
+    assert prompt + new == ids
+
+
+def test_stop_mode_ends_at_the_context_length() -> None:
+    model = tiny(3)
+    stats = g.GenerationStats()
+    out = g.generate_batch(model, [[1, 2, 3], [4] * CTX], max_new_tokens=100, on_full="stop", stats=stats)
+    assert len(out[0]) == CTX - 3 and out[1] == []  # a full prompt leaves no room
+    assert stats.prefills == 1 and stats.new_tokens == CTX - 3
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time_and_decode_compiles_once() -> None:
+    model = tiny(5)
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8], [9, 10, 11]]
+    before = dict(g.TRACES)
+    stats = g.GenerationStats()
+    batched = g.generate_batch(model, prompts, max_new_tokens=2 * CTX, stats=stats)
+    assert [len(b) for b in batched] == [2 * CTX] * 3
+    assert g.TRACES["step"] - before.get("step", 0) <= 1  # one compile for B=3, however many tokens
+    assert stats.steps > CTX and stats.prefills >= 3  # slides happened, rows at different times
+    for prompt, got in zip(prompts, batched):
+        assert list(g.generate(model, prompt, max_new_tokens=2 * CTX)) == got
+
+
+def test_end_of_text_stops_a_row_and_is_not_returned() -> None:
+    model = tiny(6)
+    first = g.generate_batch(model, [[1, 2], [3]], max_new_tokens=6)
+    eot = first[0][2]  # make row 0's third new token the end-of-text id
+
+    def cut(seq: list[int]) -> list[int]:
+        return seq[:seq.index(eot)] if eot in seq else seq
+
+    out = g.generate_batch(model, [[1, 2], [3]], max_new_tokens=6, eot_id=eot)
+    assert out == [cut(first[0]), cut(first[1])] and len(out[0]) <= 2
+
+
+def test_n_vocab_excludes_padded_ids() -> None:
+    model = tiny(7)
+    out = g.generate_batch(model, [[1]], max_new_tokens=30, temperature=2.0, seed=1, n_vocab=5)
+    assert set(out[0]) <= set(range(5))
+
+
+def test_a_to_a_models_decode_too() -> None:
+    model = build_model(ModelConfig(architecture="a-to-a", vocab_size=V, context_length=CTX, emb_dim=C))
+    out = g.generate_batch(model, [[3, 4]], max_new_tokens=4)[0]
+    want = [4]
+    for _ in range(4):  # no context: each token follows from the previous one alone
+        want.append(int(full_logits(model, [want[-1]])[-1].argmax()))
+    assert out == want[1:]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def logits_of(probs: list[float]) -> np.ndarray:
+    return np.log(np.asarray(probs, np.float64))
+
+
+def kept(logits: np.ndarray, **kw) -> set[int]:
+    return set(np.flatnonzero(np.isfinite(g.filter_logits(logits, **kw))).tolist())
+
+
+def test_top_k_keeps_exactly_the_k_largest() -> None:
+    x = np.array([0.1, 3.0, -2.0, 2.5, 0.7, 2.9])
+    assert kept(x, top_k=1) == {1}
+    assert kept(x, top_k=3) == {1, 3, 5}
+    assert kept(x, top_k=6) == kept(x, top_k=100) == set(range(6))
+    ties = np.array([1.0, 2.0, 2.0, 2.0, 0.0])
+    assert kept(ties, top_k=2) == {1, 2}  # exactly k: ties go to the lower id
+    kept_vals = g.filter_logits(x, top_k=3)[[1, 3, 5]]
+    assert np.array_equal(kept_vals, x[[1, 3, 5]])  # kept logits are untouched
+
+
+def test_top_p_keeps_the_smallest_nucleus() -> None:
+    # Token 2 has 0.5, token 0 0.25, tokens 3 and 1 0.125 each (shuffled on purpose).
+    x = logits_of([0.25, 0.125, 0.5, 0.125])
+    assert kept(x, top_p=0.01) == {2}  # the most likely token always stays
+    assert kept(x, top_p=0.5) == {2}  # exactly reaching top_p is enough
+    assert kept(x, top_p=0.51) == {2, 0}
+    assert kept(x, top_p=0.75) == {2, 0}
+    assert kept(x, top_p=0.76) in ({2, 0, 1}, {2, 0, 3})
+    assert kept(x, top_p=0.76) == {2, 0, 1}  # equal probabilities: the lower id first
+    assert kept(x, top_p=1.0) == {0, 1, 2, 3}
+    # top_k first, then top_p over the renormalised survivors: {2: 2/3, 0: 1/3}.
+    assert kept(x, top_k=2, top_p=0.6) == {2}
+    assert kept(x, top_k=2, top_p=0.7) == {2, 0}
+
+
+def test_sampling_draws_only_kept_tokens_in_proportion() -> None:
+    x = logits_of([0.25, 0.125, 0.5, 0.125])
+    rng = np.random.default_rng(0)
+    draws = [g.sample_next(x, rng, 1.0, None, 0.75) for _ in range(4000)]
+    counts = np.bincount(draws, minlength=4) / len(draws)
+    assert counts[1] == counts[3] == 0
+    assert counts[2] == pytest.approx(2 / 3, abs=0.03) and counts[0] == pytest.approx(1 / 3, abs=0.03)
+    assert g.sample_next(x, rng, 0.0, None, None) == 2  # temperature 0 is greedy
+
+
+def test_same_seed_same_text_other_seed_other_text() -> None:
+    model = tiny(8)
+    kw = dict(max_new_tokens=24, temperature=1.0, top_k=20, top_p=0.9)
+    a = g.generate_batch(model, [[1, 2], [3]], seed=11, **kw)
+    assert g.generate_batch(model, [[1, 2], [3]], seed=11, **kw) == a
+    assert g.generate_batch(model, [[1, 2], [3]], seed=12, **kw) != a
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import checkpointing as ckpt
+
+    model = tiny(9, vocab_size=257, context_length=32)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    ckpt.save_weights(model, folder / ckpt.WEIGHTS)
+    (folder / "model.json").write_text(json.dumps(to_dict(model.cfg)))
+    (folder / "train.json").write_text(json.dumps({"tokenizer": "bytes"}))
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    args = [str(folder), "--prompt", "ab", "--prompt", "xyz", "--max-new-tokens", "40", "--temperature", "0.9",
+            "--top-k", "50", "--top-p", "0.95", "--seed", "3"]
+    assert test_generation.main(args) == 0
+    first = capsys.readouterr().out
+    assert "\nab" in first and "\nxyz" in first and "tok/s" in first
+    assert test_generation.main(args) == 0
+    second = capsys.readouterr().out
+    assert first.split("[")[0] == second.split("[")[0]  # same seed, same text (timings aside)
+    with pytest.raises(SystemExit):
+        test_generation.main([str(folder), "--top-p", "0"])
+    assert test_generation.main([str(tmp_path / "missing")]) == 2
+
+
+def test_bench_runs_and_both_paths_agree() -> None:
+    small = ModelConfig(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
+                        qkv_bias=True, tie_embeddings=True)
+    r = g.bench(new_tokens=6, prompt_tokens=3, batch_size=2, cfg=small, log=lambda *_: None)
+    assert r["same_greedy_tokens"] == 1.0 and r["cached_tok_s"] > 0 and r["full_tok_s"] > 0
+
+
+def test_attention_spans_grow_with_the_rows_and_stay_exact() -> None:
+    model = tiny(10, context_length=300)
+    ids = np.random.default_rng(11).integers(0, V, 300).tolist()
+    ref = full_logits(model, ids)
+    dec = g.KVDecoder(model, 1)
+    diffs = [np.abs(dec.prefill([ids[:100]])[0] - ref[99]).max()]
+    for pos in range(100, 300):  # crosses the 128 and 256 span boundaries, ends at the context
+        diffs.append(np.abs(dec.step([ids[pos]])[0] - ref[pos]).max())
+    assert sorted(dec._steps) == [128, 256, 300] and max(diffs) <= TOL, max(diffs)

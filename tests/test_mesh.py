@@ -1,0 +1,112 @@
+"""Scale-out on JAX's own runtime: data x model meshes on forced host devices, FSDP, resuming on
+another mesh shape, and two processes joined by jax.distributed (gloo collectives on CPU).
+
+Each multi-device run is a train.py subprocess, because the device count is fixed when JAX
+starts (XLA_FLAGS=--xla_force_host_platform_device_count=N).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import checkpointing as ckpt
+import train
+from charts import load_history
+from conftest import ROOT, write_run
+
+MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
+         "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}
+TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 8,
+         "gradient_accumulation_steps": 2, "train_steps": 6, "learning_rate": 0.003,
+         "checkpoint_interval": 3, "validation_batches": 1, "keep_last_checkpoints": 10}
+
+
+def losses(run_dir: Path) -> list[float]:
+    out = {}
+    for meta in load_history(run_dir):
+        out.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    return [out[s] for s in sorted(out)]
+
+
+def run_subprocess(run_dir: Path, data_root: Path, devices: int, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run_dir), "--data-dir", str(data_root), *extra],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def train_on(run_dir: Path, data_root: Path, devices: int) -> str:
+    proc = run_subprocess(run_dir, data_root, devices)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    """The single-device run everything else must match."""
+    run = write_run(tmp_path_factory.mktemp("single") / "run", MODEL, TRAIN)
+    assert train.main([str(run), "--data-dir", str(data_root)]) == 0
+    return run
+
+
+@pytest.mark.parametrize("mesh", [{"data": 8, "model": 1}, {"data": 4, "model": 2},
+                                  {"data": 8, "model": 1, "fsdp": True}], ids=["8x1", "4x2", "8x1-fsdp"])
+def test_mesh_matches_single_device(tmp_path: Path, data_root: Path, reference: Path, mesh: dict) -> None:
+    run = write_run(tmp_path / "run", MODEL, {**TRAIN, "mesh": mesh})
+    train_on(run, data_root, devices=8)
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
+    assert meta["mesh"] == {"data": mesh["data"], "model": mesh["model"], "processes": 1}
+    np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
+    assert len(losses(run)) == 6
+
+
+def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: Path, reference: Path) -> None:
+    saved = write_run(tmp_path / "saved", MODEL, {**TRAIN, "mesh": {"data": 4, "model": 2}})
+    train_on(saved, data_root, devices=8)
+    step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
+    for name, devices, mesh in [("on8x1", 8, {"data": 8, "model": 1}), ("on1", 1, {})]:
+        run = write_run(tmp_path / name, MODEL, {**TRAIN, "mesh": mesh})
+        shutil.copytree(step3, run / "checkpoints" / step3.name)  # resume from step 3 of the (4, 2) run
+        out = train_on(run, data_root, devices=devices)
+        assert f"Resuming {run} from {step3.name} (step 3)" in out
+        np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_single_process(tmp_path: Path, data_root: Path, reference: Path) -> None:
+    run = write_run(tmp_path / "run", MODEL, TRAIN)
+    flags = ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [run_subprocess(run, data_root, 2, *flags, "--process-id", str(i)) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "Training complete" in outs[0] and "Training complete" not in outs[1]  # one log
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
+    assert meta["mesh"] == {"data": 4, "model": 1, "processes": 2}
+    np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
+    # One set of checkpoints and charts, whole and loadable.
+    assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [3, 6]
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png"]
+    json.loads((ckpt.latest_checkpoint(run) / "meta.json").read_text())
+
+
+def test_mesh_errors_before_compiling(tmp_path: Path, data_root: Path, capsys) -> None:
+    run = write_run(tmp_path / "bad", MODEL, {**TRAIN, "mesh": {"data": 3}})
+    assert train.main([str(run), "--data-dir", str(data_root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "mesh data=3" in err and "\n" not in err

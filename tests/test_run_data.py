@@ -1,0 +1,98 @@
+"""Datasets as runs see them: train.py's preparation by training length, mismatches with model.json,
+and the shipped runs/shakespeare and runs/gpt2-small configurations."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import download_dataset as dd
+import fineweb
+import train
+from config import ConfigError, load_run_configs
+from conftest import ROOT, SHARED, write_run
+from data import DataError
+
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+SMALL_GPT = {"architecture": "gpt2", "vocab_size": 50304, "context_length": 64, "emb_dim": 16, "n_heads": 2,
+             "n_layers": 1}
+
+
+def fineweb_downloads(data_root: Path, n_train: int, tokens_per_file: int) -> None:
+    """What an earlier download leaves in <data>/downloads/fineweb10B-gpt2/ (train.py has no --from)."""
+    folder = data_root / "downloads" / fineweb.SOURCE
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [fineweb.VAL_FILE] + [fineweb.train_file(i) for i in range(1, n_train + 1)]:
+        fineweb.write_bin(folder / name, rng.integers(0, 50257, tokens_per_file))
+
+
+def test_train_prepares_only_the_files_its_length_needs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    fineweb_downloads(data, n_train=4, tokens_per_file=1000)
+    # 5 steps x 2 x 64 tokens = 640 tokens: one file; 20 steps = 2560 tokens: three files.
+    run_dir = write_run(tmp_path / "run", SMALL_GPT, {"dataset": {"source": fineweb.SOURCE}, "tokenizer": "gpt2",
+                                                      "microbatch_size": 2, "train_steps": 5})
+    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    assert run.dataset.train.n_tokens == 1000 and len(run.dataset.train.shards) == 1
+    (run_dir / "train.json").write_text(json.dumps({"dataset": {"source": fineweb.SOURCE}, "tokenizer": "gpt2",
+                                                    "microbatch_size": 2, "train_steps": 20}))
+    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    assert run.dataset.train.n_tokens == 3000
+    assert run.dataset.manifest["fingerprint"].endswith("train_files=3")
+
+
+def test_model_vocab_must_cover_the_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    fineweb_downloads(data, n_train=1, tokens_per_file=1000)
+    run_dir = write_run(tmp_path / "run", {**SMALL_GPT, "vocab_size": 50000},
+                        {"dataset": {"source": fineweb.SOURCE}, "tokenizer": "gpt2", "microbatch_size": 2,
+                         "train_steps": 1})
+    with pytest.raises(ConfigError, match=r"model\.json: vocab_size=50000 is smaller than the gpt2 tokenizer's "
+                                          r"50257 ids"):
+        train.prepare_run(run_dir, data_root=data, restart=False)
+    # The CLI says it in one line, before JAX starts.
+    assert train.main([str(run_dir), "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vocab_size=50000" in err
+
+
+def test_dataset_tokenizer_must_match_train_json(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    fineweb_downloads(data, n_train=1, tokens_per_file=1000)
+    run_dir = write_run(tmp_path / "run", {**SMALL_GPT, "vocab_size": 257},
+                        {"dataset": {"source": fineweb.SOURCE}, "tokenizer": "bytes", "microbatch_size": 2,
+                         "train_steps": 1})
+    with pytest.raises(DataError, match="fineweb10B-gpt2: holds gpt2 tokens, so the tokenizer must be 'gpt2'"):
+        train.prepare_run(run_dir, data_root=data, restart=False)
+
+
+def test_shipped_gpt2_small() -> None:
+    model, cfg = load_run_configs(ROOT / "runs" / "gpt2-small")
+    assert (model.vocab_size, model.context_length, model.emb_dim, model.n_heads, model.n_layers) == \
+        (50304, 1024, 768, 12, 12)
+    assert model.tie_embeddings and cfg.tokenizer == "gpt2" and cfg.dataset.source == fineweb.SOURCE
+    assert cfg.tokens_per_step(model) == 2**19  # ~0.5M tokens per optimiser step
+    tokens = cfg.total_steps(model) * cfg.tokens_per_step(model)
+    assert 9.9e9 < tokens <= 1e10  # ~10B tokens: 100 of the 103 train files
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no offline copy at {SHAKESPEARE}")
+def test_shipped_shakespeare_prepares_from_the_shared_copy(tmp_path: Path) -> None:
+    model, cfg = load_run_configs(ROOT / "runs" / "shakespeare")
+    assert cfg.dataset.source == "tinyshakespeare" and cfg.tokenizer == "bytes" and model.vocab_size == 257
+    # Small enough for ~10-15 minutes on 2 CPU cores at ~5-8k tokens/s.
+    assert cfg.total_steps(model) * cfg.tokens_per_step(model) <= 8e3 * 15 * 60
+    run_dir = tmp_path / "shakespeare"
+    run_dir.mkdir()
+    for name in ("model.json", "train.json"):
+        shutil.copy(ROOT / "runs" / "shakespeare" / name, run_dir / name)
+    data = tmp_path / "data"
+    assert dd.main(["run", str(run_dir), "--from", str(SHAKESPEARE), "--data-dir", str(data)]) == 0
+    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    assert run.dataset.path == data / "tinyshakespeare-bytes"
+    assert run.train_batches.n_windows == (run.dataset.train.n_tokens - 1) // 128 > 7000

@@ -1,0 +1,233 @@
+"""Local text and Tiny Shakespeare: file discovery, documents, validation split, round trips, downloads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import download_dataset as dd
+import sources
+from conftest import SHARED
+from data import BatchSampler, DataError, open_dataset
+from tokenizer import BytesTokenizer, get_tokenizer
+
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
+
+
+def log_to(lines: list[str]):
+    return lines.append
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """A folder of every supported kind, plus files that must be ignored."""
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "a.txt").write_text("Alpha document.\nSecond line.\n")
+    (root / "sub" / "b.md").write_bytes("\ufeff# Beta\n\nMarkdown é.\n".encode())  # BOM dropped
+    records = [{"text": f"record {i}: " + "word " * i} for i in range(30)]
+    lines = [json.dumps(r) for r in records[:10]] + ["", json.dumps({"text": ""})]  # blank, empty: skipped
+    lines += [json.dumps(r) for r in records[10:]]
+    (root / "c.jsonl").write_text("\n".join(lines) + "\n")
+    (root / ".git" / "config.txt").write_text("hidden: never read")
+    (root / "notes.rst").write_text("not a supported kind")
+    return root
+
+
+def expected_documents() -> list[str]:
+    return (["Alpha document.\nSecond line.\n"] + [f"record {i}: " + "word " * i for i in range(30)]
+            + ["# Beta\n\nMarkdown é.\n"])
+
+
+# ----------------------------------------------------------------------------- files and documents
+
+
+def test_find_and_read(corpus: Path) -> None:
+    files = sources.find_text_files([str(corpus)])
+    assert [f.relative_to(corpus).as_posix() for f in files] == ["a.txt", "c.jsonl", "sub/b.md"]
+    assert list(sources.read_documents(files)) == expected_documents()
+    # Globs, explicit files and repeats: each file once, in the order first named.
+    again = sources.find_text_files([str(corpus / "sub" / "*.md"), str(corpus / "**" / "*.txt"), str(corpus)])
+    assert [f.name for f in again] == ["b.md", "a.txt", "c.jsonl"]
+    assert sources.default_name([str(corpus)]) == "corpus"
+    assert sources.default_name([str(corpus / "**" / "*.txt")]) == "corpus"
+    assert sources.default_name([str(corpus / "a.txt")]) == "a"
+
+
+@pytest.mark.parametrize("make, pattern, match", [
+    (lambda r: None, "missing", "missing: no such file or folder"),
+    (lambda r: None, "notes.rst", r"notes\.rst: unsupported file type '\.rst'"),
+    (lambda r: None, "*.zip", r"\*\.zip: matches no"),
+    (lambda r: (r / "empty").mkdir(), "empty", "empty: folder holds no"),
+])
+def test_find_errors(corpus: Path, make, pattern: str, match: str) -> None:
+    make(corpus)
+    with pytest.raises(DataError, match=match):
+        sources.find_text_files([str(corpus / pattern)])
+
+
+@pytest.mark.parametrize("name, content, match", [
+    ("bad.jsonl", b'{"text": "ok"}\n{"text": 3}\n', r"bad\.jsonl:2: expected an object with a string 'text'"),
+    ("bad.jsonl", b'{"text": "ok"}\n\n{oops\n', r"bad\.jsonl:3: malformed JSON"),
+    ("bad.jsonl", b'["text"]\n', r"bad\.jsonl:1: expected an object"),
+    ("latin1.txt", "caf\u00e9".encode("latin-1"), r"latin1\.txt: not UTF-8 \(byte 3"),
+])
+def test_bad_documents_name_the_file(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=match) as info:
+        list(sources.read_documents([tmp_path / name]))
+    assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- validation split
+
+
+def test_hold_out_by_document() -> None:
+    docs = [f"doc {i}\n" for i in range(40)]
+    train, val, how = sources.hold_out(lambda: iter(docs), 0.1)
+    train, val = list(train), list(val)
+    assert (len(train), len(val), how) == (36, 4, "4 of 40 documents")
+    assert sorted(train + val) == sorted(docs)
+    assert train == sorted(train, key=docs.index) and val == sorted(val, key=docs.index)  # order kept
+    assert val != docs[-4:]  # spread over the corpus, not its end
+    # The same seeded choice as the builtin corpus's split_documents.
+    assert (train, val) == tuple(dd.split_documents(docs, 0.1))
+
+
+def test_hold_out_tail_for_few_documents() -> None:
+    text = "".join(f"line {i}\n" for i in range(100))  # one document, like Tiny Shakespeare
+    train, val, how = sources.hold_out(lambda: iter([text]), 0.1)
+    train, val = list(train), list(val)
+    assert "".join(train + val) == text and how == "the last 10% of the text of 1 document(s)"
+    assert train[0].endswith("\n") and val[0].startswith("line ")  # cut after a newline
+    assert abs(len(val[0]) / len(text) - 0.1) < 0.02
+    # Two documents: the cut falls in the second; the first stays whole in train.
+    train, val = sources.split_tail(["a" * 50 + "\n", "b\n" * 25], 0.2)
+    assert train == ["a" * 50 + "\n", "b\n" * 16] and val == ["b\n" * 9]  # 101 chars: keep 81, to a newline
+    # One long line: cut inside it rather than give up.
+    train, val = sources.split_tail(["x" * 100], 0.1)
+    assert (len(train[0]), len(val[0])) == (90, 10)
+    with pytest.raises(DataError, match="tiny: cannot hold out"):
+        sources.split_tail(["abc"], 0.1, "tiny")
+    with pytest.raises(DataError, match="empty: no text"):
+        sources.hold_out(lambda: iter([]), 0.1, "empty")
+
+
+# ----------------------------------------------------------------------------- text source end to end
+
+
+def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dd, "SHARD_TOKENS", 64)  # many small shards: windows cross shard boundaries
+    lines: list[str] = []
+    path = dd.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]}, log=log_to(lines))
+    assert path == tmp_path / "data" / "text-corpus-bytes"
+    assert "validation = 2 of 32 documents" in lines[-1]
+    ds = open_dataset(path, verify=True)
+    assert len(ds.train.shards) > 10 and ds.manifest["options"]["paths"] == [str(corpus)]
+    train_docs, val_docs = dd.split_documents(expected_documents(), 0.05)  # same seeded choice
+    tok = BytesTokenizer()
+    source = "".join(doc + "\0" for doc in train_docs)  # "\0" stands for end-of-text below
+    tokens = ds.train.read(0, ds.train.n_tokens)
+    assert tok.decode(tokens) == source.replace("\0", "")
+    assert np.count_nonzero(tokens == 256) == len(train_docs) == ds.manifest["splits"]["train"]["documents"]
+    assert tok.decode(ds.val.read(0, ds.val.n_tokens)) == "".join(val_docs)
+    # Every sequence of every batch is one of the source's windows (w*T .. w*T+T, end-of-text as "\0"),
+    # its targets the same text one byte on.
+    T, B = 16, 4
+    sampler = BatchSampler(ds.train, microbatch_size=B, seq_len=T, seed=3)
+    text = source.encode()
+    windows: dict[bytes, list[int]] = {}
+    for w in range(sampler.n_windows):
+        windows.setdefault(text[w * T:(w + 1) * T], []).append(w)
+    as_bytes = lambda row: bytes(np.where(row == 256, 0, row).astype(np.uint8))  # noqa: E731
+    for step in range(sampler.n_windows // (2 * B)):
+        x, y = sampler.batch(step, 2)
+        for xs, ys in zip(x.reshape(-1, T), y.reshape(-1, T)):
+            assert any(text[w * T + 1:(w + 1) * T + 1] == as_bytes(ys) for w in windows[as_bytes(xs)])
+
+
+def test_text_reuse_rebuild_and_name(corpus: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    options = {"paths": [str(corpus) + "/"]}
+    path = dd.prepare_dataset("text", "bytes", root, options=options, log=log_to([]))
+    lines: list[str] = []
+    # "corpus/" and "corpus" are the same folder: reused, not rebuilt.
+    assert dd.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus)]}, log=log_to(lines)) == path
+    assert lines == [f"reusing dataset {path} (manifest matches)"]
+    (corpus / "a.txt").write_text("Alpha, edited.\n")  # size and mtime change -> fingerprint changes
+    lines = []
+    dd.prepare_dataset("text", "bytes", root, options=options, log=log_to(lines))
+    assert "fingerprint changed" in lines[0]
+    named = dd.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus / "a.txt")], "name": "mine"},
+                               log=log_to([]))
+    assert named.name == "text-mine-bytes"
+    assert BytesTokenizer().decode(open_dataset(named).train.read(0, 10)) == "Alpha, edi"  # the tail is val
+
+
+def test_text_gpt2_through_tiktoken_cache(tmp_path: Path) -> None:
+    try:
+        get_tokenizer("gpt2")
+    except ValueError:
+        pytest.skip("no tiktoken cache for gpt2 (set TIKTOKEN_CACHE_DIR; ../shared/tiktoken-cache in CI)")
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": "Every effort moves you"}) + "\n"
+                                                 for _ in range(20)))
+    path = dd.prepare_dataset("text", "gpt2", tmp_path / "data", options={"paths": [str(tmp_path / "docs.jsonl")]},
+                              log=log_to([]))
+    ds = open_dataset(path)
+    assert (ds.tokenizer, ds.vocab_size, ds.eot_id) == ("gpt2", 50257, 50256)
+    assert ds.train.read(0, ds.train.n_tokens).tolist() == [6109, 3626, 6100, 345, 50256] * 19
+    assert ds.val.read(0, ds.val.n_tokens).tolist() == [6109, 3626, 6100, 345, 50256]
+
+
+# ----------------------------------------------------------------------------- Tiny Shakespeare
+
+
+@pytest.fixture
+def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the download at a closed local port: the offline path, without touching the network."""
+    remote = sources.TINYSHAKESPEARE
+    monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
+        remote.name, "http://127.0.0.1:9/input.txt", remote.size, remote.sha256))
+
+
+def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, unreachable, capsys: pytest.CaptureFixture[str]) -> None:
+    assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: cannot download http://127.0.0.1:9/input.txt")
+    assert str(tmp_path / "downloads" / "tinyshakespeare.txt") in err and "--from" in err
+    assert not (tmp_path / "tinyshakespeare-bytes").exists()
+    assert list((tmp_path / "downloads").iterdir()) == []  # no partial download left
+
+
+def test_tinyshakespeare_rejects_a_wrong_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "input.txt").write_text("To be, or not to be\n")
+    assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path), "--from", str(tmp_path / "input.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "input.txt: not the expected tinyshakespeare.txt" in err and "86c4e6aa" in err
+    assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path), "--from", str(tmp_path / "nope.txt")]) == 2
+    assert "nope.txt: --from file not found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no offline copy at {SHAKESPEARE}")
+def test_tinyshakespeare_from_local_copy(tmp_path: Path, unreachable) -> None:
+    lines: list[str] = []
+    path = dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=SHAKESPEARE, log=log_to(lines))
+    ds = open_dataset(path, verify=True)
+    text = SHAKESPEARE.read_text()
+    tok = BytesTokenizer()
+    train, val = tok.decode(ds.train.read(0, ds.train.n_tokens)), tok.decode(ds.val.read(0, ds.val.n_tokens))
+    assert train + val == text and train.startswith("First Citizen:") and train.endswith("\n")
+    assert abs(len(val) / len(text) - 0.1) < 0.001  # nanoGPT's last 10%
+    assert ds.manifest["fingerprint"] == f"sha256-{sources.TINYSHAKESPEARE.sha256}"
+    # Later calls need neither --from nor the network: reused, or rebuilt from the kept copy.
+    lines = []
+    dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, log=log_to(lines))
+    assert lines == [f"reusing dataset {path} (manifest matches)"]
+    dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"validation_fraction": 0.2}, log=log_to([]))
+    assert open_dataset(path).val.n_tokens > 0.19 * len(text)
+    assert os.stat(tmp_path / "downloads" / "tinyshakespeare.txt").st_size == 1_115_394

@@ -1,0 +1,232 @@
+"""The training loop: fetch data, step, log, validate, checkpoint. Nothing else.
+
+train.py validates the run and hands a `Run` to `Trainer`; the compiled steps live in step.py,
+the optimiser in optim.py, placement on the device mesh in sharding.py, files in
+checkpointing.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+import charts
+import checkpointing as ckpt
+import sharding
+from config import to_dict
+from model import build_model
+from optim import clip_flag, make_optimizer, make_schedule
+from step import eval_step, step_key, train_step
+
+if TYPE_CHECKING:
+    from train import Run
+
+
+@dataclass
+class Window:
+    """Per-step statistics since the last checkpoint: what meta.json and the charts record."""
+
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # mean over the step's microbatches
+    micro_losses: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    grad_norms: list[float | None] = field(default_factory=list)
+    dropped_steps: int = 0  # steps skipped whole because a microbatch gradient was not finite
+    started: float = field(default_factory=time.perf_counter)
+
+    def record(self, done: int, losses: np.ndarray, stats: dict[str, Any]) -> None:
+        self.steps.append(done)
+        self.losses.append(float(np.mean(losses)))
+        self.micro_losses.extend(float(v) for v in losses)
+        self.lrs.append(float(stats["learning_rate"]))
+        gn = float(stats["grad_norm"])
+        self.grad_norms.append(gn if np.isfinite(gn) else None)
+        self.dropped_steps += int(stats["skipped_step"])
+
+    def tokens_per_s(self, tokens_per_step: int) -> float:
+        return len(self.steps) * tokens_per_step / max(time.perf_counter() - self.started, 1e-9)
+
+
+class StopFlag:
+    """First SIGINT/SIGTERM asks the loop to checkpoint and stop; the second aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nStopping: finishing this step and writing a checkpoint "
+              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+
+    def agreed(self) -> bool:
+        """In a multi-process run a signal may reach one process only: stop if any got one."""
+        if jax.process_count() == 1:
+            return self.requested
+        return bool(multihost_utils.process_allgather(np.int32(self.requested)).any())
+
+
+class Trainer:
+    def __init__(self, run: Run) -> None:
+        self.run, self.cfg, self.mcfg = run, run.train_cfg, run.model_cfg
+        self.k = self.cfg.gradient_accumulation_steps
+        self.tokens_per_step = self.cfg.tokens_per_step(self.mcfg)
+        self.is_main = jax.process_index() == 0
+        self.mesh = sharding.make_mesh(self.cfg.mesh, self.cfg.microbatch_size)
+        self.rows = sharding.local_rows(self.mesh, self.cfg.microbatch_size)
+        self.schedule = make_schedule(self.cfg, run.total_steps)
+
+        def build() -> tuple[Any, Any]:
+            model = build_model(self.mcfg, seed=self.cfg.seed)
+            return model, make_optimizer(model, self.cfg, run.total_steps)
+
+        self.model, self.optimizer = sharding.create_sharded(
+            build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
+        self.start, self.best, self.elapsed = 0, None, 0.0
+        if run.resume_from is not None:
+            meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
+            self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
+            self.log(f"Resuming {run.run_dir} from {run.resume_from.name} (step {self.start})")
+        elif run.init_from is not None:  # fine-tuning: these weights, step 0, fresh optimiser
+            ckpt.load_weights(self.model, run.init_from / ckpt.WEIGHTS)
+            self.log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
+
+    def log(self, text: str) -> None:
+        if self.is_main:
+            print(text, flush=True)
+
+    def batch(self, step: int) -> tuple[jax.Array, jax.Array]:
+        """This process's rows of step `step`, assembled into global (k, B, T) arrays."""
+        x, y = self.run.train_batches.batch(step, self.k, rows=self.rows)
+        B = self.cfg.microbatch_size
+        return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
+
+    def validate(self) -> float:
+        total, B = 0.0, self.cfg.microbatch_size
+        for i in range(self.cfg.validation_batches):
+            x, y = self.run.val_batches.microbatch(i, rows=self.rows)
+            total += eval_step(self.model, sharding.put_batch(x, self.mesh, B),
+                               sharding.put_batch(y, self.mesh, B))
+        return float(total) / self.cfg.validation_batches
+
+    def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
+        is_best = self.best is None or val < self.best
+        self.best = val if is_best else self.best
+        meta = self.meta(done, window, stats, val, is_best)
+        path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
+                                    {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
+                                    keep_last=self.cfg.keep_last_checkpoints)
+        if self.is_main:
+            charts.draw_charts(self.run.run_dir, log_y=self.cfg.charts_log_y)
+        return path
+
+    def fit(self) -> int:
+        run, cfg = self.run, self.cfg
+        if self.start >= run.total_steps:
+            self.log(f"Nothing to do: {run.run_dir} already trained {self.start}/{run.total_steps} steps.")
+            return 0
+        window, last_loss, t0 = Window(), float("nan"), time.perf_counter()
+        bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
+                   disable=None if self.is_main else True)
+        x, y = self.batch(self.start)
+        with StopFlag() as stop:
+            for s in range(self.start, run.total_steps):
+                losses, stats = train_step(self.model, self.optimizer, x, y, step_key(cfg.seed, s))
+                if s + 1 < run.total_steps:  # assemble the next batch while the device works
+                    x, y = self.batch(s + 1)
+                losses, stats = jax.device_get((losses, stats))
+                done, last_loss = s + 1, float(np.mean(losses))
+                window.record(done, losses, stats)
+                bar.update(1)
+                bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{float(stats['learning_rate']):.2e}",
+                                tok_s=f"{window.tokens_per_s(self.tokens_per_step):,.0f}", refresh=False)
+                stopping = stop.agreed()
+                at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
+                if at_ckpt or done % cfg.eval_interval() == 0:
+                    val = self.validate()
+                if at_ckpt:
+                    self.elapsed += time.perf_counter() - window.started
+                    path = self.checkpoint(done, window, stats, val)
+                    if self.is_main:
+                        bar.write(self.progress_line(done, window, stats, val) + f" | saved {path.name}")
+                    window = Window()
+                if stopping:
+                    bar.close()
+                    self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
+                             f"Resume with: uv run train.py {run.run_dir}")
+                    return 130
+        bar.close()
+        self.summary(time.perf_counter() - t0, last_loss)
+        return 0
+
+    def meta(self, done: int, window: Window, stats: dict[str, Any], val: float, is_best: bool) -> dict[str, Any]:
+        cfg, micro = self.cfg, np.asarray(window.micro_losses)
+        return {
+            "format": 1,
+            "step": done,
+            "total_steps": self.run.total_steps,
+            "tokens_seen": done * self.tokens_per_step,
+            "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "train_loss": {"min": float(micro.min()), "max": float(micro.max()),
+                           "mean": float(micro.mean()), "last": window.losses[-1]},
+            "val_loss": val,
+            "best_loss": self.best,  # lowest validation loss so far
+            "is_best": is_best,
+            "learning_rate": float(stats["learning_rate"]),  # used by the last step
+            "next_learning_rate": float(self.schedule(done)),
+            "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
+            "clip_max_norm": cfg.clipping_max_norm,
+            "clipped_steps": sum(clip_flag(g, cfg.clipping_max_norm) for g in window.grad_norms),
+            "skipped_updates": {"consecutive": int(stats["notfinite_count"]),  # microbatches
+                                "total": int(stats["total_notfinite"]),  # microbatches, whole run
+                                "dropped_steps": window.dropped_steps},  # since the last checkpoint
+            "optimizer_steps_applied": int(stats["gradient_step"]),
+            "throughput_tokens_per_s": window.tokens_per_s(self.tokens_per_step),
+            "elapsed_s": self.elapsed,
+            "mesh": dict(self.mesh.shape) | {"processes": jax.process_count()},
+            "data_position": {"next_step": done, "microbatches_consumed": done * self.k,
+                              "sequences_consumed": done * self.k * cfg.microbatch_size,
+                              "epoch": self.run.train_batches.epoch_of(done, self.k),
+                              "dataset": str(self.run.dataset.path),
+                              "fingerprint": self.run.dataset.manifest.get("fingerprint")},
+            # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
+            "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
+            "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
+                       "grad_norm": window.grad_norms},
+        }
+
+    def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
+        gn = window.grad_norms[-1]
+        gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
+        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} | "
+                f"lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
+                f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s")
+
+    def summary(self, seconds: float, last_loss: float) -> None:
+        tokens = (self.run.total_steps - self.start) * self.tokens_per_step
+        self.log(f"Training complete in {seconds:,.3f} seconds\n"
+                 f"Tokens seen: {self.run.total_steps * self.tokens_per_step:,} ({tokens:,} in this session)\n"
+                 f"Throughput: {tokens / seconds:,.0f} tokens/second\n"
+                 f"Final train loss: {last_loss:.4f}\n"
+                 f"Best validation loss: {self.best:.4f}")
