@@ -3,6 +3,10 @@
     uv run bench.py data                                  # runs/gpt2-small's batches, synthetic shards
     uv run bench.py data --run runs/shakespeare --seconds 10 --json data.json
     uv run bench.py data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
+    uv run bench.py train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab too)
+    uv run bench.py train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
+    uv run bench.py train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
+    uv run bench.py compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch, per config
 
 data: how fast the loader assembles a run's optimiser-step batches (k x B x T inputs and targets,
 drawn by BatchSampler from memory-mapped shards) and hands them to the device with
@@ -12,8 +16,16 @@ FLOPs per token, 6N + 12LTC) or with --train-tokens-per-s; the target is a ratio
 so the data never limits training. Without --dataset it writes random shards of the run's
 vocabulary to a temporary folder (small shards, so windows cross shard boundaries).
 
+train: the harness's own optimiser step (optim.make_optimizer + step.train_step, built and fed as
+trainer.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to the
+first result (compile), steady-state tokens/s (median, min/max, IQR over timed windows, each ending
+with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L T C) and MFU
+against fp32 and bf16 matmul peaks measured in the same process, peak host RSS and device memory.
+--accum-sweep runs one fresh process per k. compare: `train` and ../shared/bench/torch_reference.py
+(in its own venv, $HOME/torchref) alternately per config; the ratio is ours / torch.
+
 A subcommand is a function `bench_<name>(...) -> dict` and a parser hook `_add_<name>_args`,
-registered in SUBCOMMANDS: `train` and `generate` benchmarks slot in beside `data`.
+registered in SUBCOMMANDS.
 """
 
 from __future__ import annotations
@@ -283,6 +295,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     model, optimizer = sharding.create_sharded(build, mesh, train_cfg.mesh.fsdp, where=f"{name}: model.json")
     jax.block_until_ready(nnx.state((model, optimizer)))
     init_s = time.perf_counter() - t0
+    rss_after_init = peak_rss_mib()
 
     rng = np.random.default_rng(seed)
     host = [rng.integers(0, V, (2, k, B, T), dtype=np.int32) for _ in range(2)]  # two (inputs, targets) pairs
@@ -296,6 +309,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     out = train_step(model, optimizer, x, y, step_key(seed, 0))
     jax.block_until_ready(out)
     first_step_s = time.perf_counter() - t0
+    rss_after_first_step = peak_rss_mib()  # compiling is most of it on CPU (LLVM), not the step's buffers
     xla_mem = None
     if xla_memory:  # XLA's own accounting of the step's buffers; after the timed first call, which it would warm
         t0 = time.perf_counter()
@@ -353,6 +367,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         "flops_per_token": train_flops_per_token(model_cfg, T),
         "flops_convention": FLOPS_CONVENTION,
         "host_rss_peak_before_model_mib": rss_before_model,
+        "host_rss_peak_after_init_mib": rss_after_init,
+        "host_rss_peak_after_first_step_mib": rss_after_first_step,
         "host_rss_peak_mib": rss_peak,
         "device_memory": device_mem,
         "xla_memory": xla_mem,
@@ -363,8 +379,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k
     if matmul_size:
         result["matmul_size"] = matmul_size
-        result["peak_fp32_flops"] = matmul_flops(matmul_size, dtype="float32")
-        result["peak_bf16_flops"] = matmul_flops(matmul_size, dtype="bfloat16")
+        result["peak_fp32_flops"] = matmul_flops(matmul_size, repeats=10, dtype="float32")
+        result["peak_bf16_flops"] = matmul_flops(matmul_size, repeats=10, dtype="bfloat16")
         achieved = result["tokens_per_s_median"] * result["flops_per_token"]
         result["achieved_flops"] = achieved
         result["mfu_fp32"] = achieved / result["peak_fp32_flops"]  # the model trains in fp32
@@ -409,8 +425,8 @@ def _train_report(r: dict[str, Any]) -> str:
         f"V={r['vocab_size']} T={r['seq_len']} L={r['n_layers']} H={r['n_heads']} C={r['emb_dim']}, "
         f"k={r['accumulation_steps']} x B={r['microbatch_size']} x T={r['seq_len']} = {r['tokens_per_step']:,} "
         f"tokens/step, {r['params'] / 1e6:.2f}M params",
-        f"  {'compile (first step to result)':34} {r['first_step_s']:10.2f} s   (steady step {r['step_s_median'] * 1e3:.1f} ms; "
-        f"model + optimiser init {r['init_s']:.2f} s)",
+        f"  {'first train_step, to its result':34} {r['first_step_s']:10.2f} s   (compile ~{r['compile_s']:.2f} s + one "
+        f"step; steady step {r['step_s_median'] * 1e3:.1f} ms; model + optimiser init {r['init_s']:.2f} s)",
         f"  {'tokens/s, median':34} {r['tokens_per_s_median']:10,.0f}     (min {r['tokens_per_s_min']:,.0f}, "
         f"IQR {r['tokens_per_s_q25']:,.0f}-{r['tokens_per_s_q75']:,.0f}, max {r['tokens_per_s_max']:,.0f}; "
         f"{r['windows']} windows x {r['steps_per_window']} steps after {1 + r['warmup_steps']} untimed)",
@@ -423,8 +439,9 @@ def _train_report(r: dict[str, Any]) -> str:
             f"  {'MFU (vs fp32 peak)':34} {100 * r['mfu_fp32']:10.1f} %   ({r['achieved_flops'] / 1e9:,.1f} GFLOP/s; "
             f"vs bf16 peak {100 * r['mfu_bf16']:.1f} %)",
         ]
-    lines.append(f"  {'host peak RSS':34} {r['host_rss_peak_mib']:10,.0f} MiB (before the model: "
-                 f"{r['host_rss_peak_before_model_mib']:,.0f} MiB)")
+    lines.append(f"  {'host peak RSS':34} {r['host_rss_peak_mib']:10,.0f} MiB (peak before the model "
+                 f"{r['host_rss_peak_before_model_mib']:,.0f}, after init {r['host_rss_peak_after_init_mib']:,.0f}, "
+                 f"after the first step {r['host_rss_peak_after_first_step_mib']:,.0f} MiB)")
     if r["device_memory"]:
         dm = r["device_memory"]
         lines.append(f"  {'device memory peak':34} {dm.get('peak_bytes_in_use', 0) / mib:10,.0f} MiB "
@@ -466,15 +483,15 @@ def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int
     rows = []
     log(f"accumulation sweep, {' '.join(source)}: one fresh process per k ({windows} x {steps} steps after "
         f"{1 + warmup} untimed)")
-    log(f"  {'k':>4} {'tokens/step':>12} {'compile s':>10} {'tokens/s':>10} {'host peak RSS MiB':>18} "
-        f"{'XLA temp MiB':>13} {'device peak MiB':>16} {'load':>5}")
+    log(f"  {'k':>4} {'tokens/step':>12} {'first step s':>12} {'compile s':>10} {'tokens/s':>10} "
+        f"{'host peak RSS MiB':>18} {'XLA temp MiB':>13} {'device peak MiB':>16} {'load':>5}")
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         for k in ks:
             out = Path(tmp) / f"k{k}.json"
             cmd = [sys.executable, str(Path(__file__).resolve()), "train", *source, "--accum", str(k),
                    "--steps", str(steps), "--warmup", str(warmup), "--windows", str(windows),
                    "--no-matmul", "--xla-memory", "--json", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parent,
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent,
                                   env=os.environ.copy())
             if done.returncode != 0:
                 raise BenchError(f"k={k}: {' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
@@ -489,7 +506,7 @@ def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int
                    "device_peak_mib": dm["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in dm else None,
                    "load_avg": r["load_avg_before"]}
             rows.append(row)
-            log(f"  {k:>4} {row['tokens_per_step']:>12,} {row['first_step_s']:>10.2f} "
+            log(f"  {k:>4} {row['tokens_per_step']:>12,} {row['first_step_s']:>12.2f} {row['compile_s']:>10.2f} "
                 f"{row['tokens_per_s_median']:>10,.0f} {row['host_rss_peak_mib']:>18,.0f} "
                 f"{row['xla_temp_mib'] if row['xla_temp_mib'] is not None else float('nan'):>13.1f} "
                 f"{row['device_peak_mib'] if row['device_peak_mib'] is not None else float('nan'):>16.0f} "
@@ -562,7 +579,7 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
                 out = Path(tmp) / f"ours-{name}-{rnd}.json"
                 cmd = [sys.executable, str(here), "train", "--config", name, "--steps", str(steps),
                        "--windows", str(windows), "--json", str(out)]
-                done = subprocess.run(cmd, capture_output=True, text=True, cwd=here.parent)
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=here.parent)
                 if done.returncode != 0:
                     raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
                 ours = json.loads(out.read_text())
@@ -572,7 +589,7 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
                 out = Path(tmp) / f"torch-{name}-{rnd}.json"
                 cmd = [str(torch_python), str(reference), "--config", name, "--windows", str(windows),
                        "--steps-per-window", str(steps), "--json", str(out)]
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
                 theirs = json.loads(out.read_text())[0]
@@ -602,12 +619,12 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
 def _compare_report(results: list[dict[str, Any]], torch_info: dict[str, Any]) -> str:
     lines = [f"ours (JAX, this harness's train_step) vs torch {torch_info.get('torch', '?')} "
              f"(eager, {torch_info.get('threads', '?')} threads); tokens/s medians [min-max]",
-             f"  {'config':>11} {'ours':>24} {'torch':>24} {'ratio':>6} {'compile s':>9} {'MFU fp32':>8}  load averages"]
+             f"  {'config':>11} {'ours':>24} {'torch':>24} {'ratio':>6} {'1st step s':>10} {'MFU fp32':>8}  load averages (1 min, at each start)"]
     for r in results:
         lines.append(
             f"  {r['config']:>11} {r['ours_tokens_per_s']:>9,.0f} [{r['ours_min']:,.0f}-{r['ours_max']:,.0f}]".ljust(38)
             + f"{r['torch_tokens_per_s']:>9,.0f} [{r['torch_min']:,.0f}-{r['torch_max']:,.0f}]".rjust(24)
-            + f" {r['ratio']:>6.2f} {r['ours_first_step_s']:>9.1f} {100 * r['ours_mfu_fp32']:>7.1f}%  "
+            + f" {r['ratio']:>6.2f} {r['ours_first_step_s']:>10.1f} {100 * r['ours_mfu_fp32']:>7.1f}%  "
             + " ".join(f"{v:.1f}" for v in r["load_avg"]))
     return "\n".join(lines)
 
