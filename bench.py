@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -43,7 +42,17 @@ from typing import Any
 
 import numpy as np
 
-from config import ConfigError, ModelConfig, TrainConfig, load_run_configs
+import fast_malloc
+from bench_train import (
+    REFERENCE_CONFIGS,
+    BenchError,
+    accum_sweep,
+    bench_train,
+    matmul_flops,
+    reference_configs,
+    train_flops_per_token,
+)
+from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from data import BatchSampler, DataError, open_dataset, write_dataset
 from tokenizer import GPT2_EOT_ID, GPT2_N_VOCAB
 
@@ -67,32 +76,6 @@ def _synthetic_dataset(folder: Path, tokenizer: str, n_tokens: int) -> Path:
     write_dataset(path, source="synthetic", options={}, fingerprint="bench", tokenizer=vocab,
                   splits={"train": [tokens], "val": [tokens[:1024]]}, shard_tokens=max(1, n_tokens // 4))
     return path
-
-
-def matmul_flops(size: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
-    """Best FLOP/s of a jitted size^3 matmul on the default device (fp32 by default): what a training
-    step in that precision can reach at most."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jnp.ones((size, size), jnp.dtype(dtype))
-    matmul = jax.jit(jnp.matmul)
-    matmul(a, a).block_until_ready()  # compile
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best
-
-
-def train_flops_per_token(model: ModelConfig, seq_len: int) -> float:
-    """Forward + backward FLOPs per token: 6 x matmul parameters + 12 L T C for attention (PaLM's count)."""
-    matmul_params = model.vocab_size * model.emb_dim  # the output head
-    if model.architecture == "gpt2":
-        matmul_params += model.n_layers * 12 * model.emb_dim**2  # qkv 3C^2, proj C^2, MLP 8C^2
-        return 6 * matmul_params + 12 * model.n_layers * seq_len * model.emb_dim
-    return 6 * matmul_params
 
 
 def _time_steps(sampler: BatchSampler, k: int, seconds: float, min_steps: int) -> tuple[list[float], list[float]]:
@@ -190,328 +173,43 @@ def _run_data(args: argparse.Namespace) -> dict[str, Any]:
 
 # The shapes of ../shared/bench/torch_reference.py's CONFIGS (tests/test_bench.py checks they agree):
 # name -> (vocab, context, layers, heads, dims, batch).
-REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
-    "char-tiny": (65, 256, 6, 6, 384, 8),
-    "cpu-small": (256, 128, 4, 4, 128, 16),
-    "gpt2-vocab": (50304, 256, 4, 4, 256, 4),
-}
 TORCH_REFERENCE = Path(__file__).resolve().parent.parent / "shared" / "bench" / "torch_reference.py"
 TORCH_PYTHON = Path.home() / "torchref" / "bin" / "python"
-FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
-                    "plus attention scores/values (PaLM appendix B, nanoGPT's estimate_mfu; biases, "
-                    "LayerNorms and embedding lookups not counted)")
-
-
-class BenchError(RuntimeError):
-    """A benchmark that cannot run as asked; the message is one line."""
-
-
-def reference_configs(name: str) -> tuple[ModelConfig, TrainConfig]:
-    """The torch reference's model and step as our configs.
-
-    GPT-2 with biases on (qkv too), dropout 0, the head tied to the token embedding; AdamW at
-    lr 3e-4 with torch's default betas (0.9, 0.999) and weight decay 0.1 on matrices, clipping at
-    1.0, one microbatch per optimiser step, float32 throughout.
-    """
-    if name not in REFERENCE_CONFIGS:
-        raise ConfigError(f"--config {name!r}: known configs are {', '.join(sorted(REFERENCE_CONFIGS))}")
-    vocab, context, layers, heads, dims, batch = REFERENCE_CONFIGS[name]
-    model = ModelConfig(architecture="gpt2", vocab_size=vocab, context_length=context, emb_dim=dims,
-                        n_heads=heads, n_layers=layers, qkv_bias=True, drop_rate=0.0, tie_embeddings=True)
-    train = TrainConfig(microbatch_size=batch, gradient_accumulation_steps=1, train_steps=1000,
-                        learning_rate=3e-4, warmup_percent=0.0, adam_b1=0.9, adam_b2=0.999, adam_eps=1e-8,
-                        weight_decay=0.1, clipping_max_norm=1.0)
-    return model, train
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (getrusage maxrss), MiB."""
-    import resource
-
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, KiB on Linux
-
-
-def device_memory_stats() -> dict[str, int] | None:
-    """The first local device's allocator figures (GPU/TPU); None where the backend keeps none (CPU)."""
-    import jax
-
-    stats = jax.local_devices()[0].memory_stats()
-    if not stats:
-        return None
-    keep = ("peak_bytes_in_use", "bytes_in_use", "bytes_limit", "largest_alloc_size", "num_allocs")
-    return {key: int(stats[key]) for key in keep if key in stats}
-
-
-def _spread(rates: list[float]) -> dict[str, float]:
-    q25, q50, q75 = np.percentile(rates, [25, 50, 75])
-    return {"tokens_per_s_median": float(q50), "tokens_per_s_min": float(min(rates)),
-            "tokens_per_s_max": float(max(rates)), "tokens_per_s_q25": float(q25), "tokens_per_s_q75": float(q75)}
-
-
-def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "", steps: int = 10, warmup: int = 4,
-                windows: int = 5, accumulation: int | None = None, matmul_size: int | None = 2048,
-                xla_memory: bool = False, breakdown: bool = False,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Figures for `uv run bench.py train`: the harness's own optimiser step on random tokens.
-
-    The model and optimiser are built as trainer.py builds them (sharding.create_sharded over the
-    run's mesh, optim.make_optimizer); each step is one step.train_step call on a (k, B, T) batch
-    put on the device with jax.device_put (sharding.put_batch), the next batch being put while the
-    device works, as in training. The first call is timed to its result (trace + compile + one
-    step); then `warmup` untimed steps, then `windows` windows of `steps` steps, each ending with
-    a block on the last step's results. Tokens count k x B x T per optimiser step. The peak
-    matmul rates are measured last (fp32 and bf16, size^3), so the peak RSS is training's alone.
-    """
-    import dataclasses
-    import os
-
-    import jax
-    from flax import nnx
-
-    import sharding
-    from model import build_model, count_params
-    from optim import make_optimizer
-    from step import loss_fn, step_key, train_step
-
-    if steps < 1 or windows < 1 or warmup < 0:
-        raise BenchError(f"need --steps >= 1, --windows >= 1, --warmup >= 0 (got {steps}, {windows}, {warmup})")
-    if accumulation is not None:
-        train_cfg = dataclasses.replace(train_cfg, gradient_accumulation_steps=accumulation, batch_size=None)
-    B, T, k = train_cfg.microbatch_size, train_cfg.seq_len(model_cfg), train_cfg.gradient_accumulation_steps
-    V, seed = model_cfg.vocab_size, train_cfg.seed
-    load_before = os.getloadavg()
-    rss_before_model = peak_rss_mib()  # the interpreter, JAX and its backend
-
-    total_steps = 1 + warmup + windows * steps  # the schedule's length only; the rate does not change the cost
-    mesh = sharding.make_mesh(train_cfg.mesh, B)
-    rows = sharding.local_rows(mesh, B)
-
-    def build() -> tuple[Any, Any]:
-        model = build_model(model_cfg, seed=seed)
-        return model, make_optimizer(model, train_cfg, total_steps)
-
-    t0 = time.perf_counter()
-    model, optimizer = sharding.create_sharded(build, mesh, train_cfg.mesh.fsdp, where=f"{name}: model.json")
-    jax.block_until_ready(nnx.state((model, optimizer)))
-    init_s = time.perf_counter() - t0
-    rss_after_init = peak_rss_mib()
-
-    rng = np.random.default_rng(seed)
-    host = [rng.integers(0, V, (2, k, B, T), dtype=np.int32) for _ in range(2)]  # two (inputs, targets) pairs
-
-    def put(step: int) -> tuple[Any, Any]:
-        xy = host[step % len(host)][:, :, rows]
-        return sharding.put_batch(xy[0], mesh, B), sharding.put_batch(xy[1], mesh, B)
-
-    x, y = put(0)
-    t0 = time.perf_counter()
-    out = train_step(model, optimizer, x, y, step_key(seed, 0))
-    jax.block_until_ready(out)
-    first_step_s = time.perf_counter() - t0
-    rss_after_first_step = peak_rss_mib()  # compiling is most of it on CPU (LLVM), not the step's buffers
-    xla_mem = None
-    if xla_memory:  # XLA's own accounting of the step's buffers; after the timed first call, which it would warm
-        t0 = time.perf_counter()
-        compiled = train_step.lower(model, optimizer, x, y, step_key(seed, 0)).compile()
-        lower_compile_s = time.perf_counter() - t0
-        analysis = compiled.memory_analysis()
-        xla_mem = {"lower_compile_s": lower_compile_s}
-        for key in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
-                    "alias_size_in_bytes", "generated_code_size_in_bytes"):
-            if analysis is not None and hasattr(analysis, key):
-                xla_mem[key] = int(getattr(analysis, key))
-        del compiled
-
-    step = 1
-    x, y = put(step)
-
-    def run_steps(n: int) -> Any:
-        nonlocal step, x, y, out
-        for _ in range(n):
-            out = train_step(model, optimizer, x, y, step_key(seed, step))
-            step += 1
-            x, y = put(step)  # the next batch goes to the device while this step runs
-        return jax.block_until_ready(out)
-
-    run_steps(warmup)
-    rates, step_times = [], []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        run_steps(steps)
-        dt = time.perf_counter() - t0
-        rates.append(k * B * T * steps / dt)
-        step_times.append(dt / steps)
-    losses, stats = jax.device_get(out)
-    load_after = os.getloadavg()
-    rss_peak = peak_rss_mib()
-    device_mem = device_memory_stats()
-
-    result: dict[str, Any] = {
-        "config": name, "device": str(jax.devices()[0]), "platform": jax.devices()[0].platform,
-        "device_count": jax.device_count(), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-        "vocab_size": V, "context_length": model_cfg.context_length, "n_layers": model_cfg.n_layers,
-        "n_heads": model_cfg.n_heads, "emb_dim": model_cfg.emb_dim, "tie_embeddings": model_cfg.tie_embeddings,
-        "qkv_bias": model_cfg.qkv_bias, "drop_rate": model_cfg.drop_rate,
-        "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
-        "params": int(count_params(model)),
-        "steps_per_window": steps, "warmup_steps": warmup, "windows": windows,
-        "init_s": init_s,
-        "first_step_s": first_step_s,  # trace + compile + one step, to its result
-        "compile_s": max(first_step_s - float(np.median(step_times)), 0.0),  # the first step less a steady one
-        "step_s_median": float(np.median(step_times)),
-        **_spread(rates),
-        "window_tokens_per_s": rates,
-        "loss_last": float(np.mean(losses)),
-        "grad_norm_last": float(stats["grad_norm"]),
-        "flops_per_token": train_flops_per_token(model_cfg, T),
-        "flops_convention": FLOPS_CONVENTION,
-        "host_rss_peak_before_model_mib": rss_before_model,
-        "host_rss_peak_after_init_mib": rss_after_init,
-        "host_rss_peak_after_first_step_mib": rss_after_first_step,
-        "host_rss_peak_mib": rss_peak,
-        "device_memory": device_mem,
-        "xla_memory": xla_mem,
-        "load_avg_before": list(load_before), "load_avg_after": list(load_after),
-    }
-    if breakdown:
-        result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)
-        result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k
-    if matmul_size:
-        result["matmul_size"] = matmul_size
-        result["peak_fp32_flops"] = matmul_flops(matmul_size, repeats=10, dtype="float32")
-        result["peak_bf16_flops"] = matmul_flops(matmul_size, repeats=10, dtype="bfloat16")
-        achieved = result["tokens_per_s_median"] * result["flops_per_token"]
-        result["achieved_flops"] = achieved
-        result["mfu_fp32"] = achieved / result["peak_fp32_flops"]  # the model trains in fp32
-        result["mfu_bf16"] = achieved / result["peak_bf16_flops"]
-    log(_train_report(result))
-    return result
-
-
-def _breakdown(model: Any, optimizer: Any, x: Any, y: Any, repeats: int, loss_fn: Callable[..., Any]) -> dict[str, float]:
-    """Median ms of one (B, T) microbatch's forward, forward + backward, and the optimiser update
-    alone (optimizer.update on fixed gradients, MultiSteps and all), each its own jitted call."""
-    import jax
-    from flax import nnx
-
-    fwd = nnx.jit(loss_fn)
-    fwd_bwd = nnx.jit(lambda m, a, b: nnx.value_and_grad(loss_fn)(m, a, b))
-
-    @nnx.jit
-    def update(m: Any, opt: Any, grads: Any) -> None:
-        opt.update(m, grads)
-
-    _, grads = fwd_bwd(model, x, y)
-
-    def median_ms(fn: Callable[[], Any]) -> float:
-        jax.block_until_ready(fn())  # compile
-        times = []
-        for _ in range(max(repeats, 3)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times.append(time.perf_counter() - t0)
-        return 1e3 * float(np.median(times))
-
-    return {"forward_ms": median_ms(lambda: fwd(model, x, y)),
-            "forward_backward_ms": median_ms(lambda: fwd_bwd(model, x, y)),
-            "optimizer_update_ms": median_ms(lambda: update(model, optimizer, grads))}
-
-
-def _train_report(r: dict[str, Any]) -> str:
-    mib = 2**20
-    lines = [
-        f"train step {r['config']} on {r['device']} ({r['cpu_count']} CPUs, jax {r['jax']}): "
-        f"V={r['vocab_size']} T={r['seq_len']} L={r['n_layers']} H={r['n_heads']} C={r['emb_dim']}, "
-        f"k={r['accumulation_steps']} x B={r['microbatch_size']} x T={r['seq_len']} = {r['tokens_per_step']:,} "
-        f"tokens/step, {r['params'] / 1e6:.2f}M params",
-        f"  {'first train_step, to its result':34} {r['first_step_s']:10.2f} s   (compile ~{r['compile_s']:.2f} s + one "
-        f"step; steady step {r['step_s_median'] * 1e3:.1f} ms; model + optimiser init {r['init_s']:.2f} s)",
-        f"  {'tokens/s, median':34} {r['tokens_per_s_median']:10,.0f}     (min {r['tokens_per_s_min']:,.0f}, "
-        f"IQR {r['tokens_per_s_q25']:,.0f}-{r['tokens_per_s_q75']:,.0f}, max {r['tokens_per_s_max']:,.0f}; "
-        f"{r['windows']} windows x {r['steps_per_window']} steps after {1 + r['warmup_steps']} untimed)",
-        f"  {'model FLOPs/token':34} {r['flops_per_token'] / 1e6:10,.2f} M   (6 x (12LC^2 + VC) + 12LTC)",
-    ]
-    if "mfu_fp32" in r:
-        lines += [
-            f"  {'peak matmul, measured':34} {r['peak_fp32_flops'] / 1e9:10,.0f} GFLOP/s fp32, "
-            f"{r['peak_bf16_flops'] / 1e9:,.0f} GFLOP/s bf16 ({r['matmul_size']}^3)",
-            f"  {'MFU (vs fp32 peak)':34} {100 * r['mfu_fp32']:10.1f} %   ({r['achieved_flops'] / 1e9:,.1f} GFLOP/s; "
-            f"vs bf16 peak {100 * r['mfu_bf16']:.1f} %)",
-        ]
-    lines.append(f"  {'host peak RSS':34} {r['host_rss_peak_mib']:10,.0f} MiB (peak before the model "
-                 f"{r['host_rss_peak_before_model_mib']:,.0f}, after init {r['host_rss_peak_after_init_mib']:,.0f}, "
-                 f"after the first step {r['host_rss_peak_after_first_step_mib']:,.0f} MiB)")
-    if r["device_memory"]:
-        dm = r["device_memory"]
-        lines.append(f"  {'device memory peak':34} {dm.get('peak_bytes_in_use', 0) / mib:10,.0f} MiB "
-                     f"(in use {dm.get('bytes_in_use', 0) / mib:,.0f} MiB of {dm.get('bytes_limit', 0) / mib:,.0f})")
-    if r["xla_memory"]:
-        xm = r["xla_memory"]
-        lines.append(f"  {'XLA temp / arguments':34} {xm.get('temp_size_in_bytes', 0) / mib:10,.1f} MiB / "
-                     f"{xm.get('argument_size_in_bytes', 0) / mib:,.1f} MiB")
-    if "breakdown" in r:
-        b = r["breakdown"]
-        lines.append(f"  {'per microbatch':34} forward {b['forward_ms']:.1f} ms, forward+backward "
-                     f"{b['forward_backward_ms']:.1f} ms, optimiser update {b['optimizer_update_ms']:.1f} ms, "
-                     f"whole train_step {b['train_step_ms_per_microbatch']:.1f} ms")
-    lines.append(f"  {'loss (random tokens)':34} {r['loss_last']:10.3f}     (ln V = {math.log(r['vocab_size']):.3f}); "
-                 f"load average {r['load_avg_before'][0]:.2f} -> {r['load_avg_after'][0]:.2f}")
-    return "\n".join(lines)
-
-
 def _source_args(args: argparse.Namespace) -> list[str]:
-    return [str(args.run)] if args.run is not None else ["--config", args.config or "cpu-small"]
+    source = [str(args.run)] if args.run is not None else ["--config", args.config or "cpu-small"]
+    return source + [f"--model={item}" for item in args.model] + [f"--train={item}" for item in args.train]
 
 
 def _load_source(args: argparse.Namespace) -> tuple[str, ModelConfig, TrainConfig]:
     if args.run is not None:
         if args.config is not None:
             raise BenchError("give a run directory or --config, not both")
-        model_cfg, train_cfg = load_run_configs(args.run)
-        return str(args.run), model_cfg, train_cfg
-    name = args.config or "cpu-small"
-    return name, *reference_configs(name)
+        name, (model_cfg, train_cfg) = str(args.run), load_run_configs(args.run)
+    else:
+        name = args.config or "cpu-small"
+        model_cfg, train_cfg = reference_configs(name)
+    if args.model:
+        model_cfg = with_overrides(model_cfg, args.model, "--model")
+        name += " " + " ".join(args.model)
+    if args.train:
+        train_cfg = with_overrides(train_cfg, args.train, "--train")
+        name += " " + " ".join(args.train)
+    return name, model_cfg, train_cfg
 
 
-def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int = 1, windows: int = 2,
-                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`bench.py train ... --accum k` for each k, each in a fresh process so its peak RSS is its own."""
-    import os
-    import subprocess
-
-    rows = []
-    log(f"accumulation sweep, {' '.join(source)}: one fresh process per k ({windows} x {steps} steps after "
-        f"{1 + warmup} untimed)")
-    log(f"  {'k':>4} {'tokens/step':>12} {'first step s':>12} {'compile s':>10} {'tokens/s':>10} "
-        f"{'host peak RSS MiB':>18} {'XLA temp MiB':>13} {'device peak MiB':>16} {'load':>5}")
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
-        for k in ks:
-            out = Path(tmp) / f"k{k}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "train", *source, "--accum", str(k),
-                   "--steps", str(steps), "--warmup", str(warmup), "--windows", str(windows),
-                   "--no-matmul", "--xla-memory", "--json", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent,
-                                  env=os.environ.copy())
-            if done.returncode != 0:
-                raise BenchError(f"k={k}: {' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
-            r = json.loads(out.read_text())
-            xm, dm = r.get("xla_memory") or {}, r.get("device_memory") or {}
-            row = {"k": k, "tokens_per_step": r["tokens_per_step"], "first_step_s": r["first_step_s"],
-                   "compile_s": r["compile_s"],
-                   "tokens_per_s_median": r["tokens_per_s_median"], "host_rss_peak_mib": r["host_rss_peak_mib"],
-                   "host_rss_peak_before_model_mib": r["host_rss_peak_before_model_mib"],
-                   "xla_temp_mib": xm.get("temp_size_in_bytes", 0) / 2**20 if xm else None,
-                   "xla_argument_mib": xm.get("argument_size_in_bytes", 0) / 2**20 if xm else None,
-                   "device_peak_mib": dm["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in dm else None,
-                   "load_avg": r["load_avg_before"]}
-            rows.append(row)
-            log(f"  {k:>4} {row['tokens_per_step']:>12,} {row['first_step_s']:>12.2f} {row['compile_s']:>10.2f} "
-                f"{row['tokens_per_s_median']:>10,.0f} {row['host_rss_peak_mib']:>18,.0f} "
-                f"{row['xla_temp_mib'] if row['xla_temp_mib'] is not None else float('nan'):>13.1f} "
-                f"{row['device_peak_mib'] if row['device_peak_mib'] is not None else float('nan'):>16.0f} "
-                f"{row['load_avg'][0]:>5.2f}")
-    return {"source": source, "accum_sweep": rows}
+def with_overrides(cfg: Any, items: list[str], where: str) -> Any:
+    """`KEY=VALUE` pairs (VALUE as JSON; a bare word is a string) over a config, validated exactly
+    as model.json / train.json are."""
+    raw = to_dict(cfg)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BenchError(f"{where} {item!r}: expected KEY=VALUE, e.g. compute_dtype=bfloat16")
+        try:
+            raw[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raw[key] = value
+    return from_dict(type(cfg), raw, where)
 
 
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
@@ -519,6 +217,10 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="run directory (its model.json and train.json shapes); or use --config")
     parser.add_argument("--config", choices=sorted(REFERENCE_CONFIGS), default=None,
                         help="a torch_reference.py shape instead of a run (default without a run: cpu-small)")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key, e.g. --model compute_dtype=bfloat16 (repeatable)")
+    parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a train.json key, e.g. --train microbatch_size=1 (repeatable)")
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps per timed window (default: 10)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed steps after the compiling first one (default: 4, so 5 untimed as the reference)")
@@ -556,9 +258,9 @@ def _run_train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, reference: Path = TORCH_REFERENCE,
-                  steps: int = 10, windows: int = 5, rounds: int = 1,
+                  steps: int = 10, windows: int = 5, rounds: int = 1, model: list[str] | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Ours vs the torch reference per config, alternating fresh processes (ours, torch) `rounds`
+    """Ours (with `model` KEY=VALUE overrides, as `train --model`) vs the torch reference per config, alternating fresh processes (ours, torch) `rounds`
     times so that a change in the machine's load hits both; the ratio is of the medians."""
     import os
     import subprocess
@@ -578,7 +280,7 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
                 load = os.getloadavg()
                 out = Path(tmp) / f"ours-{name}-{rnd}.json"
                 cmd = [sys.executable, str(here), "train", "--config", name, "--steps", str(steps),
-                       "--windows", str(windows), "--json", str(out)]
+                       "--windows", str(windows), "--json", str(out), *[f"--model={m}" for m in model or []]]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=here.parent)
                 if done.returncode != 0:
                     raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
@@ -607,7 +309,8 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
                             "torch_min": min(r["tokens_per_s_min"] for r in torch_runs),
                             "torch_max": max(r["tokens_per_s_max"] for r in torch_runs),
                             "ours_first_step_s": float(np.median([r["first_step_s"] for r in ours_runs])),
-                            "ours_mfu_fp32": float(np.median([r["mfu_fp32"] for r in ours_runs])),
+                            "ours_mfu": float(np.median([r["mfu"] for r in ours_runs])),
+                            "ours_compute_dtype": ours_runs[0]["compute_dtype"],
                             "ours_host_rss_peak_mib": max(r["host_rss_peak_mib"] for r in ours_runs),
                             "load_avg": [r["load_avg_at_start"][0] for pair in zip(ours_runs, torch_runs)
                                          for r in pair],
@@ -619,12 +322,12 @@ def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, refe
 def _compare_report(results: list[dict[str, Any]], torch_info: dict[str, Any]) -> str:
     lines = [f"ours (JAX, this harness's train_step) vs torch {torch_info.get('torch', '?')} "
              f"(eager, {torch_info.get('threads', '?')} threads); tokens/s medians [min-max]",
-             f"  {'config':>11} {'ours':>24} {'torch':>24} {'ratio':>6} {'1st step s':>10} {'MFU fp32':>8}  load averages (1 min, at each start)"]
+             f"  {'config':>11} {'ours':>24} {'torch':>24} {'ratio':>6} {'1st step s':>10} {'MFU':>6}  load averages (1 min, at each start)"]
     for r in results:
         lines.append(
             f"  {r['config']:>11} {r['ours_tokens_per_s']:>9,.0f} [{r['ours_min']:,.0f}-{r['ours_max']:,.0f}]".ljust(38)
             + f"{r['torch_tokens_per_s']:>9,.0f} [{r['torch_min']:,.0f}-{r['torch_max']:,.0f}]".rjust(24)
-            + f" {r['ratio']:>6.2f} {r['ours_first_step_s']:>10.1f} {100 * r['ours_mfu_fp32']:>7.1f}%  "
+            + f" {r['ratio']:>6.2f} {r['ours_first_step_s']:>10.1f} {100 * r['ours_mfu']:>5.1f}%  "
             + " ".join(f"{v:.1f}" for v in r["load_avg"]))
     return "\n".join(lines)
 
@@ -639,6 +342,8 @@ def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=int, default=5, help="timed windows, both sides (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate ours/torch this many times per config; medians of the rounds (default: %(default)s)")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key on our side, e.g. --model compute_dtype=bfloat16 (repeatable)")
 
 
 def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -647,7 +352,7 @@ def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
     if unknown or not configs:
         raise BenchError(f"--configs {args.configs!r}: known configs are {', '.join(sorted(REFERENCE_CONFIGS))}")
     return bench_compare(configs, torch_python=args.torch_python, reference=args.reference, steps=args.steps,
-                         windows=args.windows, rounds=args.rounds)
+                         windows=args.windows, rounds=args.rounds, model=args.model)
 
 
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
@@ -679,4 +384,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
     raise SystemExit(main())

@@ -35,6 +35,8 @@ from jax.experimental import multihost_utils
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from model import stack_layer_weights, unstack_layer_weights
+
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer"
@@ -55,7 +57,9 @@ def weights_to_numpy(model: nnx.Module) -> dict[str, np.ndarray]:
     Sharded parameters are gathered first; across processes every process must call this.
     """
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    return {".".join(map(str, path)): _to_host(var.get_value()) for path, var in flat}
+    tensors = {".".join(map(str, path)): _to_host(var.get_value()) for path, var in flat}
+    # Files always hold per-layer keys (blocks.3.attn.qkv.kernel), whatever scan_layers says.
+    return unstack_layer_weights(tensors) if model.cfg.scan_layers else tensors
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -81,6 +85,8 @@ def load_weights(model: nnx.Module, path: Path) -> None:
 
 
 def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str) -> None:
+    if model.cfg.scan_layers:
+        tensors = stack_layer_weights(tensors, model.cfg.n_layers)
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     expected = {".".join(map(str, p)) for p, _ in flat}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)

@@ -38,9 +38,20 @@ class ModelConfig:
     qkv_bias: bool = False  # bias on the fused query/key/value projection
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
+    # How it runs (the same function whatever is chosen here; see README "Performance"):
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"  # matmul/activation dtype; params stay float32
+    # "auto": cuDNN flash attention on GPU with bfloat16, XLA's on other accelerators, per_head on CPU.
+    attention: Literal["auto", "xla", "cudnn", "per_head"] = "auto"
+    remat: bool = False  # recompute each block's activations in the backward pass (nnx.remat)
+    scan_layers: bool = False  # blocks stacked and run by nnx.scan: compile time flat in n_layers
+    loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
 
     def __post_init__(self) -> None:
         _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
+        _positive(self, MODEL_FILE, "loss_chunk", optional=True)
+        if self.attention == "cudnn" and self.compute_dtype != "bfloat16":
+            raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs compute_dtype='bfloat16' "
+                              f"(got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel")
         if self.architecture == "gpt2":
             _positive(self, MODEL_FILE, "n_layers")
             if self.emb_dim % self.n_heads:

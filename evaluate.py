@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import checkpointing as ckpt
+import fast_malloc
 from config import ConfigError, TrainConfig, from_dict
 from data import BatchSampler, DataError, TokenSplit, open_dataset
 from download_dataset import default_data_root, prepare_dataset
@@ -149,4 +150,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
     raise SystemExit(main())

@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 import checkpointing as ckpt
+import fast_malloc
 from config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
 from model import build_model
 from tokenizer import Tokenizer, get_tokenizer
@@ -125,12 +126,11 @@ def _logits(model: nnx.Module, x: jax.Array) -> jax.Array:
     """x: (N, C) residual stream -> (N, V) float32 logits."""
     if model.cfg.architecture == "gpt2":
         x = model.ln_f(x)
-    logits = model.tok_emb.attend(x) if model.cfg.tie_embeddings else model.head(x)
-    return logits.astype(jnp.float32)
+    return model.logits(x)  # the head as in training (compute_dtype matmul, float32 logits)
 
 
 def _blocks(model: nnx.Module) -> Sequence[nnx.Module]:
-    return model.blocks if model.cfg.architecture == "gpt2" else ()
+    return model.layers()  # views into the stacked arrays of a scan_layers model
 
 
 def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
@@ -546,4 +546,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
     raise SystemExit(main())

@@ -28,6 +28,7 @@ not weights and are skipped. The head count is not visible in the shapes: it com
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -180,7 +181,8 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
     from model import abstract_model
 
-    flat = nnx.to_flat_state(nnx.state(abstract_model(cfg), nnx.Param))
+    # The file layout: per-layer keys, as checkpointing writes them even for a scan_layers model.
+    flat = nnx.to_flat_state(nnx.state(abstract_model(dataclasses.replace(cfg, scan_layers=False)), nnx.Param))
     return {".".join(map(str, path)): tuple(var.get_value().shape) for path, var in flat}
 
 

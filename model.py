@@ -10,14 +10,26 @@ tokens), and the result is the same. Only attention needs the (B, T, H, D) view.
 exactly when the caller passes `rngs` (training); without it the model is deterministic, so
 evaluation and generation need no mode switch. Nothing here names a device: placement and
 sharding are the caller's business.
+
+How the model runs is chosen in model.json without changing what it computes (each option is
+tested against the default path): `compute_dtype` (the matmuls' inputs, as torch.autocast: every
+matmul, forward and backward, multiplies bfloat16 operands into float32; parameters, activations,
+LayerNorm, softmax and the loss stay float32), `attention` (which
+kernel), `remat` (recompute each block in the backward pass), `scan_layers` (blocks stacked
+along a leading L axis and run by one `lax.scan`: one block to compile instead of L) and
+`loss_chunk` (step.py: the head and the loss in chunks, never the whole (B*T, V) logits).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from config import ModelConfig
@@ -37,6 +49,78 @@ def _zeros(*axes: str) -> nnx.Initializer:
     return nnx.with_partitioning(nnx.initializers.zeros_init(), axes)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any) -> jax.Array:
+    """A two-operand einsum (each index of an operand also in the other or the output, as in any
+    (batched) matmul) of `dtype` operands into float32, in the backward pass too.
+
+    Autodiff of a bfloat16 einsum would hand XLA:CPU bfloat16 dots it upcasts to float32 plus
+    convert passes (measured: slower than float32); here all three products of each matmul use
+    the CPU's native bfloat16 dot (2x the float32 rate here) and the operands are kept in
+    bfloat16 for the backward pass (half the saved-activation memory).
+    """
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(spec: str, a: jax.Array, b: jax.Array, dtype: Any) -> tuple[jax.Array, tuple[Any, ...]]:
+    a16, b16 = a.astype(dtype), b.astype(dtype)
+    # The primal dtypes ride along as empty arrays (residuals must be JAX values).
+    return jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32), (a16, b16, jnp.zeros(0, a.dtype),
+                                                                            jnp.zeros(0, b.dtype))
+
+
+def _mixed_einsum_bwd(spec: str, dtype: Any, res: tuple[Any, ...], g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    a16, b16, a_dtype, b_dtype = res
+    (sa, sb), so = spec.replace(" ", "").split("->")[0].split(","), spec.split("->")[1].strip()
+    g16 = g.astype(dtype)
+    da = _einsum_f32(f"{so},{sb}->{sa}", g16, b16)
+    db = _einsum_f32(f"{sa},{so}->{sb}", a16, g16)
+    return da.astype(a_dtype.dtype), db.astype(b_dtype.dtype)
+
+
+def _einsum_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """einsum into float32 with the left operand's contracted indices moved last first.
+
+    XLA:CPU runs a bfloat16 dot natively only when the left operand contracts its last
+    dimensions; a weight gradient (x^T g, contracting the token axis) would otherwise be upcast
+    to a float32 dot. The barrier keeps XLA from folding the transpose back into the dot.
+    """
+    (sx, sy), so = spec.split("->")[0].split(","), spec.split("->")[1]
+    batch = [c for c in sx if c in sy and c in so]
+    order = batch + [c for c in sx if c in so and c not in batch] + [c for c in sx if c not in so]
+    if order != list(sx):
+        x = jax.lax.optimization_barrier(jnp.transpose(x, [sx.index(c) for c in order]))
+        sx = "".join(order)
+    # Ask for the dot's own output order (batch, x's free, y's free), or einsum would swap the
+    # operands to produce `so` directly, and the left one would contract its first axis again.
+    natural = "".join(batch + [c for c in sx if c in so and c not in batch] + [c for c in sy if c in so and c not in batch])
+    out = jnp.einsum(f"{sx},{sy}->{natural}", x, y, preferred_element_type=jnp.float32)
+    return out if natural == so else jnp.transpose(out, [natural.index(c) for c in so])
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Every matmul of the model: plain float32, or mixed_einsum for a bfloat16 compute_dtype."""
+    if cfg.compute_dtype == "float32":
+        return jnp.einsum(spec, a, b)
+    return mixed_einsum(spec, a, b, jnp.dtype(cfg.compute_dtype))
+
+
+def _bf16_dot_general(x: jax.Array, w: jax.Array, dimension_numbers: Any, precision: Any = None,
+                      preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
+    """nnx.Linear's dot_general for compute_dtype bfloat16 (Linear's inputs are always (N, K) here)."""
+    del precision, preferred_element_type, out_sharding
+    assert x.ndim == 2 and dimension_numbers == (((1,), (0,)), ((), ())), dimension_numbers
+    return mixed_einsum("nk,km->nm", x, w, jnp.bfloat16)
+
+
+def _linear_dot(cfg: ModelConfig) -> Callable[..., jax.Array]:
+    # Module-level functions, not closures: they are part of the graphdef, which jit caches on.
+    return jax.lax.dot_general if cfg.compute_dtype == "float32" else _bf16_dot_general
+
+
 def _layer_norm(C: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(C, epsilon=_LN_EPS, rngs=rngs,
                          scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)),
@@ -47,6 +131,40 @@ def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Arr
     return layer(x, deterministic=rngs is None, rngs=rngs)
 
 
+def attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
+    """The attention kernel `cfg.attention` resolves to on `backend` (default: JAX's default backend).
+
+    "auto" picks cuDNN's flash attention on GPU in bfloat16, XLA's attention on other
+    accelerators, and "per_head" on CPU, where XLA:CPU runs one (B, T, D) batched matmul per head
+    about twice as fast as the (B, H) batched ones and their transposes (forward + backward,
+    B=16 T=128 H=4 D=32: 4.9 vs 9.8 ms; README "Performance").
+    """
+    backend = backend or jax.default_backend()
+    if cfg.attention != "auto":
+        return cfg.attention
+    if backend == "cpu":
+        return "per_head"
+    return "cudnn" if backend == "gpu" and cfg.compute_dtype == "bfloat16" else "xla"
+
+
+def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: ModelConfig,
+                       dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """Causal softmax attention, one head at a time. q, k, v: (B, T, H, D) -> (B*T, H*D).
+
+    Scores, softmax and the weights' dropout are float32; the two matmuls follow compute_dtype.
+    """
+    B, T, H, D = q.shape
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    heads = []
+    for h in range(H):
+        att = einsum("btd,bsd->bts", q[:, :, h], k[:, :, h], cfg) / math.sqrt(D)  # (B, T, T)
+        att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+        if dropout is not None:
+            att = dropout(att)
+        heads.append(einsum("bts,bsd->btd", att, v[:, :, h], cfg).reshape(B * T, D))
+    return jnp.concatenate(heads, axis=-1)  # (B*T, C)
+
+
 class CausalSelfAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
@@ -55,37 +173,42 @@ class CausalSelfAttention(nnx.Module):
         # ... except the projections that write into the residual stream, scaled by
         # 1/sqrt(2L) so the residual's variance does not grow with depth (GPT-2 paper, 2.3).
         resid_std = _STD / math.sqrt(2 * cfg.n_layers)
+        dot = _linear_dot(cfg)
         self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
-                              bias_init=_zeros("heads"), rngs=rngs)
+                              bias_init=_zeros("heads"), dot_general=dot, rngs=rngs)
         self.proj = nnx.Linear(C, C, kernel_init=_normal(resid_std, "heads", "embed"),
-                               bias_init=_zeros("embed"), rngs=rngs)
+                               bias_init=_zeros("embed"), dot_general=dot, rngs=rngs)
+        self.cfg = cfg
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
+        self.impl = attention_impl(cfg)  # static: resolved when the model is built
 
     def __call__(self, x: jax.Array, B: int, T: int, rngs: nnx.Rngs | None = None) -> jax.Array:
         C = x.shape[-1]  # x: (B*T, C)
         H, D = self.n_heads, C // self.n_heads
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B*T, C)
         q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
-        if rngs is None or self.drop_rate == 0.0:
-            # The fused kernel (cuDNN flash attention on GPU) when nothing needs the weights.
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, D)
-        else:
-            # Attention-weight dropout needs the weights themselves, so spell it out.
-            att = jnp.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)  # (B, H, T, T)
-            causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-            att = jnp.where(causal, att, jnp.finfo(att.dtype).min)
-            att = _dropout(jax.nn.softmax(att, axis=-1), self.attn_drop, rngs)
-            y = jnp.einsum("bhts,bshd->bthd", att, v)  # (B, T, H, D)
-        return _dropout(self.proj(y.reshape(B * T, C)), self.resid_drop, rngs)  # (B*T, C)
+        if rngs is not None and self.drop_rate > 0.0:
+            # Attention-weight dropout needs the weights themselves: no fused kernel can give them.
+            y = per_head_attention(q, k, v, self.cfg, lambda att: _dropout(att, self.attn_drop, rngs))
+        elif self.impl == "per_head":
+            y = per_head_attention(q, k, v, self.cfg)  # (B*T, C)
+        else:  # XLA's or cuDNN's kernel, in compute_dtype (cuDNN has no float32 kernel)
+            dtype = jnp.dtype(self.cfg.compute_dtype)
+            y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=True,
+                                             implementation=self.impl)  # (B, T, H, D)
+            y = y.astype(jnp.float32).reshape(B * T, C)
+        return _dropout(self.proj(y), self.resid_drop, rngs)  # (B*T, C)
 
 
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
-        self.fc = nnx.Linear(C, 4 * C, kernel_init=_normal(_STD, "embed", "mlp"), bias_init=_zeros("mlp"), rngs=rngs)
+        dot = _linear_dot(cfg)
+        self.fc = nnx.Linear(C, 4 * C, kernel_init=_normal(_STD, "embed", "mlp"), bias_init=_zeros("mlp"),
+                             dot_general=dot, rngs=rngs)
         self.out = nnx.Linear(4 * C, C, kernel_init=_normal(_STD / math.sqrt(2 * cfg.n_layers), "mlp", "embed"),
-                              bias_init=_zeros("embed"), rngs=rngs)
+                              bias_init=_zeros("embed"), dot_general=dot, rngs=rngs)
         self.drop = nnx.Dropout(cfg.drop_rate)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -117,7 +240,9 @@ class GPT(nnx.Module):
         self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim, embedding_init=_normal(_STD, "ctx", "embed"),
                                  rngs=rngs)
         self.drop = nnx.Dropout(cfg.drop_rate)
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
+        blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)]
+        self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
         self.ln_f = _layer_norm(cfg.emb_dim, rngs)
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
@@ -125,13 +250,39 @@ class GPT(nnx.Module):
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         B, T = idx.shape
+        return self.logits(self.features(idx, rngs)).reshape(B, T, -1)  # (B, T, V)
+
+    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """Everything before the head: (B, T) token ids -> (B*T, C) float32, after ln_f."""
+        B, T = idx.shape
         x = self.tok_emb(idx) + self.pos_emb(jnp.arange(T))  # (B, T, C) + (T, C)
         x = _dropout(x.reshape(B * T, -1), self.drop, rngs)  # (B*T, C)
-        for block in self.blocks:
-            x = block(x, B, T, rngs)  # (B*T, C)
-        x = self.ln_f(x)
-        logits = self.tok_emb.attend(x) if self.cfg.tie_embeddings else self.head(x)  # (B*T, V)
-        return logits.reshape(B, T, -1)  # (B, T, V)
+        graphdef, states = _block_states(self)
+        keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
+
+        def run(state: nnx.State, x: jax.Array, key: jax.Array | None) -> jax.Array:
+            return nnx.merge(graphdef, state)(x, B, T, None if key is None else nnx.Rngs(dropout=key))
+
+        if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
+            run = jax.checkpoint(run)
+        if self.cfg.scan_layers:
+            step = lambda x, layer: (run(layer[0], x, layer[1]), None)  # noqa: E731
+            x, _ = jax.lax.scan(step, x, (states, keys))
+        else:
+            for i, state in enumerate(states):
+                x = run(state, x, None if keys is None else keys[i])  # (B*T, C)
+        return self.ln_f(x)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """The output head: (N, C) -> (N, V) float32 logits."""
+        return _head(self, x)
+
+    def layers(self) -> Sequence[Block]:
+        """The L blocks as modules, in order (views into the stacked arrays when scan_layers)."""
+        graphdef, states = _block_states(self)
+        if self.cfg.scan_layers:
+            return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], states)) for i in range(self.cfg.n_layers)]
+        return list(self.blocks)
 
 
 class AToA(nnx.Module):
@@ -147,9 +298,100 @@ class AToA(nnx.Module):
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         B, T = idx.shape
-        x = self.tok_emb(idx.reshape(B * T))  # (B*T, C)
-        logits = self.tok_emb.attend(x) if self.cfg.tie_embeddings else self.head(x)  # (B*T, V)
-        return logits.reshape(B, T, -1)  # (B, T, V)
+        return self.logits(self.features(idx, rngs)).reshape(B, T, -1)  # (B, T, V)
+
+    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        B, T = idx.shape
+        return self.tok_emb(idx.reshape(B * T))  # (B*T, C)
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        return _head(self, x)  # (N, V)
+
+    def layers(self) -> Sequence[Block]:
+        return []
+
+
+def _head(model: GPT | AToA, x: jax.Array) -> jax.Array:
+    """(N, C) -> (N, V) float32 logits."""
+    return head_logits(model.cfg, head_weight(model), x)
+
+
+def head_weight(model: GPT | AToA) -> jax.Array:
+    """The output head's matrix: the token embedding (V, C) when tied, else the head kernel (C, V)."""
+    return model.tok_emb.embedding.get_value() if model.cfg.tie_embeddings else model.head.kernel.get_value()
+
+
+def head_logits(cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
+    """(N, C) features and head_weight -> (N, V) float32 logits: a pure function, for the chunked loss."""
+    return einsum("nc,vc->nv" if cfg.tie_embeddings else "nc,cv->nv", x, w, cfg)
+
+
+def _stack(blocks: list[Block]) -> Block:
+    """One Block whose parameters are the blocks' stacked along a new leading "layers" axis."""
+    graphdef = nnx.graphdef(blocks[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+    block = nnx.merge(graphdef, stacked)
+    for _path, var in nnx.to_flat_state(nnx.state(block, nnx.Param)):
+        names = var.get_metadata().get("out_sharding")
+        if names is not None:
+            var.set_metadata(out_sharding=("layers", *names))
+    return block
+
+
+def _block_states(model: GPT) -> tuple[nnx.GraphDef, Any]:
+    """(graphdef of one block, its state stacked (L, ...) or a list of L states)."""
+    if model.cfg.scan_layers:
+        return nnx.split(model.blocks)
+    if not len(model.blocks):
+        return None, []
+    graphdef = nnx.graphdef(model.blocks[0])
+    return graphdef, [nnx.state(b) for b in model.blocks]
+
+
+def matrix_mask(params: Any) -> Any:
+    """True for each weight matrix (what AdamW decays), False for biases and LayerNorm vectors.
+
+    Decided by the per-layer rank: a scan_layers model's stacked bias (L, C) is still a bias.
+    """
+    def is_matrix(path: tuple[Any, ...], p: Any) -> bool:
+        keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
+        stacked = len(keys) > 1 and keys[0] == "blocks" and not isinstance(keys[1], int) and not str(keys[1]).isdigit()
+        return jnp.ndim(p) - int(stacked) >= 2
+
+    return jax.tree_util.tree_map_with_path(is_matrix, params)
+
+
+def stack_layer_weights(tensors: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """Per-layer keys ("blocks.3.attn.qkv.kernel") -> a scan_layers model's stacked keys
+    ("blocks.attn.qkv.kernel", leading axis L). Checkpoints and exports always use per-layer
+    keys, so they do not depend on `scan_layers`. A parameter missing for some layer is left
+    per-layer, for the caller's key check to report."""
+    out: dict[str, Any] = {}
+    per_layer: dict[str, dict[int, Any]] = {}
+    for key, value in tensors.items():
+        parts = key.split(".")
+        if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
+            per_layer.setdefault(".".join(["blocks", *parts[2:]]), {})[int(parts[1])] = value
+        else:
+            out[key] = value
+    for key, layers in per_layer.items():
+        if sorted(layers) == list(range(n_layers)):
+            out[key] = np.stack([np.asarray(layers[i]) for i in range(n_layers)])
+        else:
+            out.update({f"blocks.{i}.{key[7:]}": v for i, v in layers.items()})
+    return out
+
+
+def unstack_layer_weights(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of stack_layer_weights."""
+    out: dict[str, Any] = {}
+    for key, value in tensors.items():
+        parts = key.split(".")
+        if parts[0] == "blocks" and not parts[1].isdigit():
+            out.update({f"blocks.{i}.{key[7:]}": value[i] for i in range(value.shape[0])})
+        else:
+            out[key] = value
+    return out
 
 
 def build_model(cfg: ModelConfig, seed: int = 0) -> nnx.Module:

@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 
 from config import TrainConfig
+from model import matrix_mask
 
 # Names under which optax keeps the statistics; `optimizer_stats` looks each up by name, so
 # no caller depends on how the wrappers happen to nest.
@@ -50,11 +51,6 @@ def make_schedule(train: TrainConfig, total_steps: int) -> optax.Schedule:
         decay_steps=max(total_steps, warmup + 1),
         end_value=train.learning_rate * train.lr_end_factor,
     )
-
-
-def _decay_mask(params: Any) -> Any:
-    # Decay matrices only: biases, LayerNorm scales/offsets (1-D) are left alone, as in GPT-2.
-    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
 class GradNormState(NamedTuple):
@@ -85,7 +81,7 @@ def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransf
         b2=train.adam_b2,
         eps=train.adam_eps,
         weight_decay=train.weight_decay,
-        mask=_decay_mask,
+        mask=matrix_mask,  # matrices only: biases and LayerNorm vectors are not decayed, as in GPT-2
     )
     inner = optax.chain(
         record_grad_norm(),

@@ -39,6 +39,7 @@ def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
         ("embed", DATA if fsdp else None),
         ("ctx", None),
         ("norm", None),
+        ("layers", None),  # scan_layers' stacking axis: every device holds every layer's slice
     )
 
 

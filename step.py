@@ -11,16 +11,49 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from config import ModelConfig
+from model import head_logits, head_weight
 from optim import close_skipped_window, optimizer_stats
 
 
 def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
             rngs: nnx.Rngs | None = None) -> jax.Array:
     """Mean cross-entropy over every position. inputs, targets: (B, T) int32."""
+    if model.cfg.loss_chunk is not None:
+        return chunked_loss(model.cfg, head_weight(model), model.features(inputs, rngs), targets.reshape(-1))
     logits = model(inputs, rngs)  # (B, T, V)
     losses = optax.losses.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), targets)  # (B, T)
     return losses.mean()
+
+
+def chunked_loss(cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time.
+
+    The (N, V) logits are never whole: a scan runs the head and the loss chunk by chunk, and
+    jax.checkpoint makes the backward pass recompute each chunk's logits instead of keeping
+    them (for GPT-2's 50k vocabulary and 16 x 1024 tokens per microbatch, 3.3 GB of float32
+    logits plus as much again for their gradient, against chunk x V x 4 bytes). The last chunk is
+    padded with zero-weight rows.
+    """
+    N, C = x.shape
+    chunk = min(cfg.loss_chunk, N)
+    n = -(-N // chunk)
+    pad = n * chunk - N
+    weights = jnp.pad(jnp.ones(N, jnp.float32), (0, pad)).reshape(n, chunk)
+    x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, chunk, C)
+    targets = jnp.pad(targets, (0, pad)).reshape(n, chunk)
+
+    @jax.checkpoint
+    def chunk_sum(w: jax.Array, xc: jax.Array, yc: jax.Array, wc: jax.Array) -> jax.Array:
+        logits = head_logits(cfg, w, xc)  # (chunk, V) float32
+        return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, yc) * wc).sum()
+
+    def body(total: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
+        return total + chunk_sum(w, *xs), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (x, targets, weights))
+    return total / N
 
 
 @nnx.jit(donate_argnums=(0, 1))

@@ -60,7 +60,8 @@ def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
 # ----------------------------------------------------------------------------- cache = full forward
 
 
-@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "qkv_bias": False}], ids=["tied", "untied-nobias"])
+@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "qkv_bias": False}, {"scan_layers": True}],
+                         ids=["tied", "untied-nobias", "scan-layers"])
 def test_cached_logits_match_full_forward_at_every_position(kw: dict) -> None:
     model = tiny(1, **kw)
     rng = np.random.default_rng(2)

@@ -20,7 +20,7 @@ import import_gpt2
 import test_generation
 import train
 from generate import load_model
-from import_gpt2 import WeightsError, export_run, import_run
+from import_gpt2 import export_run, import_run
 
 TOL = 1e-4
 
@@ -112,7 +112,9 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     init = import_run(src, tmp_path / "run", n_heads=4)
     cfg = json.loads((tmp_path / "run" / "model.json").read_text())
     assert cfg == {"architecture": "gpt2", "vocab_size": 67, "context_length": 24, "emb_dim": 32, "n_heads": 4,
-                   "n_layers": 2, "qkv_bias": True, "drop_rate": 0.0, "tie_embeddings": not untied}
+                   "n_layers": 2, "qkv_bias": True, "drop_rate": 0.0, "tie_embeddings": not untied,
+                   "compute_dtype": "float32", "attention": "auto", "remat": False, "scan_layers": False,
+                   "loss_chunk": None}
     meta = ckpt.read_meta(init)
     assert meta["step"] == 0 and meta["weights_only"] is True
     idx = np.random.default_rng(2).integers(0, 67, size=(2, 24))

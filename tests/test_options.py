@@ -1,0 +1,241 @@
+"""Each model.json speed option computes what the default path computes.
+
+Default path: float32 matmuls, attention "auto" (per_head on CPU), no remat, unrolled layers,
+whole-logits loss. Tolerances, stated once:
+  float32 options (attention kernel, remat, scan_layers, loss_chunk): loss within 1e-5, every
+    gradient within 1e-5 of the largest gradient entry (float32 summation-order noise);
+  compute_dtype bfloat16: loss within 2% and every parameter's gradient with cosine similarity
+    >= 0.99 to the float32 one (bfloat16 keeps 8 bits of mantissa).
+The weights are randomised to useful sizes first (peaky attention, non-zero biases), so an option
+that dropped a term could not match by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import checkpointing as ckpt
+from config import ConfigError, ModelConfig, TrainConfig
+from model import attention_impl, build_model, matrix_mask, mixed_einsum, unstack_layer_weights
+from optim import make_optimizer
+from step import loss_fn, step_key, train_step
+
+V, CTX, C, H, L, B = 61, 16, 32, 4, 3, 2
+F32_TOL = 1e-5
+
+
+def cfg(**kw) -> ModelConfig:
+    base = dict(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
+                qkv_bias=True, drop_rate=0.0, tie_embeddings=True)
+    return ModelConfig(**{**base, **kw})
+
+
+def random_weights(model_cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Per-layer weights (the file layout) of useful sizes for `model_cfg`'s shapes."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, value in ckpt.weights_to_numpy(build_model(dataclasses.replace(model_cfg, scan_layers=False))).items():
+        name = key.rsplit(".", 1)[-1]
+        if name == "scale":
+            out[key] = 1 + 0.3 * rng.standard_normal(value.shape)
+        elif name == "bias":
+            out[key] = 0.3 * rng.standard_normal(value.shape)
+        elif name == "embedding":
+            out[key] = rng.standard_normal(value.shape)
+        else:
+            out[key] = 1.5 * rng.standard_normal(value.shape) / math.sqrt(value.shape[0])
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+def model_with(weights: dict[str, np.ndarray], **kw) -> nnx.Module:
+    model = build_model(cfg(**kw))
+    ckpt.assign_weights(model, weights, "test")  # stacks them for a scan_layers model
+    return model
+
+
+def batch(seed: int = 1) -> tuple[jax.Array, jax.Array]:
+    ids = np.random.default_rng(seed).integers(0, V, (B, CTX + 1))
+    return jnp.asarray(ids[:, :-1], jnp.int32), jnp.asarray(ids[:, 1:], jnp.int32)
+
+
+def loss_and_grads(model: nnx.Module, rngs_seed: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
+    x, y = batch()
+    rngs = None if rngs_seed is None else nnx.Rngs(dropout=rngs_seed)
+    loss, grads = nnx.jit(nnx.value_and_grad(loss_fn))(model, x, y, rngs)
+    flat = {".".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(grads)}
+    return float(loss), unstack_layer_weights(flat) if model.cfg.scan_layers else flat
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, np.ndarray]:
+    return random_weights(cfg())
+
+
+@pytest.fixture(scope="module")
+def reference(weights: dict[str, np.ndarray]) -> tuple[float, dict[str, np.ndarray]]:
+    return loss_and_grads(model_with(weights))
+
+
+OPTIONS = {
+    "attention-xla": {"attention": "xla"},
+    "attention-per-head": {"attention": "per_head"},
+    "remat": {"remat": True},
+    "scan-layers": {"scan_layers": True},
+    "scan-layers-remat": {"scan_layers": True, "remat": True},
+    "loss-chunk-7": {"loss_chunk": 7},  # 32 tokens: four full chunks and a padded one
+    "loss-chunk-32": {"loss_chunk": 32},  # exactly one chunk
+    "loss-chunk-big": {"loss_chunk": 4096},  # larger than the microbatch
+    "all-float32": {"scan_layers": True, "remat": True, "loss_chunk": 5, "attention": "xla"},
+}
+
+
+@pytest.mark.parametrize("kw", list(OPTIONS.values()), ids=list(OPTIONS))
+def test_float32_option_matches_default(weights, reference, kw: dict) -> None:
+    ref_loss, ref_grads = reference
+    loss, grads = loss_and_grads(model_with(weights, **kw))
+    assert abs(loss - ref_loss) <= F32_TOL, (loss, ref_loss)
+    assert sorted(grads) == sorted(ref_grads)
+    scale = max(np.abs(g).max() for g in ref_grads.values())
+    worst = max(np.abs(grads[k] - ref_grads[k]).max() for k in ref_grads)
+    assert worst <= F32_TOL * scale, (worst, scale)
+    assert ref_loss > 1.0 and scale > 0.1  # a real loss and real gradients, not a degenerate case
+
+
+@pytest.mark.parametrize("kw", [{}, {"scan_layers": True, "remat": True, "loss_chunk": 7}],
+                         ids=["bfloat16", "bfloat16-all-options"])
+def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: dict) -> None:
+    ref_loss, ref_grads = reference
+    loss, grads = loss_and_grads(model_with(weights, compute_dtype="bfloat16", **kw))
+    assert loss != ref_loss  # it really computed in bfloat16 ...
+    assert abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)  # ... within its precision
+    for key, ref in ref_grads.items():
+        g = grads[key].ravel().astype(np.float64)
+        cos = g @ ref.ravel() / (np.linalg.norm(g) * np.linalg.norm(ref) + 1e-30)
+        assert cos >= 0.99, (key, cos)
+        assert grads[key].dtype == np.float32  # master weights and their gradients stay float32
+
+
+def test_dropout_masks_do_not_depend_on_the_layout(weights) -> None:
+    # The same dropout key gives the same masks unrolled, scanned and rematerialised.
+    losses = [loss_and_grads(model_with(weights, drop_rate=0.2, **kw), rngs_seed=5)[0]
+              for kw in ({}, {"scan_layers": True}, {"remat": True})]
+    no_dropout = loss_and_grads(model_with(weights, drop_rate=0.2))[0]
+    assert max(losses) - min(losses) <= F32_TOL, losses
+    assert abs(losses[0] - no_dropout) > 1e-3  # dropout was on
+
+
+def test_scan_layers_init_and_files_are_the_unrolled_ones(tmp_path: Path) -> None:
+    unrolled, scanned = build_model(cfg()), build_model(cfg(scan_layers=True))
+    a, b = ckpt.weights_to_numpy(unrolled), ckpt.weights_to_numpy(scanned)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert nnx.state(scanned, nnx.Param)["blocks"]["attn"]["qkv"]["kernel"].get_value().shape == (L, C, 3 * C)
+    # A file written by a scanned model loads into an unrolled one and back (safetensors on disk).
+    weights = random_weights(cfg())
+    ckpt.assign_weights(scanned, weights, "test")
+    ckpt.save_weights(scanned, tmp_path / "model.safetensors")
+    fresh = build_model(cfg())
+    ckpt.load_weights(fresh, tmp_path / "model.safetensors")
+    back = ckpt.weights_to_numpy(fresh)
+    assert all(np.array_equal(back[k], weights[k]) for k in weights)
+
+
+def test_weight_decay_mask_counts_per_layer_rank() -> None:
+    def decayed(model: nnx.Module) -> set[str]:
+        mask = matrix_mask(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+        flat = {".".join(map(str, k)): v for k, v in nnx.traversals.flatten_mapping(mask).items()}
+        if model.cfg.scan_layers:
+            flat = {k: bool(v) for k, v in unstack_layer_weights({k: np.full(L, v) for k, v in flat.items()
+                                                                  if k.startswith("blocks.")}).items()} | {
+                k: v for k, v in flat.items() if not k.startswith("blocks.")}
+        return {k for k, v in flat.items() if v}
+
+    unrolled = decayed(build_model(cfg()))
+    assert unrolled == decayed(build_model(cfg(scan_layers=True)))
+    assert "blocks.0.attn.qkv.kernel" in unrolled and "blocks.2.mlp.out.bias" not in unrolled
+    assert not any(k.endswith(("bias", "scale")) for k in unrolled)
+
+
+def test_training_steps_match_with_every_float32_option(weights) -> None:
+    """Three optimiser steps (k=2 accumulation, weight decay, clipping) through the real train_step."""
+    train = TrainConfig(microbatch_size=B, gradient_accumulation_steps=2, train_steps=3, learning_rate=1e-2,
+                        warmup_percent=0.0, weight_decay=0.5)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, V, (3, 2, B, CTX + 1))
+
+    def run(**kw) -> tuple[list[float], dict[str, np.ndarray]]:
+        model = model_with(weights, **kw)
+        opt = make_optimizer(model, train, 3)
+        losses = []
+        for step in range(3):
+            out, _stats = train_step(model, opt, jnp.asarray(ids[step, :, :, :-1], jnp.int32),
+                                     jnp.asarray(ids[step, :, :, 1:], jnp.int32), step_key(0, step))
+            losses += np.asarray(out).tolist()
+        return losses, ckpt.weights_to_numpy(model)
+
+    def without_key_bias(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # The key part of qkv.bias has a zero gradient by construction (a softmax is blind to a
+        # constant added to a row of scores), so Adam's g/sqrt(v) turns float noise there into
+        # full +-lr steps on either path. Every other weight must agree.
+        return {k: np.delete(v, np.s_[C:2 * C]) if k.endswith("qkv.bias") else v for k, v in w.items()}
+
+    ref_losses, ref_w = run()
+    losses, w = run(scan_layers=True, remat=True, loss_chunk=7, attention="xla")
+    assert np.allclose(losses, ref_losses, atol=1e-5, rtol=0), (losses, ref_losses)
+    w, ref_w = without_key_bias(w), without_key_bias(ref_w)
+    assert max(np.abs(w[k] - ref_w[k]).max() for k in ref_w) <= 1e-5
+    assert max(np.abs(ref_w[k] - without_key_bias(weights)[k]).max() for k in ref_w) > 1e-3  # training moved them
+    bf_losses, bf_w = run(compute_dtype="bfloat16")
+    assert np.allclose(bf_losses, ref_losses, rtol=0.02), (bf_losses, ref_losses)
+
+
+@pytest.mark.parametrize("spec, a_shape, b_shape", [
+    ("nk,km->nm", (24, 16), (16, 8)),  # a dense layer
+    ("nc,vc->nv", (24, 16), (40, 16)),  # the tied head
+    ("btd,bsd->bts", (2, 12, 8), (2, 12, 8)),  # attention scores
+    ("bts,bsd->btd", (2, 12, 12), (2, 12, 8)),  # attention values
+])
+def test_mixed_einsum_is_the_bfloat16_product_in_both_passes(spec: str, a_shape, b_shape) -> None:
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (a_shape, b_shape))
+    out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
+    g = jnp.asarray(rng.standard_normal(out_shape), jnp.float32)
+    r16 = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+    (sa, sb), so = spec.split("->")[0].split(","), spec.split("->")[1]
+    # Expected: float32 arithmetic on bfloat16-rounded operands and cotangent, in numpy (float64).
+    A, Bm, G = (np.asarray(r16(t), np.float64) for t in (a, b, g))
+
+    @jax.jit  # as in training: one program, the saved operands are runtime values
+    def forward_backward(a, b, g):
+        out, vjp = jax.vjp(lambda a, b: mixed_einsum(spec, a, b, jnp.bfloat16), a, b)
+        return out, *vjp(g)
+
+    out, da, db = forward_backward(a, b, g)
+    assert out.dtype == da.dtype == db.dtype == jnp.float32
+    np.testing.assert_allclose(out, np.einsum(spec, A, Bm), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(da, np.einsum(f"{so},{sb}->{sa}", G, Bm), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, np.einsum(f"{sa},{so}->{sb}", A, G), rtol=1e-5, atol=1e-5)
+    # and not the float32 product: the rounding is real
+    assert np.abs(np.asarray(out) - np.einsum(spec, np.asarray(a, np.float64), np.asarray(b, np.float64))).max() > 1e-3
+
+
+def test_attention_auto_resolves_per_backend() -> None:
+    assert attention_impl(cfg(), "cpu") == "per_head"
+    assert attention_impl(cfg(compute_dtype="bfloat16"), "gpu") == "cudnn"
+    assert attention_impl(cfg(), "gpu") == "xla"  # cuDNN has no float32 kernel
+    assert attention_impl(cfg(compute_dtype="bfloat16"), "tpu") == "xla"
+    assert attention_impl(cfg(attention="xla"), "cpu") == "xla"
+
+
+def test_bad_option_values_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"attention='cudnn' needs compute_dtype='bfloat16'"):
+        cfg(attention="cudnn")
+    with pytest.raises(ConfigError, match=r"loss_chunk=0 must be > 0"):
+        cfg(loss_chunk=0)
