@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from config import ModelConfig
+from config import MODEL_FILE, ConfigError, ModelConfig
 
 _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
 _LN_EPS = 1e-5
@@ -140,6 +140,9 @@ def attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
     B=16 T=128 H=4 D=32: 4.9 vs 9.8 ms; README "Performance").
     """
     backend = backend or jax.default_backend()
+    if cfg.attention == "cudnn" and backend != "gpu":
+        raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs a GPU (JAX's backend here: {backend}); "
+                          f"use 'auto'")
     if cfg.attention != "auto":
         return cfg.attention
     if backend == "cpu":

@@ -19,7 +19,7 @@ from pathlib import Path
 import checkpointing as ckpt
 import fast_malloc
 import sharding
-from config import ConfigError, ModelConfig, TrainConfig, load_run_configs, to_dict
+from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from data import BatchSampler, Dataset, DataError, open_dataset
 from download_dataset import default_data_root, prepare_dataset
 from tokenizer import TokenizerError
@@ -113,14 +113,25 @@ def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Da
 _DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "microbatch_size",
                     "gradient_accumulation_steps", "seed")
 
+# How the model runs, not what it is (model.json's speed options): free to change on resume.
+# scan_layers is not among them: it changes the optimiser state's layout.
+_RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+
 def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig) -> None:
     saved = ckpt.read_configs(ckpt_dir)
     old_model, old_train = saved.get("model.json"), saved.get("train.json")
-    if old_model is not None and old_model != to_dict(model):
-        diff = {k: (old_model.get(k), v) for k, v in to_dict(model).items() if old_model.get(k) != v}
-        key, (was, now) = next(iter(diff.items()))
-        raise ConfigError(f"model.json: {key}={now!r} differs from checkpoint {ckpt_dir.name} "
-                          f"({key}={was!r}); use --restart to train a new model")
+    if old_model is not None:
+        # Through today's loader, so keys added since the checkpoint was written take their defaults.
+        old_model = to_dict(from_dict(ModelConfig, old_model, f"{ckpt_dir}/model.json"))
+        diff = {k: (old_model[k], v) for k, v in to_dict(model).items() if old_model[k] != v}
+        fixed = {k: d for k, d in diff.items() if k not in _RUNTIME_KEYS}
+        if fixed:
+            key, (was, now) = next(iter(fixed.items()))
+            raise ConfigError(f"model.json: {key}={now!r} differs from checkpoint {ckpt_dir.name} "
+                              f"({key}={was!r}); use --restart to train a new model")
+        if diff:
+            print(f"Note: model.json's {', '.join(f'{k}={v[1]!r}' for k, v in diff.items())} "
+                  f"differ from {ckpt_dir.name}; same weights, run differently")
     if old_train is not None:
         for key in _DATA_ORDER_KEYS:
             if old_train.get(key) != to_dict(train)[key]:

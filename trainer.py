@@ -23,8 +23,8 @@ from tqdm import tqdm
 import charts
 import checkpointing as ckpt
 import sharding
-from config import to_dict
-from model import build_model
+from config import ConfigError, to_dict
+from model import attention_impl, build_model
 from optim import clip_flag, make_optimizer, make_schedule
 from step import eval_step, step_key, train_step
 
@@ -96,6 +96,11 @@ class Trainer:
         self.mesh = sharding.make_mesh(self.cfg.mesh, self.cfg.microbatch_size)
         self.rows = sharding.local_rows(self.mesh, self.cfg.microbatch_size)
         self.schedule = make_schedule(self.cfg, run.total_steps)
+
+        try:  # model.json's choices this backend cannot run, before anything is built
+            attention_impl(self.mcfg)
+        except ConfigError as e:
+            raise ConfigError(f"{run.run_dir}/{e}") from None
 
         def build() -> tuple[Any, Any]:
             model = build_model(self.mcfg, seed=self.cfg.seed)

@@ -239,3 +239,15 @@ def test_bad_option_values_are_one_line_errors() -> None:
         cfg(attention="cudnn")
     with pytest.raises(ConfigError, match=r"loss_chunk=0 must be > 0"):
         cfg(loss_chunk=0)
+
+
+def test_scan_layers_with_remat_cuts_the_step_memory() -> None:
+    """XLA's own buffer accounting of one forward + backward (deterministic for a given XLA)."""
+    def temp_bytes(**kw) -> int:
+        model = build_model(cfg(n_layers=6, emb_dim=64, context_length=64, **kw))
+        x = jnp.zeros((8, 64), jnp.int32)
+        compiled = nnx.jit(nnx.value_and_grad(loss_fn)).lower(model, x, x).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    default, scanned_remat = temp_bytes(), temp_bytes(scan_layers=True, remat=True)
+    assert scanned_remat < 0.5 * default, (scanned_remat, default)

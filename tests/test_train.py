@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,6 +125,8 @@ BAD_INPUTS = [
     ("dataset too small", {}, {"microbatch_size": 100000}, ["train split", "100000"]),
     ("batch does not divide", {}, {"batch_size": 5}, ["train.json", "batch_size=5"]),
     ("sequence too long", {}, {"sequence_length": 65}, ["train.json", "sequence_length=65"]),
+    ("cudnn without a GPU", {"attention": "cudnn", "compute_dtype": "bfloat16"}, {}, ["model.json", "cudnn", "GPU"]),
+    ("zero loss chunk", {"loss_chunk": 0}, {}, ["model.json", "loss_chunk=0"]),
 ]
 
 
@@ -157,3 +160,24 @@ def test_corrupt_or_mismatched_checkpoint_is_reported_and_kept(tmp_path: Path, d
     assert err.startswith("error: ") and "meta.json" in err and "\n" not in err
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
     assert (latest / "meta.json").read_text() == "{not json"
+
+
+def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path: Path, data_root: Path, capsys) -> None:
+    run = write_run(tmp_path / "o", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 0
+    latest = ckpt.latest_checkpoint(run)
+    # A checkpoint written before model.json had the speed options: its model.json lacks them.
+    saved = json.loads((latest / "model.json").read_text())
+    for key in ("compute_dtype", "attention", "remat", "scan_layers", "loss_chunk"):
+        del saved[key]
+    (latest / "model.json").write_text(json.dumps(saved))
+    write_run(run, {**A_TO_A_MODEL, "compute_dtype": "bfloat16", "loss_chunk": 8},
+              {**A_TO_A_TRAIN, "train_steps": 3, "checkpoint_interval": 1})
+    capsys.readouterr()
+    assert run_main(run, data_root) == 0
+    assert "compute_dtype='bfloat16'" in capsys.readouterr().out
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 3
+    # scan_layers changes the optimiser state's layout: refused, in one line, before compiling.
+    write_run(run, {**A_TO_A_MODEL, "scan_layers": True}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 2
+    assert "scan_layers=True" in capsys.readouterr().err
