@@ -24,8 +24,9 @@ from flax import nnx
 
 import checkpointing as ckpt
 from config import ConfigError, ModelConfig, TrainConfig
-from model import attention_impl, build_model, matrix_mask, mixed_einsum, unstack_layer_weights
+from model import attention_impl, build_model, matrix_mask, unstack_layer_weights
 from optim import make_optimizer
+from precision import mixed_einsum
 from step import loss_fn, step_key, train_step
 
 V, CTX, C, H, L, B = 61, 16, 32, 4, 3, 2
