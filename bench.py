@@ -7,6 +7,7 @@
     uv run bench.py train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run bench.py train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
     uv run bench.py compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch, per config
+    uv run bench.py generate --batch-size 4                   # KV-cache sampling vs full forward (GPT-2 124M shape)
 
 data: how fast the loader assembles a run's optimiser-step batches (k x B x T inputs and targets,
 drawn by BatchSampler from memory-mapped shards) and hands them to the device with
@@ -355,12 +356,43 @@ def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
                          windows=args.windows, rounds=args.rounds, model=args.model)
 
 
+# ----------------------------------------------------------------------------- generate
+
+
+def _add_generate_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, nargs="?", default=None,
+                        help="run directory whose model.json shapes the model (default: GPT-2 124M), random weights")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key (repeatable)")
+    parser.add_argument("--new-tokens", type=int, default=256, help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (default: %(default)s)")
+    parser.add_argument("--cached-only", action="store_true", help="skip the full-forward baseline")
+
+
+def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
+    """generate.bench: KV-cache decoding vs re-running the whole forward pass for every token."""
+    import generate
+
+    model_cfg = load_run_configs(args.run)[0] if args.run is not None else generate.GPT2_124M
+    if args.model:
+        model_cfg = with_overrides(model_cfg, args.model, "--model")
+    if args.new_tokens < 1 or args.prompt_tokens < 1 or args.batch_size < 1:
+        raise BenchError("--new-tokens, --prompt-tokens and --batch-size must be >= 1")
+    if args.prompt_tokens + args.new_tokens > model_cfg.context_length:
+        raise BenchError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+                         f"context_length={model_cfg.context_length}")
+    return generate.bench(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                          batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only)
+
+
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
     "compare": ("bench.py train vs ../shared/bench/torch_reference.py, per config", _add_compare_args, _run_compare),
+    "generate": ("sampling speed: KV-cache decoding vs full forward per token", _add_generate_args, _run_generate),
 }
 
 
