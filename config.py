@@ -39,11 +39,12 @@ class ModelConfig:
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
     # How it runs (the same function whatever is chosen here; see README "Performance"):
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"  # matmul/activation dtype; params stay float32
+    # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     # "auto": cuDNN flash attention on GPU with bfloat16, XLA's on other accelerators, per_head on CPU.
     attention: Literal["auto", "xla", "cudnn", "per_head"] = "auto"
-    remat: bool = False  # recompute each block's activations in the backward pass (nnx.remat)
-    scan_layers: bool = False  # blocks stacked and run by nnx.scan: compile time flat in n_layers
+    remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
+    scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
     loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ from tokenizer import TokenizerError
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
 
+
 @dataclass
 class Run:
     """Everything validated before any compile: configs, dataset, samplers, resume point."""
@@ -40,7 +41,9 @@ class Run:
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
 
+
 # ----------------------------------------------------------------------------- set-up
+
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
     """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each."""
@@ -76,9 +79,11 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
                train_cfg.total_steps(model_cfg), resume_from, init_from)
 
+
 # Keys that decide the parameters' shapes: init_from weights must agree on all of them.
 _SHAPE_KEYS = ("architecture", "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers",
                "qkv_bias", "tie_embeddings")
+
 
 def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
     """The checkpoint folder train.json `init_from` names (relative to the run directory), checked
@@ -97,6 +102,7 @@ def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> P
                                   f"init_from weights {found} ({key}={saved.get(key)!r})")
     return found
 
+
 def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Dataset) -> None:
     manifest = ds.path / "manifest.json"
     if ds.tokenizer != train.tokenizer:
@@ -109,6 +115,7 @@ def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Da
         raise DataError(f"{manifest}: token id {ds.max_token_id} is out of range for "
                         f"{run_dir}/model.json vocab_size={model.vocab_size}")
 
+
 # Changing these mid-run would silently change which batches come next or what the weights mean.
 _DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "microbatch_size",
                     "gradient_accumulation_steps", "seed")
@@ -116,6 +123,7 @@ _DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "micro
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
 _RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+
 
 def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig) -> None:
     saved = ckpt.read_configs(ckpt_dir)
@@ -142,6 +150,7 @@ def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig) -> Non
         if changed:
             print(f"Note: train.json changed since {ckpt_dir.name}: {', '.join(changed)}")
 
+
 def train(run: Run) -> int:
     # JAX and the model stack are imported only now, so that every input error above is
     # reported before JAX starts up, let alone compiles.
@@ -149,7 +158,9 @@ def train(run: Run) -> int:
 
     return Trainer(run).fit()
 
+
 # ----------------------------------------------------------------------------- entry point
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -179,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
 
 if __name__ == "__main__":
     fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
