@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from config import ConfigError, ModelConfig, TrainConfig
+from config import ConfigError, ModelConfig, TrainConfig, to_dict
 
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "char-tiny": (65, 256, 6, 6, 384, 8),
@@ -145,13 +145,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     if xla_memory:  # XLA's own accounting of the step's buffers; after the timed first call, which it would warm
         t0 = time.perf_counter()
         compiled = train_step.lower(model, optimizer, x, y, step_key(seed, 0)).compile()
-        lower_compile_s = time.perf_counter() - t0
-        analysis = compiled.memory_analysis()
-        xla_mem = {"lower_compile_s": lower_compile_s}
-        for key in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
-                    "alias_size_in_bytes", "generated_code_size_in_bytes"):
-            if analysis is not None and hasattr(analysis, key):
-                xla_mem[key] = int(getattr(analysis, key))
+        xla_mem = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
         del compiled
 
     step = 1
@@ -181,11 +175,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     result: dict[str, Any] = {
         "config": name, "device": str(jax.devices()[0]), "platform": jax.devices()[0].platform,
         "device_count": jax.device_count(), "jax": jax.__version__, "cpu_count": os.cpu_count(),
-        "vocab_size": V, "context_length": model_cfg.context_length, "n_layers": model_cfg.n_layers,
-        "n_heads": model_cfg.n_heads, "emb_dim": model_cfg.emb_dim, "tie_embeddings": model_cfg.tie_embeddings,
-        "qkv_bias": model_cfg.qkv_bias, "drop_rate": model_cfg.drop_rate,
-        "compute_dtype": model_cfg.compute_dtype, "attention": model_cfg.attention, "remat": model_cfg.remat,
-        "scan_layers": model_cfg.scan_layers, "loss_chunk": model_cfg.loss_chunk,
+        **to_dict(model_cfg),  # every model.json key, speed options included
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
         "params": int(count_params(model)),
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows,
@@ -211,17 +201,28 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)
         result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k
     if matmul_size:
-        result["matmul_size"] = matmul_size
-        result["peak_fp32_flops"] = matmul_flops(matmul_size, repeats=10, dtype="float32")
-        result["peak_bf16_flops"] = matmul_flops(matmul_size, repeats=10, dtype="bfloat16")
-        achieved = result["tokens_per_s_median"] * result["flops_per_token"]
-        result["achieved_flops"] = achieved
-        result["mfu_fp32"] = achieved / result["peak_fp32_flops"]
-        result["mfu_bf16"] = achieved / result["peak_bf16_flops"]
-        # Against the peak of the dtype the matmuls run in (model.json compute_dtype).
-        result["mfu"] = result["mfu_bf16" if model_cfg.compute_dtype == "bfloat16" else "mfu_fp32"]
+        result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
+                           model_cfg.compute_dtype))
     log(_train_report(result))
     return result
+
+
+def _memory_analysis(compiled: Any) -> dict[str, int]:
+    """XLA's buffer accounting of a compiled step (what the backend reports of it)."""
+    analysis = compiled.memory_analysis()
+    keys = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "generated_code_size_in_bytes")
+    return {key: int(getattr(analysis, key)) for key in keys if analysis is not None and hasattr(analysis, key)}
+
+
+def _mfu(achieved: float, size: int, compute_dtype: str) -> dict[str, Any]:
+    """Peak matmul rates measured now (fp32, bf16) and the achieved FLOP/s as a share of each."""
+    fp32 = matmul_flops(size, repeats=10, dtype="float32")
+    bf16 = matmul_flops(size, repeats=10, dtype="bfloat16")
+    return {"matmul_size": size, "peak_fp32_flops": fp32, "peak_bf16_flops": bf16, "achieved_flops": achieved,
+            "mfu_fp32": achieved / fp32, "mfu_bf16": achieved / bf16,
+            # against the peak of the dtype the matmuls run in (model.json compute_dtype)
+            "mfu": achieved / (bf16 if compute_dtype == "bfloat16" else fp32)}
 
 
 def _breakdown(model: Any, optimizer: Any, x: Any, y: Any, repeats: int, loss_fn: Callable[..., Any]) -> dict[str, float]:

@@ -206,7 +206,7 @@ class GPT(nnx.Module):
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head: (N, C) -> (N, V) float32 logits."""
-        return _head(self, x)
+        return head_logits(self.cfg, head_weight(self), x)
 
     def layers(self) -> Sequence[Block]:
         """The L blocks as modules, in order (views into the stacked arrays when scan_layers)."""
@@ -236,15 +236,10 @@ class AToA(nnx.Module):
         return self.tok_emb(idx.reshape(B * T))  # (B*T, C)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        return _head(self, x)  # (N, V)
+        return head_logits(self.cfg, head_weight(self), x)  # (N, V)
 
     def layers(self) -> Sequence[Block]:
         return []
-
-
-def _head(model: GPT | AToA, x: jax.Array) -> jax.Array:
-    """(N, C) -> (N, V) float32 logits."""
-    return head_logits(model.cfg, head_weight(model), x)
 
 
 def head_weight(model: GPT | AToA) -> jax.Array:
@@ -286,7 +281,7 @@ def matrix_mask(params: Any) -> Any:
     """
     def is_matrix(path: tuple[Any, ...], p: Any) -> bool:
         keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
-        stacked = len(keys) > 1 and keys[0] == "blocks" and not isinstance(keys[1], int) and not str(keys[1]).isdigit()
+        stacked = len(keys) > 1 and keys[0] == "blocks" and not str(keys[1]).isdigit()  # blocks.attn..., not blocks.0...
         return jnp.ndim(p) - int(stacked) >= 2
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)
