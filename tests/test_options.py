@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import jax
@@ -225,6 +226,35 @@ def test_mixed_einsum_is_the_bfloat16_product_in_both_passes(spec: str, a_shape,
     np.testing.assert_allclose(db, np.einsum(f"{sa},{so}->{sb}", A, G), rtol=1e-5, atol=1e-5)
     # and not the float32 product: the rounding is real
     assert np.abs(np.asarray(out) - np.einsum(spec, np.asarray(a, np.float64), np.asarray(b, np.float64))).max() > 1e-3
+
+
+def dot_operand_dtypes(hlo: str) -> list[tuple[str, str, str]]:
+    """(lhs, rhs, output) element types of every dot in an optimised HLO module's text."""
+    found = []
+    for body in re.findall(r"\{\n(.*?)\n\}", hlo, re.S):  # each computation: operands are defined in it
+        types = dict(re.findall(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\w+)\[", body, re.M))
+        for out, lhs, rhs in re.findall(r"= (\w+)\[[^ ]* dot\((%[\w.\-]+), (%[\w.\-]+)\)", body):
+            found.append((types[lhs], types[rhs], out))
+    return found
+
+
+@pytest.mark.parametrize("kw", [{}, {"scan_layers": True, "loss_chunk": 7}], ids=["default", "scan-chunked"])
+def test_bfloat16_forward_and_backward_keep_every_dot_in_bfloat16(weights, kw: dict) -> None:
+    """Every product of the bfloat16 path, weight gradients included, reaches XLA as a bfloat16 dot.
+
+    XLA:CPU silently upcasts a dot it cannot run natively (a transposed left operand: the weight
+    gradients x^T g), which costs speed, not accuracy: only the compiled program shows it.
+    """
+    probe = jax.jit(lambda a, b: jnp.einsum("nk,km->nm", a, b, preferred_element_type=jnp.float32))
+    a16 = jnp.ones((64, 64), jnp.bfloat16)
+    if dot_operand_dtypes(probe.lower(a16, a16).compile().as_text()) != [("bf16", "bf16", "f32")]:
+        pytest.skip(f"this backend ({jax.default_backend()}) upcasts even a plain bfloat16 dot")
+    graphdef, state = nnx.split(model_with(weights, compute_dtype="bfloat16", **kw))
+    x, y = batch()
+    step = jax.jit(jax.value_and_grad(lambda s, x, y: loss_fn(nnx.merge(graphdef, s), x, y)))
+    dots = dot_operand_dtypes(step.lower(state, x, y).compile().as_text())
+    assert len(dots) >= 6 * L, dots  # forward and both backward products of each block's matmuls
+    assert set(dots) == {("bf16", "bf16", "f32")}, sorted(set(dots))
 
 
 def test_attention_auto_resolves_per_backend() -> None:
