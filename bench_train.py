@@ -87,8 +87,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     """Figures for `uv run bench.py train`: the harness's own optimiser step on random tokens.
 
     The model and optimiser are built as trainer.py builds them (sharding.create_sharded over the
-    run's mesh, optim.make_optimizer); each step is one step.train_step call on a (k, B, T) batch
-    put on the device with jax.device_put (sharding.put_batch), the next batch being put while the
+    run's mesh, optim.make_optimizer); each step is one call of step.StepRunner (train_step, as the
+    trainer runs it) on a (k, B, T) batch put on the device with jax.device_put (sharding.put_batch), the next batch being put while the
     device works, as in training. The first call is timed to its result (trace + compile + one
     step); then `warmup` untimed steps, then `windows` windows of `steps` steps, each ending with
     a block on the last step's results. Tokens count k x B x T per optimiser step. The peak
@@ -103,7 +103,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     import sharding
     from model import build_model, count_params
     from optim import make_optimizer
-    from step import loss_fn, step_key, train_step
+    from step import StepRunner, loss_fn, step_key
 
     if steps < 1 or windows < 1 or warmup < 0:
         raise BenchError(f"need --steps >= 1, --windows >= 1, --warmup >= 0 (got {steps}, {windows}, {warmup})")
@@ -136,15 +136,16 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         return sharding.put_batch(xy[0], mesh, B), sharding.put_batch(xy[1], mesh, B)
 
     x, y = put(0)
+    runner = StepRunner(model, optimizer)
     t0 = time.perf_counter()
-    out = train_step(model, optimizer, x, y, step_key(seed, 0))
+    out = runner(x, y, step_key(seed, 0))
     jax.block_until_ready(out)
     first_step_s = time.perf_counter() - t0
     rss_after_first_step = peak_rss_mib()  # compiling is most of it on CPU (LLVM), not the step's buffers
     xla_mem = None
     if xla_memory:  # XLA's own accounting of the step's buffers; after the timed first call, which it would warm
         t0 = time.perf_counter()
-        compiled = train_step.lower(model, optimizer, x, y, step_key(seed, 0)).compile()
+        compiled = runner.lower(x, y, step_key(seed, 0)).compile()
         xla_mem = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
         del compiled
 
@@ -154,7 +155,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     def run_steps(n: int) -> Any:
         nonlocal step, x, y, out
         for _ in range(n):
-            out = train_step(model, optimizer, x, y, step_key(seed, step))
+            out = runner(x, y, step_key(seed, step))
             step += 1
             x, y = put(step)  # the next batch goes to the device while this step runs
         return jax.block_until_ready(out)
@@ -197,6 +198,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         "xla_memory": xla_mem,
         "load_avg_before": list(load_before), "load_avg_after": list(load_after),
     }
+    runner.sync()
     if breakdown:
         result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)
         result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k

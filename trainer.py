@@ -26,7 +26,7 @@ import sharding
 from config import ConfigError, to_dict
 from model import attention_impl, build_model
 from optim import clip_flag, make_optimizer, make_schedule
-from step import eval_step, step_key, train_step
+from step import StepRunner, eval_step, step_key
 
 if TYPE_CHECKING:
     from train import Run
@@ -116,6 +116,7 @@ class Trainer:
         elif run.init_from is not None:  # fine-tuning: these weights, step 0, fresh optimiser
             ckpt.load_weights(self.model, run.init_from / ckpt.WEIGHTS)
             self.log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
+        self.step = StepRunner(self.model, self.optimizer)  # self.model/optimizer are stale until step.sync()
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -128,6 +129,7 @@ class Trainer:
         return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
 
     def validate(self) -> float:
+        self.step.sync()
         total, B = 0.0, self.cfg.microbatch_size
         for i in range(self.cfg.validation_batches):
             x, y = self.run.val_batches.microbatch(i, rows=self.rows)
@@ -136,6 +138,7 @@ class Trainer:
         return float(total) / self.cfg.validation_batches
 
     def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
+        self.step.sync()
         is_best = self.best is None or val < self.best
         self.best = val if is_best else self.best
         meta = self.meta(done, window, stats, val, is_best)
@@ -155,21 +158,34 @@ class Trainer:
         bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                    disable=None if self.is_main else True)
         x, y = self.batch(self.start)
+
+        def read(done: int, out: Any) -> tuple[float, dict[str, Any]]:
+            losses, stats = jax.device_get(out)  # waits for that step (only)
+            window.record(done, losses, stats)
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{float(stats['learning_rate']):.2e}",
+                            tok_s=f"{window.tokens_per_s(self.tokens_per_step):,.0f}", refresh=False)
+            return float(np.mean(losses)), stats
+
+        # Each step's results are read after the next step is dispatched, so the device never
+        # waits for the host between steps; a step that ends at a validation or checkpoint is
+        # read (and the model synced) before anything else is dispatched.
+        pending: tuple[int, Any] | None = None
         with StopFlag() as stop:
             for s in range(self.start, run.total_steps):
-                losses, stats = train_step(self.model, self.optimizer, x, y, step_key(cfg.seed, s))
+                out = self.step(x, y, step_key(cfg.seed, s))
                 if s + 1 < run.total_steps:  # assemble the next batch while the device works
                     x, y = self.batch(s + 1)
-                losses, stats = jax.device_get((losses, stats))
-                done, last_loss = s + 1, float(np.mean(losses))
-                window.record(done, losses, stats)
-                bar.update(1)
-                bar.set_postfix(loss=f"{last_loss:.4f}", lr=f"{float(stats['learning_rate']):.2e}",
-                                tok_s=f"{window.tokens_per_s(self.tokens_per_step):,.0f}", refresh=False)
+                if pending is not None:
+                    last_loss, stats = read(*pending)
+                done, pending = s + 1, (s + 1, out)
                 stopping = stop.agreed()
                 at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
-                if at_ckpt or done % cfg.eval_interval() == 0:
-                    val = self.validate()
+                if not (at_ckpt or done % cfg.eval_interval() == 0):
+                    continue
+                last_loss, stats = read(*pending)
+                pending = None
+                val = self.validate()
                 if at_ckpt:
                     self.elapsed += time.perf_counter() - window.started
                     path = self.checkpoint(done, window, stats, val)

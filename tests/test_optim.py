@@ -20,7 +20,7 @@ from flax import nnx
 from config import ModelConfig, TrainConfig
 from model import abstract_model, build_model
 from optim import clip_flag, make_optimizer, make_schedule, make_transform, optimizer_stats
-from step import loss_fn, step_key, train_step
+from step import StepRunner, loss_fn, step_key, train_step
 
 V, T = 50, 8
 MODEL = ModelConfig(architecture="gpt2", vocab_size=V, context_length=T, emb_dim=16, n_heads=2,
@@ -187,6 +187,25 @@ def runs() -> dict:
     out["one"] = params_np(one)
     out["one_model"], out["one_opt"] = one, one_opt
     return out
+
+
+def test_step_runner_is_train_step_bit_for_bit(runs: dict) -> None:
+    """StepRunner (what the trainer runs) against nnx.jit's train_step (what `runs` ran): the
+    same losses, statistics and parameters after every step, the NaN-skipping steps included."""
+    model = build_model(MODEL, seed=0)
+    runner = StepRunner(model, make_optimizer(model, runs["train"], TOTAL))
+    batches = runs["batches"] + [runs["nan_batch"], batch(4)]
+    expected = list(zip(runs["acc_losses"], runs["acc_stats"], [None, runs["before_nan"]])) + runs["after_nan"]
+    for i, ((x, y), (want_losses, want_stats, want_params)) in enumerate(zip(batches, expected)):
+        losses, stats = jax.device_get(runner(x, y, step_key(0, i)))
+        np.testing.assert_array_equal(losses, want_losses)
+        assert set(stats) == set(want_stats)
+        for key in stats:
+            np.testing.assert_array_equal(stats[key], want_stats[key], err_msg=key)
+        if want_params is not None:
+            runner.sync()  # the model object reads the runner's current arrays only after a sync
+            assert max_diff(params_np(model), want_params) == 0.0
+    assert int(stats["total_notfinite"]) == 1  # the NaN batch went through the skip path
 
 
 def test_multisteps_equals_plain_chain_on_concatenated_batch(runs: dict) -> None:
