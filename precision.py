@@ -9,6 +9,7 @@ torch.autocast does); everything else stays float32.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -51,29 +52,36 @@ def _einsum_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     """A backward product of mixed_einsum, in a form XLA:CPU runs as a bfloat16 dot.
 
     XLA:CPU (YNNPACK) multiplies bfloat16 natively only when the dot's left operand contracts
-    its last dimensions and is laid out row-major, and the dot's output is the result itself;
-    otherwise it upcasts the dot to float32 (a weight gradient x^T g, contracting the token
-    axis: 2.1 ms against 1.1-1.4 ms for a 128 x 2048 x 512 one). So: pick as left operand the
-    one whose free indices lead the output (a transposed output would be folded into the dot,
-    which XLA then cannot run in bfloat16 at all), and move its contracted indices last with a
-    transpose flattened behind an optimization barrier. A transpose alone is a free relabelling
-    (column-major layout, upcast all the same); the flattening makes XLA write the copy
-    row-major, and the barrier keeps XLA from folding it back into the dot.
+    its last dimensions and is laid out row-major; otherwise it upcasts the dot to float32 (a
+    weight gradient x^T g, contracting the token axis: 2.1 ms against 1.1-1.4 ms for a
+    128 x 2048 x 512 one). So the left operand gets its contracted indices moved last, and the
+    dot's output is put in `spec`'s order afterwards if need be; of the two operand orders, the
+    one that moves fewer bytes. Each such transpose is flattened behind an optimization barrier:
+    a bare transpose is only a relabelling (column-major layout: upcast all the same) that XLA
+    would fold back into the dot (a transposed output becomes a dot with swapped, transposed
+    operands); flattened, it is a row-major copy, and the barrier keeps it one.
     """
     (sx, sy), so = spec.split("->")[0].split(","), spec.split("->")[1]
+    plans = []
     for (sl, left), (sr, right) in (((sx, x), (sy, y)), ((sy, y), (sx, x))):
         batch = [c for c in sl if c in sr and c in so]
-        free = [c for c in sl if c in so and c not in batch]
-        if "".join(batch + free + [c for c in sr if c in so and c not in batch]) != so:
-            continue
-        order = batch + free + [c for c in sl if c not in so]
-        if order != list(sl):
-            moved = jnp.transpose(left, [sl.index(c) for c in order])
-            left = jax.lax.optimization_barrier(moved.reshape(-1)).reshape(moved.shape)
-        return jnp.einsum(f"{''.join(order)},{sr}->{so}", left, right, preferred_element_type=jnp.float32)
-    # Neither operand order gives the output as the dot's own (no such einsum in model.py):
-    # float32 operands, which XLA multiplies in any layout.
-    return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
+        order = batch + [c for c in sl if c in so and c not in batch] + [c for c in sl if c not in so]
+        natural = "".join(order[:len(batch)] + [c for c in sl if c in so and c not in batch]
+                          + [c for c in sr if c in so and c not in batch])
+        # bytes copied: the bfloat16 left operand if it must move, the float32 output if it must
+        cost = (left.size * left.dtype.itemsize if order != list(sl) else 0) + (
+            4 * math.prod(jax.eval_shape(lambda: jnp.einsum(spec, x, y)).shape) if natural != so else 0)
+        plans.append((cost, sl, left, sr, right, order, natural))
+    _, sl, left, sr, right, order, natural = min(plans, key=lambda plan: plan[0])
+    if order != list(sl):
+        left = _row_major(jnp.transpose(left, [sl.index(c) for c in order]))
+    out = jnp.einsum(f"{''.join(order)},{sr}->{natural}", left, right, preferred_element_type=jnp.float32)
+    return out if natural == so else jnp.transpose(_row_major(out), [natural.index(c) for c in so])
+
+
+def _row_major(a: jax.Array) -> jax.Array:
+    """`a` as its own row-major copy, which XLA may neither relabel nor fold into a dot."""
+    return jax.lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
 
 
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
