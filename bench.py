@@ -17,7 +17,7 @@ FLOPs per token, 6N + 12LTC) or with --train-tokens-per-s; the target is a ratio
 so the data never limits training. Without --dataset it writes random shards of the run's
 vocabulary to a temporary folder (small shards, so windows cross shard boundaries).
 
-train: the harness's own optimiser step (optim.make_optimizer + step.train_step, built and fed as
+train: the harness's own optimiser step (optim.make_optimizer + step.StepRunner, built and fed as
 trainer.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to the
 first result (compile), steady-state tokens/s (median, min/max, IQR over timed windows, each ending
 with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L T C) and MFU

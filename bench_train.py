@@ -1,6 +1,6 @@
 """The train-step benchmark behind `uv run bench.py train` (and `compare`'s our side).
 
-The harness's own optimiser step (optim.make_optimizer + step.train_step, built and fed as
+The harness's own optimiser step (optim.make_optimizer + step.StepRunner, built and fed as
 trainer.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to
 the first result (compile), steady-state tokens/s (median, min/max, IQR over timed windows, each
 ending with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L T C) and
@@ -88,11 +88,12 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
 
     The model and optimiser are built as trainer.py builds them (sharding.create_sharded over the
     run's mesh, optim.make_optimizer); each step is one call of step.StepRunner (train_step, as the
-    trainer runs it) on a (k, B, T) batch put on the device with jax.device_put (sharding.put_batch), the next batch being put while the
-    device works, as in training. The first call is timed to its result (trace + compile + one
-    step); then `warmup` untimed steps, then `windows` windows of `steps` steps, each ending with
-    a block on the last step's results. Tokens count k x B x T per optimiser step. The peak
-    matmul rates are measured last (fp32 and bf16, size^3), so the peak RSS is training's alone.
+    trainer runs it) on a (k, B, T) batch put on the device with jax.device_put
+    (sharding.put_batch), the next batch being put while the device works, as in training. The
+    first call is timed to its result (trace + compile + one step); then `warmup` untimed steps,
+    then `windows` windows of `steps` steps, each ending with a block on the last step's results.
+    Tokens count k x B x T per optimiser step. The peak matmul rates are measured last (fp32 and
+    bf16, size^3), so the peak RSS is training's alone.
     """
     import dataclasses
     import os

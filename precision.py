@@ -62,15 +62,16 @@ def _einsum_f32(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     operands); flattened, it is a row-major copy, and the barrier keeps it one.
     """
     (sx, sy), so = spec.split("->")[0].split(","), spec.split("->")[1]
+    extent = dict(zip(sx, x.shape)) | dict(zip(sy, y.shape))
     plans = []
     for (sl, left), (sr, right) in (((sx, x), (sy, y)), ((sy, y), (sx, x))):
         batch = [c for c in sl if c in sr and c in so]
-        order = batch + [c for c in sl if c in so and c not in batch] + [c for c in sl if c not in so]
-        natural = "".join(order[:len(batch)] + [c for c in sl if c in so and c not in batch]
-                          + [c for c in sr if c in so and c not in batch])
-        # bytes copied: the bfloat16 left operand if it must move, the float32 output if it must
+        free = [c for c in sl if c in so and c not in batch]
+        order = batch + free + [c for c in sl if c not in so]
+        natural = "".join(batch + free + [c for c in sr if c in so and c not in batch])
+        # bytes copied: the (bfloat16) left operand if it must move, the float32 output if it must
         cost = (left.size * left.dtype.itemsize if order != list(sl) else 0) + (
-            4 * math.prod(jax.eval_shape(lambda: jnp.einsum(spec, x, y)).shape) if natural != so else 0)
+            4 * math.prod(extent[c] for c in so) if natural != so else 0)
         plans.append((cost, sl, left, sr, right, order, natural))
     _, sl, left, sr, right, order, natural = min(plans, key=lambda plan: plan[0])
     if order != list(sl):

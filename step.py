@@ -111,7 +111,8 @@ class StepRunner:
     def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         graphdef, state = nnx.split((model, optimizer))
-        self.leaves, treedef = jax.tree.flatten(state)
+        self.leaves, self.treedef = jax.tree.flatten(state)
+        treedef = self.treedef
 
         def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array,
                  key: jax.Array) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
@@ -121,7 +122,6 @@ class StepRunner:
             assert new_treedef == treedef, "the train step changed the model/optimiser structure"
             return new_leaves, losses, stats
 
-        self.treedef = treedef
         self._step = jax.jit(pure, donate_argnums=0,
                              out_shardings=([leaf.sharding for leaf in self.leaves], None, None))
 
