@@ -150,25 +150,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         xla_mem = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
         del compiled
 
-    step = 1
-    x, y = put(step)
-
-    def run_steps(n: int) -> Any:
-        nonlocal step, x, y, out
-        for _ in range(n):
-            out = runner(x, y, step_key(seed, step))
-            step += 1
-            x, y = put(step)  # the next batch goes to the device while this step runs
-        return jax.block_until_ready(out)
-
-    run_steps(warmup)
-    rates, step_times = [], []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        run_steps(steps)
-        dt = time.perf_counter() - t0
-        rates.append(k * B * T * steps / dt)
-        step_times.append(dt / steps)
+    step_times, out = _timed_windows(runner, put, lambda step: step_key(seed, step), warmup, windows, steps)
+    rates = [k * B * T / t for t in step_times]
     losses, stats = jax.device_get(out)
     load_after = os.getloadavg()
     rss_peak = peak_rss_mib()
@@ -201,13 +184,39 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     }
     runner.sync()
     if breakdown:
-        result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)
+        result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)  # the first batch
         result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
                            model_cfg.compute_dtype))
     log(_train_report(result))
     return result
+
+
+def _timed_windows(runner: Callable[..., Any], put: Callable[[int], tuple[Any, Any]], key: Callable[[int], Any],
+                   warmup: int, windows: int, steps: int) -> tuple[list[float], Any]:
+    """Seconds per step of each of `windows` timed windows of `steps` steps, after `warmup`
+    untimed ones (steps 1, 2, ...: step 0 was the compiling call), each window ending with a block
+    on its last step's results; and those results."""
+    import jax
+
+    step, (x, y), out = 1, put(1), None
+
+    def run_steps(n: int) -> Any:
+        nonlocal step, x, y, out
+        for _ in range(n):
+            out = runner(x, y, key(step))
+            step += 1
+            x, y = put(step)  # the next batch goes to the device while this step runs
+        return jax.block_until_ready(out)
+
+    run_steps(warmup)
+    step_times = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        run_steps(steps)
+        step_times.append((time.perf_counter() - t0) / steps)
+    return step_times, out
 
 
 def _memory_analysis(compiled: Any) -> dict[str, int]:
