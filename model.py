@@ -3,27 +3,25 @@
 Shape legend: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C // H (head size),
 V = vocab_size, L = n_layers.
 
-Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Inside, the residual
-stream is kept flat as (B*T, C): XLA:CPU runs the backward pass of a dense layer on 2-D inputs
-about twice as fast as on 3-D ones (measured: 6.5 vs 12.2 ms for a 128 -> 512 layer on 16 x 128
-tokens), and the result is the same. Only attention needs the (B, T, H, D) view. Dropout is active
-exactly when the caller passes `rngs` (training); without it the model is deterministic, so
-evaluation and generation need no mode switch. Nothing here names a device: placement and
-sharding are the caller's business.
+Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Every matmul and the
+attention go through `self.ops` (ops.py: the compute dtype, and the kernels chosen for the
+backend); this file knows neither the backend nor a device, and placement and sharding are the
+caller's business. Dropout is active exactly when the caller passes `rngs` (training); without
+it the model is deterministic, so evaluation and generation need no mode switch.
 
 How the model runs is chosen in model.json without changing what it computes (each option is
-tested against the default path): `compute_dtype` (the matmuls' inputs, as torch.autocast: every
-matmul, forward and backward, multiplies bfloat16 operands into float32; parameters, activations,
-LayerNorm, softmax and the loss stay float32), `attention` (which
-kernel), `remat` (recompute each block in the backward pass), `scan_layers` (blocks stacked
-along a leading L axis and run by one `lax.scan`: one block to compile instead of L) and
-`loss_chunk` (step.py: the head and the loss in chunks, never the whole (B*T, V) logits).
+tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:
+bfloat16 operands into float32 results in the forward and backward passes; parameters,
+activations, LayerNorm, softmax and the loss stay float32), `attention` (which kernel), `remat`
+(recompute each block in the backward pass), `scan_layers` (blocks stacked along a leading L axis
+and run by one `lax.scan`: one block to compile instead of L) and `loss_chunk` (step.py: the head
+and the loss in chunks, never the whole (B*T, V) logits).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -31,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from config import MODEL_FILE, ConfigError, ModelConfig
-from precision import einsum, linear_dot
+from config import ModelConfig
+from ops import Ops
+from ops import select as select_ops
 
 _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
 _LN_EPS = 1e-5
@@ -59,120 +58,74 @@ def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Arr
     return layer(x, deterministic=rngs is None, rngs=rngs)
 
 
-def attention_impl(cfg: ModelConfig, backend: str | None = None) -> str:
-    """The attention kernel `cfg.attention` resolves to on `backend` (default: JAX's default backend).
-
-    "auto" picks cuDNN's flash attention on GPU in bfloat16, XLA's attention on other
-    accelerators, and "per_head" on CPU, where XLA:CPU runs one (B, T, D) batched matmul per head
-    about twice as fast as the (B, H) batched ones and their transposes (forward + backward,
-    B=16 T=128 H=4 D=32: 4.9 vs 9.8 ms; README "Performance").
-    """
-    backend = backend or jax.default_backend()
-    if cfg.attention == "cudnn" and backend != "gpu":
-        raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs a GPU (JAX's backend here: {backend}); "
-                          f"use 'auto'")
-    if cfg.attention != "auto":
-        return cfg.attention
-    if backend == "cpu":
-        return "per_head"
-    return "cudnn" if backend == "gpu" and cfg.compute_dtype == "bfloat16" else "xla"
-
-
-def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: ModelConfig,
-                       dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-    """Causal softmax attention, one head at a time. q, k, v: (B, T, H, D) -> (B*T, H*D).
-
-    Scores, softmax and the weights' dropout are float32; the two matmuls follow compute_dtype.
-    """
-    B, T, H, D = q.shape
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    heads = []
-    for h in range(H):
-        att = einsum("btd,bsd->bts", q[:, :, h], k[:, :, h], cfg) / math.sqrt(D)  # (B, T, T)
-        att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
-        if dropout is not None:
-            att = dropout(att)
-        heads.append(einsum("bts,bsd->btd", att, v[:, :, h], cfg).reshape(B * T, D))
-    return jnp.concatenate(heads, axis=-1)  # (B*T, C)
-
-
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
         self.n_heads = cfg.n_heads
         self.drop_rate = cfg.drop_rate
+        self.ops = ops
         # ... except the projections that write into the residual stream, scaled by
         # 1/sqrt(2L) so the residual's variance does not grow with depth (GPT-2 paper, 2.3).
         resid_std = _STD / math.sqrt(2 * cfg.n_layers)
-        dot = linear_dot(cfg)
         self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
-                              bias_init=_zeros("heads"), dot_general=dot, rngs=rngs)
+                              bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
         self.proj = nnx.Linear(C, C, kernel_init=_normal(resid_std, "heads", "embed"),
-                               bias_init=_zeros("embed"), dot_general=dot, rngs=rngs)
-        self.cfg = cfg
+                               bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
-        self.impl = attention_impl(cfg)  # static: resolved when the model is built
 
-    def __call__(self, x: jax.Array, B: int, T: int, rngs: nnx.Rngs | None = None) -> jax.Array:
-        C = x.shape[-1]  # x: (B*T, C)
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        B, T, C = x.shape
         H, D = self.n_heads, C // self.n_heads
-        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B*T, C)
+        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
         q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
+        dropout = None
         if rngs is not None and self.drop_rate > 0.0:
-            # Attention-weight dropout needs the weights themselves: no fused kernel can give them.
-            y = per_head_attention(q, k, v, self.cfg, lambda att: _dropout(att, self.attn_drop, rngs))
-        elif self.impl == "per_head":
-            y = per_head_attention(q, k, v, self.cfg)  # (B*T, C)
-        else:  # XLA's or cuDNN's kernel, in compute_dtype (cuDNN has no float32 kernel)
-            dtype = jnp.dtype(self.cfg.compute_dtype)
-            y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=True,
-                                             implementation=self.impl)  # (B, T, H, D)
-            y = y.astype(jnp.float32).reshape(B * T, C)
-        return _dropout(self.proj(y), self.resid_drop, rngs)  # (B*T, C)
+            dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
+        y = self.ops.attention(q, k, v, dropout)  # (B, T, C), heads side by side
+        return _dropout(self.proj(y), self.resid_drop, rngs)  # (B, T, C)
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
-        dot = linear_dot(cfg)
         self.fc = nnx.Linear(C, 4 * C, kernel_init=_normal(_STD, "embed", "mlp"), bias_init=_zeros("mlp"),
-                             dot_general=dot, rngs=rngs)
+                             dot_general=ops.dot_general, rngs=rngs)
         self.out = nnx.Linear(4 * C, C, kernel_init=_normal(_STD / math.sqrt(2 * cfg.n_layers), "mlp", "embed"),
-                              bias_init=_zeros("embed"), dot_general=dot, rngs=rngs)
+                              bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.drop = nnx.Dropout(cfg.drop_rate)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        h = jax.nn.gelu(self.fc(x), approximate=True)  # (B*T, 4C), GPT-2's tanh GELU
-        return _dropout(self.out(h), self.drop, rngs)  # (B*T, C)
+        h = jax.nn.gelu(self.fc(x), approximate=True)  # (B, T, 4C), GPT-2's tanh GELU
+        return _dropout(self.out(h), self.drop, rngs)  # (B, T, C)
 
 
 class Block(nnx.Module):
     """One pre-LayerNorm transformer block."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         self.ln1 = _layer_norm(cfg.emb_dim, rngs)
-        self.attn = CausalSelfAttention(cfg, rngs=rngs)
+        self.attn = CausalSelfAttention(cfg, ops, rngs=rngs)
         self.ln2 = _layer_norm(cfg.emb_dim, rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, ops, rngs=rngs)
 
-    def __call__(self, x: jax.Array, B: int, T: int, rngs: nnx.Rngs | None = None) -> jax.Array:
-        x = x + self.attn(self.ln1(x), B, T, rngs)  # (B*T, C)
-        return x + self.mlp(self.ln2(x), rngs)  # (B*T, C)
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+        x = x + self.attn(self.ln1(x), rngs)  # (B, T, C)
+        return x + self.mlp(self.ln2(x), rngs)  # (B, T, C)
 
 
 class GPT(nnx.Module):
     """GPT-2: learned token + position embeddings, L blocks, final LayerNorm, output head."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
+    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
+        self.cfg, self.ops = cfg, ops
         self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
                                  rngs=rngs)
         self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim, embedding_init=_normal(_STD, "ctx", "embed"),
                                  rngs=rngs)
         self.drop = nnx.Dropout(cfg.drop_rate)
         # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
-        blocks = [Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)]
+        blocks = [Block(cfg, ops, rngs=rngs) for _ in range(cfg.n_layers)]
         self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
         self.ln_f = _layer_norm(cfg.emb_dim, rngs)
         if not cfg.tie_embeddings:
@@ -180,33 +133,33 @@ class GPT(nnx.Module):
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        B, T = idx.shape
-        return self.logits(self.features(idx, rngs)).reshape(B, T, -1)  # (B, T, V)
+        return self.logits(self.features(idx, rngs))  # (B, T, V)
 
     def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """Everything before the head: (B, T) token ids -> (B*T, C) float32, after ln_f."""
+        """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f."""
         B, T = idx.shape
-        x = self.tok_emb(idx) + self.pos_emb(jnp.arange(T))  # (B, T, C) + (T, C)
-        x = _dropout(x.reshape(B * T, -1), self.drop, rngs)  # (B*T, C)
+        x = _dropout(self.tok_emb(idx) + self.pos_emb(jnp.arange(T)), self.drop, rngs)  # (B, T, C) + (T, C)
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
 
         def run(state: nnx.State, x: jax.Array, key: jax.Array | None) -> jax.Array:
-            return nnx.merge(graphdef, state)(x, B, T, None if key is None else nnx.Rngs(dropout=key))
+            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key))
 
         if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
-            run = jax.checkpoint(run)
+            # Inside a scan the loop itself keeps XLA from merging the recomputation back into
+            # the forward pass; unrolled, jax.checkpoint's optimization barriers must.
+            run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers)
         if self.cfg.scan_layers:
             step = lambda x, layer: (run(layer[0], x, layer[1]), None)  # noqa: E731
             x, _ = jax.lax.scan(step, x, (states, keys))
         else:
             for i, state in enumerate(states):
-                x = run(state, x, None if keys is None else keys[i])  # (B*T, C)
+                x = run(state, x, None if keys is None else keys[i])  # (B, T, C)
         return self.ln_f(x)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """The output head: (N, C) -> (N, V) float32 logits."""
-        return head_logits(self.cfg, head_weight(self), x)
+        """The output head: (..., C) -> (..., V) float32 logits."""
+        return head_logits(self.ops, self.cfg, head_weight(self), x)
 
     def layers(self) -> Sequence[Block]:
         """The L blocks as modules, in order (views into the stacked arrays when scan_layers)."""
@@ -219,8 +172,8 @@ class GPT(nnx.Module):
 class AToA(nnx.Module):
     """The seed's A-to-A model: embedding straight into the output head, no transformer."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
+    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
+        self.cfg, self.ops = cfg, ops
         self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
                                  rngs=rngs)
         if not cfg.tie_embeddings:
@@ -228,15 +181,13 @@ class AToA(nnx.Module):
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        B, T = idx.shape
-        return self.logits(self.features(idx, rngs)).reshape(B, T, -1)  # (B, T, V)
+        return self.logits(self.features(idx, rngs))  # (B, T, V)
 
     def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        B, T = idx.shape
-        return self.tok_emb(idx.reshape(B * T))  # (B*T, C)
+        return self.tok_emb(idx)  # (B, T, C)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        return head_logits(self.cfg, head_weight(self), x)  # (N, V)
+        return head_logits(self.ops, self.cfg, head_weight(self), x)  # (..., V)
 
     def layers(self) -> Sequence[Block]:
         return []
@@ -247,9 +198,9 @@ def head_weight(model: GPT | AToA) -> jax.Array:
     return model.tok_emb.embedding.get_value() if model.cfg.tie_embeddings else model.head.kernel.get_value()
 
 
-def head_logits(cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
-    """(N, C) features and head_weight -> (N, V) float32 logits: a pure function, for the chunked loss."""
-    return einsum("nc,vc->nv" if cfg.tie_embeddings else "nc,cv->nv", x, w, cfg)
+def head_logits(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
+    """(..., C) features and head_weight -> (..., V) float32 logits: a pure function, for the chunked loss."""
+    return ops.linear(x, w, transposed=cfg.tie_embeddings)  # tied: w is the (V, C) embedding
 
 
 def _stack(blocks: list[Block]) -> Block:
@@ -320,20 +271,23 @@ def unstack_layer_weights(tensors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_model(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+def build_model(cfg: ModelConfig, seed: int = 0, ops: Ops | None = None) -> nnx.Module:
     """A freshly initialised model; the parameters are a pure function of the seed.
 
-    Arrays are created unsharded (on the default device, or wherever an enclosing jit puts
-    them); sharding.create_sharded places them on a mesh.
+    `ops`: how its matmuls and attention run (default: ops.select(cfg), for JAX's default
+    backend; the parameters do not depend on it). Arrays are created unsharded (on the default
+    device, or wherever an enclosing jit puts them); sharding.create_sharded places them on a mesh.
     """
+    ops = ops or select_ops(cfg)
     rngs = nnx.Rngs(params=seed)
     with nnx.use_eager_sharding(False):
-        return GPT(cfg, rngs=rngs) if cfg.architecture == "gpt2" else AToA(cfg, rngs=rngs)
+        return GPT(cfg, ops, rngs=rngs) if cfg.architecture == "gpt2" else AToA(cfg, ops, rngs=rngs)
 
 
-def abstract_model(cfg: ModelConfig) -> nnx.Module:
+def abstract_model(cfg: ModelConfig, ops: Ops | None = None) -> nnx.Module:
     """The model's structure with shape-only leaves: for loading weights without a wasted init."""
-    return nnx.eval_shape(lambda: build_model(cfg))
+    ops = ops or select_ops(cfg)  # outside the trace: selecting may probe the backend
+    return nnx.eval_shape(lambda: build_model(cfg, ops=ops))
 
 
 def count_params(model: nnx.Module) -> int:

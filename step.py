@@ -6,6 +6,8 @@ fetches data, steps, logs, evaluates and saves.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -15,6 +17,7 @@ from flax import nnx
 
 from config import ModelConfig
 from model import head_logits, head_weight
+from ops import Ops
 from optim import close_skipped_window, optimizer_stats
 
 
@@ -22,14 +25,15 @@ def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
             rngs: nnx.Rngs | None = None) -> jax.Array:
     """Mean cross-entropy over every position. inputs, targets: (B, T) int32."""
     if model.cfg.loss_chunk is not None:
-        return chunked_loss(model.cfg, head_weight(model), model.features(inputs, rngs), targets.reshape(-1))
+        x = model.features(inputs, rngs)  # (B, T, C)
+        return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]), targets.reshape(-1))
     logits = model(inputs, rngs)  # (B, T, V)
     losses = optax.losses.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), targets)  # (B, T)
     return losses.mean()
 
 
-def chunked_loss(cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array) -> jax.Array:
+def chunked_loss(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time.
 
     The (N, V) logits are never whole: a scan runs the head and the loss chunk by chunk, and
@@ -46,9 +50,9 @@ def chunked_loss(cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Arra
     x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, chunk, C)
     targets = jnp.pad(targets, (0, pad)).reshape(n, chunk)
 
-    @jax.checkpoint
+    @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE barrier needed
     def chunk_sum(w: jax.Array, xc: jax.Array, yc: jax.Array, wc: jax.Array) -> jax.Array:
-        logits = head_logits(cfg, w, xc)  # (chunk, V) float32
+        logits = head_logits(ops, cfg, w, xc)  # (chunk, V) float32
         return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, yc) * wc).sum()
 
     def body(total: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
@@ -133,6 +137,14 @@ class StepRunner:
 
     def lower(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array) -> Any:
         return self._step.lower(self.leaves, inputs, targets, step_key)
+
+    def export(self, inputs: Any, targets: Any, step_key: jax.Array, platforms: Sequence[str]) -> jax.export.Exported:
+        """This step as the program `platforms` would run (jax.export: StableHLO, donation kept).
+
+        Lowering needs no such device: a CPU machine can export for "cuda" and audit the program
+        a GPU would run. inputs, targets: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
+        """
+        return jax.export.export(self._step, platforms=platforms)(self.leaves, inputs, targets, step_key)
 
     def sync(self) -> None:
         """Point the model and optimiser at the current arrays."""

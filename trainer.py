@@ -24,7 +24,8 @@ import charts
 import checkpointing as ckpt
 import sharding
 from config import ConfigError, to_dict
-from model import attention_impl, build_model
+import ops
+from model import build_model
 from optim import clip_flag, make_optimizer, make_schedule
 from step import StepRunner, eval_step, step_key
 
@@ -98,7 +99,7 @@ class Trainer:
         self.schedule = make_schedule(self.cfg, run.total_steps)
 
         try:  # model.json's choices this backend cannot run, before anything is built
-            attention_impl(self.mcfg)
+            ops.select(self.mcfg)
         except ConfigError as e:
             raise ConfigError(f"{run.run_dir}/{e}") from None
 
