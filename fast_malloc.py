@@ -1,4 +1,4 @@
-"""Huge-page malloc for XLA:CPU, switched on before JAX starts.
+"""Huge-page malloc for XLA:CPU, switched on before JAX starts (CPU backend only).
 
 XLA:CPU allocates each compiled call's scratch memory (its "temp" buffer: 150 MiB for the
 cpu-small train step) as one block, per call. glibc serves a block over 32 MiB with a fresh
@@ -9,14 +9,19 @@ minor faults per step, about a third of the cpu-small step (measured with getrus
 
 Tunables are read once, when a process starts, so the entry scripts call `reexec()` first
 thing: it restarts the same command line once with the tunable set, and does nothing when it
-is set already (opt out with GLIBC_TUNABLES=glibc.malloc.hugetlb=0), when the C library is not
-glibc >= 2.35, or when the kernel's transparent huge pages are not in "madvise" mode ("always"
-needs no help, "never" cannot give any).
+is set already (opt out with GLIBC_TUNABLES=glibc.malloc.hugetlb=0), when the process will not
+run on JAX's CPU backend (an accelerator plugin is installed, or JAX_PLATFORMS names another
+platform first: device memory is the accelerator runtime's, and the host's malloc is not on the
+step's path), when the C library is not glibc >= 2.35, or when the kernel's transparent huge
+pages are not in "madvise" mode ("always" needs no help, "never" cannot give any).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -41,10 +46,33 @@ def _thp_mode() -> str | None:
     return text[text.index("[") + 1:text.index("]")] if "[" in text else None
 
 
+def accelerator_plugins() -> list[str]:
+    """The JAX accelerator plugins installed, found the ways JAX finds them (the `jax_plugins`
+    namespace package and entry point group, and libtpu), without importing JAX."""
+    found = []
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        found += [f"jax_plugins.{m.name}" for m in pkgutil.iter_modules(spec.submodule_search_locations)]
+    found += [f"entry point {ep.name}" for ep in importlib.metadata.entry_points(group="jax_plugins")]
+    if importlib.util.find_spec("libtpu") is not None:
+        found.append("libtpu")
+    return found
+
+
+def runs_on_cpu(environ: dict[str, str] | None = None) -> bool:
+    """Whether JAX's default backend will be the CPU: JAX_PLATFORMS names "cpu" first, or it is
+    unset and no accelerator plugin is installed."""
+    environ = os.environ if environ is None else environ
+    platforms = [p.strip() for p in environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms:
+        return platforms[0] == "cpu"  # JAX's default backend is the first platform listed
+    return not accelerator_plugins()
+
+
 def needed(environ: dict[str, str] | None = None) -> bool:
     """Whether this process would gain from restarting with the tunable."""
     environ = os.environ if environ is None else environ
-    if TUNABLE in environ.get("GLIBC_TUNABLES", ""):
+    if TUNABLE in environ.get("GLIBC_TUNABLES", "") or not runs_on_cpu(environ):
         return False
     version = _glibc_version()
     return version is not None and version >= (2, 35) and _thp_mode() == "madvise"

@@ -52,3 +52,43 @@ def test_huge_pages_cut_the_page_faults_of_a_large_xla_buffer() -> None:
     huge = float(child(FAULTS, GLIBC_TUNABLES="glibc.malloc.hugetlb=1"))
     assert plain > 8000  # every 4 KiB page of the 64 MiB output faults again on every call ...
     assert huge < plain / 10, (plain, huge)  # ... and 2 MiB pages take far fewer faults
+
+
+def base_needed() -> bool:
+    """needed() on this machine for a CPU process (JAX_PLATFORMS=cpu), whatever is installed."""
+    return fast_malloc.needed({"JAX_PLATFORMS": "cpu"})
+
+
+def test_this_venv_runs_on_the_cpu() -> None:
+    assert fast_malloc.accelerator_plugins() == []  # the project's CPU-only jax
+    assert fast_malloc.runs_on_cpu({}) and fast_malloc.needed({}) == base_needed()
+
+
+@pytest.mark.parametrize("platforms, on_cpu", [("cuda", False), ("tpu", False), ("rocm,cpu", False),
+                                               ("cpu", True), ("cpu,cuda", True), ("", True)])
+def test_jax_platforms_decides_first(platforms: str, on_cpu: bool) -> None:
+    assert fast_malloc.runs_on_cpu({"JAX_PLATFORMS": platforms}) is on_cpu
+    assert fast_malloc.needed({"JAX_PLATFORMS": platforms}) is (on_cpu and base_needed())
+
+
+@pytest.mark.parametrize("kind", ["namespace", "entry-point", "libtpu"])
+def test_no_restart_where_an_accelerator_plugin_is_installed(tmp_path: Path, kind: str) -> None:
+    """A plugin installed the way each real one is (jax-cuda13-plugin's jax_plugins.xla_cuda13,
+    an entry point in the jax_plugins group, libtpu), as real files on the child's path."""
+    if kind == "namespace":
+        (tmp_path / "jax_plugins" / "xla_cuda13").mkdir(parents=True)
+        (tmp_path / "jax_plugins" / "xla_cuda13" / "__init__.py").write_text("")
+    elif kind == "entry-point":
+        info = tmp_path / "fake_jax_plugin-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-jax-plugin\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text("[jax_plugins]\nfake_gpu = fake_jax_plugin\n")
+    else:
+        (tmp_path / "libtpu").mkdir()
+        (tmp_path / "libtpu" / "__init__.py").write_text("")
+    path = f"{tmp_path}{os.pathsep}{ROOT}"
+    code = "import fast_malloc; print(fast_malloc.accelerator_plugins())"
+    assert child(code, PYTHONPATH=path) != "[]"
+    assert child(SHOW, PYTHONPATH=path) == "None"  # an accelerator machine: no restart
+    # ... unless this process is told to run on the CPU
+    assert child(SHOW, PYTHONPATH=path, JAX_PLATFORMS="cpu") == ("glibc.malloc.hugetlb=1" if base_needed() else "None")
