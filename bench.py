@@ -8,6 +8,7 @@
     uv run bench.py train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
     uv run bench.py compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch, per config
     uv run bench.py generate --batch-size 4                   # KV-cache sampling vs full forward (GPT-2 124M shape)
+    python3 bench.py gpu --out gpu-check                      # on an accelerator machine (bench_gpu.py); --cpu-smoke
 
 data: how fast the loader assembles a run's optimiser-step batches (k x B x T inputs and targets,
 drawn by BatchSampler from memory-mapped shards) and hands them to the device with
@@ -24,6 +25,11 @@ with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L 
 against fp32 and bf16 matmul peaks measured in the same process, peak host RSS and device memory.
 --accum-sweep runs one fresh process per k. compare: `train` and ../shared/bench/torch_reference.py
 (in its own venv, $HOME/torchref) alternately per config; the ratio is ours / torch.
+
+gpu: the one-shot accelerator check (bench_gpu.py): GPT-2 124M train steps (cuDNN vs XLA attention,
+scan_layers on/off, k = 1 and 4) with MFU against the chip's peak, a short training run resumed
+bit for bit, and cached generation, each in a fresh process, within a time budget; written as
+JSON and a markdown table. It needs only the machine's own python3 and its installed packages.
 
 A subcommand is a function `bench_<name>(...) -> dict` and a parser hook `_add_<name>_args`,
 registered in SUBCOMMANDS.
@@ -386,6 +392,23 @@ def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
                           batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only)
 
 
+# ----------------------------------------------------------------------------- gpu
+
+
+def _add_gpu_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"),
+                        help="writes OUT.json, OUT.md and the logs under OUT.logs/ (default: %(default)s)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code paths on any CPU")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check (default: %(default)s)")
+
+
+def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
+    """bench_gpu: the one-shot accelerator check (train step, training + resume, generation)."""
+    import bench_gpu
+
+    return bench_gpu.bench_gpu(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
+
+
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
@@ -393,6 +416,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
     "compare": ("bench.py train vs ../shared/bench/torch_reference.py, per config", _add_compare_args, _run_compare),
     "generate": ("sampling speed: KV-cache decoding vs full forward per token", _add_generate_args, _run_generate),
+    "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
+            _run_gpu),
 }
 
 

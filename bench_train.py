@@ -33,6 +33,36 @@ FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the bloc
                     "LayerNorms and embedding lookups not counted)")
 
 
+# bfloat16 dense peaks (TFLOP/s, no sparsity; the vendors' spec sheets) by device_kind, first
+# match wins: MFU on an accelerator is against the chip's peak, not a measured matmul.
+CHIP_PEAKS_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756), ("H100 NVL", 835), ("H100", 989), ("H200", 989), ("H800", 989), ("B200", 2250),
+    ("A100", 312), ("L40S", 362), ("L40", 181), ("L4", 121),
+    ("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5", 459), ("TPU v6 lite", 918), ("TPU v6e", 918),
+)
+
+
+def chip_peak_flops(device_kind: str) -> tuple[float, str] | None:
+    """(bf16 dense peak FLOP/s, where it comes from) for a JAX device_kind, or None if unknown."""
+    for name, tflops in CHIP_PEAKS_TFLOPS:
+        if name.lower() in device_kind.lower():
+            return tflops * 1e12, f"spec sheet: {name} bf16 dense {tflops:g} TFLOP/s"
+    return None
+
+
+def versions() -> dict[str, str]:
+    """The stack's versions, for the record."""
+    import importlib.metadata
+
+    out = {}
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
 class BenchError(RuntimeError):
     """A benchmark that cannot run as asked; the message is one line."""
 
@@ -101,6 +131,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     import jax
     from flax import nnx
 
+    import ops
     import sharding
     from model import build_model, count_params
     from optim import make_optimizer
@@ -115,6 +146,10 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     load_before = os.getloadavg()
     rss_before_model = peak_rss_mib()  # the interpreter, JAX and its backend
 
+    try:  # model.json's choices this backend cannot run (cuDNN without a GPU), before anything is built
+        ops.select(model_cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}" if name else str(e)) from None
     total_steps = 1 + warmup + windows * steps  # the schedule's length only; the rate does not change the cost
     mesh = sharding.make_mesh(train_cfg.mesh, B)
     rows = sharding.local_rows(mesh, B)
@@ -157,9 +192,13 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     rss_peak = peak_rss_mib()
     device_mem = device_memory_stats()
 
+    device = jax.devices()[0]
+    chip = chip_peak_flops(device.device_kind) if device.platform != "cpu" else None
     result: dict[str, Any] = {
-        "config": name, "device": str(jax.devices()[0]), "platform": jax.devices()[0].platform,
-        "device_count": jax.device_count(), "jax": jax.__version__, "cpu_count": os.cpu_count(),
+        "config": name, "device": str(device), "platform": device.platform, "device_kind": device.device_kind,
+        "device_count": jax.device_count(), "jax": jax.__version__, "versions": versions(),
+        "cpu_count": os.cpu_count(),
+        "chip_peak_bf16_flops": chip[0] if chip else None, "chip_peak_source": chip[1] if chip else None,
         **to_dict(model_cfg),  # every model.json key, speed options included
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
         "params": int(count_params(model)),

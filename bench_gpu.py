@@ -1,0 +1,332 @@
+"""The one-shot accelerator check behind `bench.py gpu`: what a CPU machine cannot prove.
+
+    python3 bench.py gpu --out gpu-check           # on the accelerator machine: its python3, no uv, no network
+    uv run bench.py gpu --cpu-smoke --out /tmp/gc  # the same code paths on tiny shapes, on any CPU (a test runs it)
+
+Each part runs in a fresh process of this interpreter (so each has the device to itself, its own
+peak-memory figure, and a failure costs one row, not the check), within `--budget` seconds in all
+(default 8 minutes; a part that would not fit is reported as skipped):
+
+  (a) train step: GPT-2 124M (runs/gpt2-small's model: bfloat16 matmuls, microbatch 16 x 1024)
+      through the full optimiser chain, `bench.py train` (step.StepRunner, as the trainer runs
+      it): tokens/s, step time, MFU against the chip's bf16 dense peak (bench_train.CHIP_PEAKS;
+      an unknown chip: a measured 8192^3 bf16 matmul), compile time, peak device memory; for
+      k = 1 and k = 4, cuDNN vs XLA attention, scan_layers on and off; the first one also with
+      --breakdown (forward / backward / optimiser update), which says where the time goes.
+  (b) training: a small GPT on the built-in corpus trained by train.py for a few hundred steps
+      (checkpoints every 100), then a second run directory resumed from the first one's first
+      checkpoint: the loss must fall, the checkpoints must be written and the resumed steps'
+      losses must equal the uninterrupted run's bit for bit (on a GPU with
+      XLA_FLAGS=--xla_gpu_deterministic_ops=true, which makes XLA's scatter-adds repeatable).
+  (c) generation: KV-cached greedy decoding of the 124M shape, tokens/s at batch 1 and 8.
+
+It writes <out>.json (every figure, every command) and <out>.md (the tables), and the logs of
+every part under <out>.logs/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The shapes and lengths of one check: the real one, or --cpu-smoke's."""
+
+    cudnn: str  # the attention that stands for cuDNN's in (a): "cudnn"; the smoke's CPU: "auto"
+    step_model: list[str]  # bench.py train --model overrides on runs/gpt2-small
+    step_train: list[str]  # ... and --train overrides
+    accumulation: tuple[int, int]  # the two k of (a)
+    steps: int  # timed steps per window in (a)
+    windows: int
+    small_model: dict[str, Any]  # (b): model.json
+    small_train: dict[str, Any]  # (b): train.json
+    generate_model: list[str]  # (c): bench.py generate --model overrides on GPT-2 124M
+    new_tokens: int
+    matmul_size: int  # the measured peak, for a chip not in the table
+    part_seconds: dict[str, float] = field(default_factory=dict)  # least time each part needs
+    part_cap_s: float = 240  # most time one process may take
+
+
+GPU = Plan(
+    cudnn="cudnn", step_model=[], step_train=[], accumulation=(1, 4), steps=10, windows=3,
+    small_model={"architecture": "gpt2", "vocab_size": 257, "context_length": 256, "emb_dim": 384, "n_heads": 6,
+                 "n_layers": 6, "qkv_bias": True, "compute_dtype": "bfloat16", "scan_layers": True},
+    small_train={"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 32,
+                 "train_steps": 300, "learning_rate": 2e-3, "warmup_percent": 5, "checkpoint_interval": 100,
+                 "validation_batches": 4, "keep_last_checkpoints": 5, "seed": 0},
+    generate_model=[], new_tokens=256, matmul_size=8192,
+    part_seconds={"step": 60, "train": 120, "generate": 45}, part_cap_s=240,
+)
+SMOKE = Plan(
+    cudnn="auto", step_model=["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=32", "vocab_size=257"],
+    step_train=["microbatch_size=2"], accumulation=(1, 2), steps=1, windows=2,
+    small_model={"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
+                 "n_layers": 2, "qkv_bias": True, "compute_dtype": "bfloat16", "scan_layers": True},
+    small_train={"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
+                 "train_steps": 30, "learning_rate": 1e-2, "warmup_percent": 5, "checkpoint_interval": 10,
+                 "validation_batches": 2, "keep_last_checkpoints": 5, "seed": 0},
+    generate_model=["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=128", "vocab_size=257"],
+    new_tokens=8, matmul_size=256,
+    part_seconds={"step": 5, "train": 10, "generate": 5}, part_cap_s=120,
+)
+
+
+class Clock:
+    """The check's time budget."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.start)
+
+    def timeout(self, plan: Plan) -> float:
+        return min(self.left(), plan.part_cap_s)
+
+
+def _run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    """Run `cmd` in the repository, output to `log`; (exit status, last line of output, seconds)."""
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=HERE, stdout=f, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0),
+                                env=env or os.environ.copy(), check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    last = "timed out" if rc == 124 else (lines[-1] if lines else "")
+    return rc, last.strip(), time.monotonic() - t0
+
+
+def _bench(args: list[str], logs: Path, name: str, timeout: float) -> dict[str, Any]:
+    """`bench.py <args> --json` in a fresh process: its figures, or {"status": why not}."""
+    json_path = logs / f"{name}.json"
+    cmd = [sys.executable, str(HERE / "bench.py"), *args, "--json", str(json_path)]
+    rc, last, seconds = _run(cmd, logs / f"{name}.log", timeout=timeout)
+    row: dict[str, Any] = {"command": " ".join(cmd[1:]), "wall_s": seconds}
+    if rc == 0 and json_path.is_file():
+        return row | {"status": "ok", **json.loads(json_path.read_text())}
+    return row | {"status": f"failed (exit {rc}): {last[-300:]}"}
+
+
+# ----------------------------------------------------------------------------- (a) train step
+
+
+def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> list[dict[str, Any]]:
+    k1, k4 = plan.accumulation
+    cudnn = plan.cudnn
+    variants = [  # the headline first: the budget may not reach the last ones
+        (cudnn, True, k1, True), (cudnn, True, k4, False), ("xla", True, k1, False), (cudnn, False, k1, False),
+    ]
+    rows = []
+    for attention, scan, k, breakdown in variants:
+        label = f"attention={attention} scan_layers={str(scan).lower()} k={k}"
+        if clock.left() < plan.part_seconds["step"]:
+            rows.append({"label": label, "status": "skipped: time budget spent"})
+            continue
+        args = ["train", "runs/gpt2-small", "--steps", str(plan.steps), "--windows", str(plan.windows),
+                "--warmup", "2", "--no-matmul", "--train", f"gradient_accumulation_steps={k}",
+                "--model", f"attention={attention}", "--model", f"scan_layers={str(scan).lower()}",
+                *[f"--model={m}" for m in plan.step_model], *[f"--train={t}" for t in plan.step_train]]
+        row = _bench(args + (["--breakdown"] if breakdown else []), logs, f"step-{len(rows)}", clock.timeout(plan))
+        row |= {"label": label, "attention": attention, "scan_layers": scan, "k": k}
+        if row["status"] == "ok":
+            _mfu(row, chip, plan, logs, clock)
+        rows.append(row)
+    return rows
+
+
+def _mfu(row: dict[str, Any], chip: dict[str, Any], plan: Plan, logs: Path, clock: Clock) -> None:
+    """The row's MFU against the chip's bf16 dense peak: the table's, else one measured once."""
+    if "peak_flops" not in chip:
+        chip.update(device_kind=row.get("device_kind"), platform=row.get("platform"))
+        if row.get("chip_peak_bf16_flops"):
+            chip.update(peak_flops=row["chip_peak_bf16_flops"], peak_source=row["chip_peak_source"])
+        else:
+            chip.update(_measured_peak(plan.matmul_size, logs, clock))
+    achieved = row["tokens_per_s_median"] * row["flops_per_token"]
+    row["achieved_tflops"] = achieved / 1e12
+    row["mfu"] = achieved / chip["peak_flops"] if chip.get("peak_flops") else None
+
+
+def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
+    code = ("import json, bench_train; "
+            f"print(json.dumps(bench_train.matmul_flops({size}, repeats=10, dtype='bfloat16')))")
+    rc, last, _ = _run([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
+    last = last.splitlines()[-1] if last else last
+    if rc != 0:
+        return {"peak_flops": None, "peak_source": f"measuring failed: {last[-200:]}"}
+    return {"peak_flops": float(last), "peak_source": f"measured: best {size}^3 bf16 matmul (x 2 {size}^3 FLOPs)"}
+
+
+# ----------------------------------------------------------------------------- (b) training + resume
+
+
+def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> dict[str, Any]:
+    """Train run A to the end; resume run B from A's first checkpoint; compare their losses."""
+    if clock.left() < plan.part_seconds["train"]:
+        return {"status": "skipped: time budget spent"}
+    env = os.environ.copy()
+    if on_gpu:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {DETERMINISTIC}".strip()
+    data = work / "data"
+    a, b = work / "run-a", work / "run-b"
+    for run in (a, b):
+        run.mkdir(parents=True)
+        (run / "model.json").write_text(json.dumps(plan.small_model, indent=2))
+        (run / "train.json").write_text(json.dumps(plan.small_train, indent=2))
+    train = [sys.executable, str(HERE / "train.py")]
+    rc, last, a_s = _run([*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env)
+    if rc != 0 and on_gpu and "nknown flag" in (logs / "train-a.log").read_text():  # an XLA without that flag
+        env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DETERMINISTIC, "").strip()
+        shutil.rmtree(a / "checkpoints", ignore_errors=True)
+        rc, last, a_s = _run([*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env)
+    result: dict[str, Any] = {"xla_flags": env.get("XLA_FLAGS", ""), "run_a_s": a_s}
+    if rc != 0:
+        return result | {"status": f"run A failed (exit {rc}): {last[-300:]}"}
+    metas_a = _metas(a)
+    first = min(s for s, m in metas_a.items() if not m["_pruned"])
+    (b / "checkpoints").mkdir()
+    shutil.copytree(metas_a[first]["_dir"], b / "checkpoints" / Path(metas_a[first]["_dir"]).name, symlinks=True)
+    rc, last, b_s = _run([*train, str(b), "--data-dir", str(data)], logs / "train-b.log", clock.timeout(plan), env)
+    result["run_b_s"] = b_s
+    if rc != 0:
+        return result | {"status": f"run B (resume) failed (exit {rc}): {last[-300:]}"}
+    metas_b = _metas(b)
+    resumed = sorted(s for s in metas_b if s > first)
+    pairs = [(metas_a[s]["series"]["loss"], metas_b[s]["series"]["loss"]) for s in resumed if s in metas_a]
+    diff = max((abs(x - y) for la, lb in pairs for x, y in zip(la, lb)), default=float("nan"))
+    losses = [loss for s in sorted(metas_a) for loss in metas_a[s]["series"]["loss"]]
+    head, tail = losses[:10], losses[-10:]
+    return result | {
+        "status": "ok",
+        "checkpoints_a": sorted(metas_a), "checkpoints_b": sorted(metas_b), "resumed_from": first,
+        "steps": len(losses), "loss_first10": sum(head) / len(head), "loss_last10": sum(tail) / len(tail),
+        "loss_falls": sum(tail) < sum(head),
+        "val_loss": {s: metas_a[s]["val_loss"] for s in sorted(metas_a)},
+        "tokens_per_s": metas_a[max(metas_a)]["throughput_tokens_per_s"],
+        "resume_steps_compared": sum(len(la) for la, _ in pairs),
+        "resume_bit_identical": bool(pairs) and all(la == lb for la, lb in pairs),
+        "resume_max_abs_diff": diff,
+    }
+
+
+def _metas(run: Path) -> dict[int, dict[str, Any]]:
+    """meta.json of every checkpoint of a run (pruned ones from history/), by step."""
+    root = run / "checkpoints"
+    out: dict[int, dict[str, Any]] = {}
+    for meta in [*(root / "history").glob("*.json"), *root.glob("*/meta.json")]:  # folders win over history
+        pruned = meta.parent.name == "history"
+        if not pruned and (meta.parent.name.startswith(".") or meta.parent.is_symlink()):
+            continue  # temp folders, latest/best links
+        m = json.loads(meta.read_text())
+        out[int(m["step"])] = m | {"_dir": str(meta.parent), "_pruned": pruned}
+    return out
+
+
+# ----------------------------------------------------------------------------- (c) generation
+
+
+def generation(plan: Plan, logs: Path, clock: Clock) -> list[dict[str, Any]]:
+    rows = []
+    for batch in (1, 8):
+        if clock.left() < plan.part_seconds["generate"]:
+            rows.append({"batch_size": batch, "status": "skipped: time budget spent"})
+            continue
+        args = ["generate", "--cached-only", "--batch-size", str(batch), "--new-tokens", str(plan.new_tokens),
+                *[f"--model={m}" for m in plan.generate_model]]
+        rows.append(_bench(args, logs, f"generate-b{batch}", clock.timeout(plan)) | {"batch_size": batch})
+    return rows
+
+
+# ----------------------------------------------------------------------------- the whole check
+
+
+def bench_gpu(out: Path, *, cpu_smoke: bool = False, budget_s: float = 480.0, log: Any = print) -> dict[str, Any]:
+    """Run (a), (b), (c) within `budget_s`; write <out>.json and <out>.md; return the figures."""
+    plan = SMOKE if cpu_smoke else GPU
+    clock = Clock(budget_s)
+    out = Path(out)
+    logs = Path(f"{out}.logs")
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    work = logs / "work"
+    chip: dict[str, Any] = {}
+    log(f"accelerator check ({'cpu smoke' if cpu_smoke else 'full'}), budget {budget_s:.0f} s; logs in {logs}")
+    steps = step_rows(plan, logs, clock, chip)
+    on_gpu = chip.get("platform") == "gpu" or any(r.get("platform") == "gpu" for r in steps)
+    train = training(plan, work, logs, clock, on_gpu)
+    gen = generation(plan, logs, clock)
+    shutil.rmtree(work, ignore_errors=True)  # checkpoints and the dataset: the figures are in the JSON
+    result = {"mode": "cpu-smoke" if cpu_smoke else "full", "python": platform.python_version(),
+              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "budget_s": budget_s, "elapsed_s": budget_s - clock.left(), "chip": chip,
+              "train_step": steps, "training": train, "generation": gen}
+    result["versions"] = next((r["versions"] for r in steps if "versions" in r), {})
+    Path(f"{out}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    Path(f"{out}.md").write_text(report(result))
+    log(report(result))
+    return result
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def report(r: dict[str, Any]) -> str:
+    chip = r["chip"]
+    peak = chip.get("peak_flops")
+    lines = [f"### Accelerator check ({r['mode']}, {r['time_utc']})", "",
+             f"Device: {chip.get('device_kind', '?')} ({chip.get('platform', '?')}); bf16 dense peak "
+             f"{_num(peak and peak / 1e12, '.4g')} TFLOP/s ({chip.get('peak_source', '-')}); "
+             f"python {r['python']}{''.join(f', {k} {v}' for k, v in r['versions'].items())}; "
+             f"{r['elapsed_s']:.0f} s of a {r['budget_s']:.0f} s budget.", "",
+             f"(a) train step, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M, microbatch 16 x 1024'}, "
+             "bf16 matmuls, full optimiser chain:", "",
+             "| variant | tokens/s | step ms | MFU | TFLOP/s | compile s | peak device GiB | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in r["train_step"]:
+        mem = (row.get("device_memory") or {}).get("peak_bytes_in_use")
+        lines.append(f"| {row['label']} | {_num(row.get('tokens_per_s_median'), ',.0f')} | "
+                     f"{_num(row.get('step_s_median') and 1e3 * row['step_s_median'], '.1f')} | "
+                     f"{_num(row.get('mfu') and 100 * row['mfu'], '.1f')}{'%' if row.get('mfu') else ''} | "
+                     f"{_num(row.get('achieved_tflops'), '.4g')} | {_num(row.get('compile_s'), '.1f')} | "
+                     f"{_num(mem and mem / 2**30, '.1f')} | {row['status']} |")
+    bd = next((row["breakdown"] for row in r["train_step"] if row.get("breakdown")), None)
+    if bd:
+        lines += ["", f"Where the time goes (first variant, per microbatch): forward {bd['forward_ms']:.1f} ms, "
+                      f"forward + backward {bd['forward_backward_ms']:.1f} ms, optimiser update "
+                      f"{bd['optimizer_update_ms']:.1f} ms, whole step {bd['train_step_ms_per_microbatch']:.1f} ms."]
+    t = r["training"]
+    lines += ["", "(b) training run and resume:", ""]
+    if t.get("status") == "ok":
+        lines += [f"- {t['steps']} steps, checkpoints at {t['checkpoints_a']}; loss {t['loss_first10']:.3f} "
+                  f"(first 10 steps) -> {t['loss_last10']:.3f} (last 10): "
+                  f"{'falls' if t['loss_falls'] else 'DOES NOT FALL'}; {t['tokens_per_s']:,.0f} tokens/s",
+                  f"- resumed from step {t['resumed_from']}: {t['resume_steps_compared']} steps compared, "
+                  f"{'bit-identical' if t['resume_bit_identical'] else 'NOT identical'} (max |diff| "
+                  f"{t['resume_max_abs_diff']:.3g}); XLA_FLAGS={t['xla_flags'] or '(none)'}"]
+    else:
+        lines.append(f"- {t.get('status')}")
+    lines += ["", f"(c) KV-cached generation, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M'} "
+              f"(greedy, float32):", "",
+              "| batch | tokens/s | decode compile s | status |", "|---|---|---|---|"]
+    for row in r["generation"]:
+        lines.append(f"| {row['batch_size']} | {_num(row.get('cached_tok_s'), ',.0f')} | "
+                     f"{_num(row.get('compile_step_s'), '.1f')} | {row['status']} |")
+    return "\n".join(lines) + "\n"

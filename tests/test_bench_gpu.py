@@ -1,0 +1,67 @@
+"""bench.py gpu, the one-shot accelerator check, end to end on tiny shapes (--cpu-smoke): the same
+code paths as on a GPU, so it cannot rot on CPU. Figures are checked for presence and sense only;
+timings are never asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import bench
+import bench_gpu
+from bench_train import chip_peak_flops
+from conftest import ROOT
+
+
+def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
+    out = tmp_path / "check"
+    assert bench.main(["gpu", "--cpu-smoke", "--out", str(out)]) == 0
+    r = json.loads(Path(f"{out}.json").read_text())
+    md = Path(f"{out}.md").read_text()
+    # (a) four train-step variants through bench.py train, each in its own process
+    steps = r["train_step"]
+    assert [(s["attention"], s["scan_layers"], s["k"]) for s in steps] == [
+        ("auto", True, 1), ("auto", True, 2), ("xla", True, 1), ("auto", False, 1)]
+    for s in steps:
+        assert s["status"] == "ok", s["status"]
+        assert s["tokens_per_s_median"] > 0 and s["step_s_median"] > 0 and s["compile_s"] >= 0
+        assert s["mfu"] > 0 and math.isfinite(s["mfu"]) and s["compute_dtype"] == "bfloat16"
+        assert s["accumulation_steps"] == s["k"] and s["microbatch_size"] == 2
+    assert all(v > 0 for v in steps[0]["breakdown"].values())  # where the time goes, first variant
+    assert r["chip"]["platform"] == "cpu" and r["chip"]["peak_source"].startswith("measured")
+    # (b) train.py to the end, then a second run resumed from the first checkpoint
+    t = r["training"]
+    assert t["status"] == "ok", t["status"]
+    assert t["checkpoints_a"] == [10, 20, 30] and t["checkpoints_b"] == [10, 20, 30] and t["resumed_from"] == 10
+    assert t["loss_falls"] and t["loss_last10"] < t["loss_first10"]
+    assert t["resume_steps_compared"] == 20 and t["resume_bit_identical"] and t["resume_max_abs_diff"] == 0
+    # (c) cached generation at two batch sizes
+    assert [g["batch_size"] for g in r["generation"]] == [1, 8]
+    assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 for g in r["generation"])
+    assert "| variant | tokens/s |" in md and "bit-identical" in md and "| batch | tokens/s |" in md
+    assert Path(f"{out}.logs/train-b.log").is_file() and not Path(f"{out}.logs/work").exists()
+
+
+def test_a_failing_part_is_one_row_and_a_spent_budget_skips(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    row = bench_gpu._bench(["train", "runs/gpt2-small", "--model", "attention=cudnn", "--steps", "1"], logs,
+                           "cudnn", timeout=120)
+    assert row["status"].startswith("failed (exit 2): error: runs/gpt2-small attention=cudnn: "
+                                    "model.json: attention='cudnn' needs a GPU"), row["status"]
+    r = bench_gpu.bench_gpu(tmp_path / "none", cpu_smoke=True, budget_s=0, log=lambda _: None)
+    assert all(s["status"].startswith("skipped") for s in r["train_step"] + r["generation"] + [r["training"]])
+    assert "skipped: time budget spent" in Path(f"{tmp_path}/none.md").read_text()
+
+
+def test_chip_peaks_and_the_cuda13_extra() -> None:
+    assert chip_peak_flops("NVIDIA H200")[0] == chip_peak_flops("NVIDIA H100 80GB HBM3")[0] == 989e12
+    assert chip_peak_flops("NVIDIA A100-SXM4-80GB")[0] == 312e12
+    assert chip_peak_flops("NVIDIA L40S")[0] == 362e12 and chip_peak_flops("NVIDIA L4")[0] == 121e12
+    assert chip_peak_flops("cpu") is None and chip_peak_flops("Some Future Chip") is None
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["cuda12"] == ["jax[cuda12]>=0.10.2"] and extras["cuda13"] == ["jax[cuda13]>=0.10.2"]
+    lock = (ROOT / "uv.lock").read_text()
+    assert 'name = "jax-cuda13-plugin"' in lock and 'name = "jax-cuda12-plugin"' in lock  # both resolved
