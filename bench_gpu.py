@@ -168,7 +168,6 @@ def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
     code = ("import json, bench_train; "
             f"print(json.dumps(bench_train.matmul_flops({size}, repeats=10, dtype='bfloat16')))")
     rc, last, _ = _run([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
-    last = last.splitlines()[-1] if last else last
     if rc != 0:
         return {"peak_flops": None, "peak_source": f"measuring failed: {last[-200:]}"}
     return {"peak_flops": float(last), "peak_source": f"measured: best {size}^3 bf16 matmul (x 2 {size}^3 FLOPs)"}
