@@ -129,12 +129,9 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     import os
 
     import jax
-    from flax import nnx
 
-    import ops
     import sharding
-    from model import build_model, count_params
-    from optim import make_optimizer
+    from model import count_params
     from step import StepRunner, loss_fn, step_key
 
     if steps < 1 or windows < 1 or warmup < 0:
@@ -146,22 +143,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     load_before = os.getloadavg()
     rss_before_model = peak_rss_mib()  # the interpreter, JAX and its backend
 
-    try:  # model.json's choices this backend cannot run (cuDNN without a GPU), before anything is built
-        ops.select(model_cfg)
-    except ConfigError as e:
-        raise ConfigError(f"{name}: {e}" if name else str(e)) from None
     total_steps = 1 + warmup + windows * steps  # the schedule's length only; the rate does not change the cost
-    mesh = sharding.make_mesh(train_cfg.mesh, B)
-    rows = sharding.local_rows(mesh, B)
-
-    def build() -> tuple[Any, Any]:
-        model = build_model(model_cfg, seed=seed)
-        return model, make_optimizer(model, train_cfg, total_steps)
-
-    t0 = time.perf_counter()
-    model, optimizer = sharding.create_sharded(build, mesh, train_cfg.mesh.fsdp, where=f"{name}: model.json")
-    jax.block_until_ready(nnx.state((model, optimizer)))
-    init_s = time.perf_counter() - t0
+    model, optimizer, mesh, rows, init_s = _build(model_cfg, train_cfg, total_steps, name)
     rss_after_init = peak_rss_mib()
 
     rng = np.random.default_rng(seed)
@@ -230,6 +213,35 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
                            model_cfg.compute_dtype))
     log(_train_report(result))
     return result
+
+
+def _build(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
+           name: str) -> tuple[Any, Any, Any, Any, float]:
+    """Model and optimiser built and placed as trainer.py does; (model, optimizer, mesh, this
+    process's batch rows, seconds to initialise)."""
+    import jax
+    from flax import nnx
+
+    import ops
+    import sharding
+    from model import build_model
+    from optim import make_optimizer
+
+    try:  # model.json's choices this backend cannot run (cuDNN without a GPU), before anything is built
+        ops.select(model_cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}" if name else str(e)) from None
+    B = train_cfg.microbatch_size
+    mesh = sharding.make_mesh(train_cfg.mesh, B)
+
+    def build() -> tuple[Any, Any]:
+        model = build_model(model_cfg, seed=train_cfg.seed)
+        return model, make_optimizer(model, train_cfg, total_steps)
+
+    t0 = time.perf_counter()
+    model, optimizer = sharding.create_sharded(build, mesh, train_cfg.mesh.fsdp, where=f"{name}: model.json")
+    jax.block_until_ready(nnx.state((model, optimizer)))
+    return model, optimizer, mesh, sharding.local_rows(mesh, B), time.perf_counter() - t0
 
 
 def _timed_windows(runner: Callable[..., Any], put: Callable[[int], tuple[Any, Any]], key: Callable[[int], Any],
