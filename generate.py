@@ -6,7 +6,8 @@
 
     uv run generate.py --bench      # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
 
-How decoding works (used by test_generation.py):
+How decoding works (used by test_generation.py); both programs call the model's own forward pass
+(model.GPT.cached_features, with a model.KVCache), so there is no second copy of a block here:
   prefill  the prompts, right-padded to a multiple of 64 tokens (so only a handful of programs is
            ever compiled), go through the model once; every layer's keys and values land in a
            cache of (L, B, H, D, S) keys and (L, B, H, S, D) values, S = context_length, and the
@@ -22,9 +23,6 @@ How decoding works (used by test_generation.py):
            every other row keeps its whole window. `stop` instead ends a row once prompt + new
            tokens fill context_length.
 
-The decoder walks model.py's submodules (tok_emb, pos_emb, blocks[i].ln1/attn.qkv/attn.proj/
-ln2/mlp, ln_f, head or tok_emb.attend) rather than calling GPT.__call__, so it must mirror that
-forward pass: tests/test_generate.py checks it against the full forward pass at every position.
 Sampling (temperature, top-k, top-p) runs on the host in numpy from a seeded generator.
 """
 
@@ -48,7 +46,7 @@ from flax import nnx
 import checkpointing as ckpt
 import fast_malloc
 from config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
-from model import build_model
+from model import KVCache, build_model
 from tokenizer import Tokenizer, get_tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -111,26 +109,7 @@ def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
     return model, model_cfg, get_tokenizer(tokenizer_name), ckpt_dir
 
 
-# ----------------------------------------------------------------------------- the model, walked
-
-
-def _embed(model: nnx.Module, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-    """tokens: (B, T) or (B,) ids; positions: broadcastable to them. -> (..., C)"""
-    x = model.tok_emb(tokens)
-    if model.cfg.architecture == "gpt2":
-        x = x + model.pos_emb(positions)
-    return x
-
-
-def _logits(model: nnx.Module, x: jax.Array) -> jax.Array:
-    """x: (N, C) residual stream -> (N, V) float32 logits."""
-    if model.cfg.architecture == "gpt2":
-        x = model.ln_f(x)
-    return model.logits(x)  # the head as in training (compute_dtype matmul, float32 logits)
-
-
-def _blocks(model: nnx.Module) -> Sequence[nnx.Module]:
-    return model.layers()  # views into the stacked arrays of a scan_layers model
+# ----------------------------------------------------------------------------- prefill and decode step
 
 
 def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
@@ -138,54 +117,26 @@ def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache
     """The model over right-padded prompts, keeping every layer's keys and values.
 
     tokens: (B, P) int32, position p of a row in column p; last: (B,) each row's last real column.
-    cache_k: (L, B, H, D, S), cache_v: (L, B, H, S, D); slots 0..P-1 are overwritten (padding
-    columns too: they stay masked until a decode step writes over them). Returns the caches and
-    the logits (B, V) at `last`.
+    Slots 0..P-1 of the caches are overwritten (padding columns too: they stay masked until a
+    decode step writes over them). Returns the caches and the logits (B, V) at `last`.
     """
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
-    B, P = tokens.shape
-    C, H = model.cfg.emb_dim, model.cfg.n_heads
-    x = _embed(model, tokens, jnp.arange(P)).reshape(B * P, C)  # (B*P, C), flat like model.py
-    for i, block in enumerate(_blocks(model)):
-        q, k, v = (t.reshape(B, P, H, C // H) for t in jnp.split(block.attn.qkv(block.ln1(x)), 3, axis=-1))
-        at = (i, 0, 0, 0, 0)
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), at)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), at)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, P, H, D)
-        x = x + block.attn.proj(y.reshape(B * P, C))
-        x = x + block.mlp(block.ln2(x))
-    x = x.reshape(B, P, C)[jnp.arange(B), last]  # (B, C): only each row's last token needs logits
-    return cache_k, cache_v, _logits(model, x)
+    x, cache = model.cached_features(tokens, KVCache(cache_k, cache_v))  # (B, P, C)
+    x = x[jnp.arange(tokens.shape[0]), last]  # (B, C): only each row's last token needs logits
+    return cache.k, cache.v, model.logits(x)
 
 
 def _step(graphdef: nnx.GraphDef, span: int, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
           tokens: jax.Array, pos: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One new token per row. tokens, pos: (B,) int32; row b's token sits at position pos[b].
-
-    Its key/value go to cache slot pos[b] (a per-row scatter into the donated cache, in place) and
-    it attends to slots 0..pos[b] of its row, read from the first `span` slots only (static: every
-    advancing row has pos < span). Returns the caches and the next logits (B, V).
-    """
+    """One new token per row through the model. tokens, pos: (B,) int32; row b's token sits at
+    position pos[b], its key/value go to cache slot pos[b] (in place: the caches are donated), and
+    it attends to slots 0..pos[b] of its row, read from the first `span` slots only. Returns the
+    caches and the next logits (B, V)."""
     TRACES["step"] += 1
     model = nnx.merge(graphdef, state)
-    B = tokens.shape[0]
-    C, H = model.cfg.emb_dim, model.cfg.n_heads
-    rows = jnp.arange(B)
-    visible = jnp.arange(span)[None, None, :] <= pos[:, None, None]  # (B, 1, span)
-    x = _embed(model, tokens, pos)  # (B, C)
-    for i, block in enumerate(_blocks(model)):
-        q, k, v = (t.reshape(B, H, C // H) for t in jnp.split(block.attn.qkv(block.ln1(x)), 3, axis=-1))
-        cache_k = cache_k.at[i, rows, :, :, pos].set(k.astype(cache_k.dtype))
-        cache_v = cache_v.at[i, rows, :, pos].set(v.astype(cache_v.dtype))
-        # Keys are stored transposed, (H, D, S) per row, so both products stream the cache
-        # contiguously: on CPU this halved the step time of a batch of 4 against (S, H, D).
-        att = jnp.einsum("bhd,bhds->bhs", q, cache_k[i, :, :, :, :span]) / math.sqrt(C // H)  # (B, H, span)
-        att = jax.nn.softmax(jnp.where(visible, att.astype(jnp.float32), -jnp.inf), axis=-1)
-        y = jnp.einsum("bhs,bhsd->bhd", att.astype(cache_v.dtype), cache_v[i, :, :, :span])  # (B, H, D)
-        x = x + block.attn.proj(y.reshape(B, C))
-        x = x + block.mlp(block.ln2(x))
-    return cache_k, cache_v, _logits(model, x)
+    x, cache = model.cached_features(tokens[:, None], KVCache(cache_k, cache_v, pos=pos, span=span))  # (B, 1, C)
+    return cache.k, cache.v, model.logits(x[:, 0])
 
 
 def _full_forward(graphdef: nnx.GraphDef, state: nnx.State, window: jax.Array, last: jax.Array) -> jax.Array:
@@ -215,10 +166,8 @@ class KVDecoder:
         cfg = model.cfg
         self.cfg, self.batch_size, self.bucket = cfg, batch_size, bucket
         self.graphdef, self.state = nnx.split(model)
-        dtype = model.tok_emb.embedding.get_value().dtype
-        L, H, D, S = len(_blocks(model)), cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.context_length
-        self._cache = (jnp.zeros((L, batch_size, H, D, S), dtype),  # keys, transposed
-                       jnp.zeros((L, batch_size, H, S, D), dtype))  # values
+        cache = KVCache.zeros(cfg, batch_size)
+        self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values
         self.lengths = np.zeros(batch_size, np.int64)  # tokens held in each row's cache
         self._steps: dict[int, Any] = {}  # span -> compiled step
         self.compile_s = 0.0

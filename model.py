@@ -21,13 +21,12 @@ and the loss in chunks, never the whole (B*T, V) logits).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 
 from config import ModelConfig
 from ops import Ops
@@ -58,6 +57,59 @@ def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Arr
     return layer(x, deterministic=rngs is None, rngs=rngs)
 
 
+@struct.dataclass
+class KVCache:
+    """Every layer's keys and values for B rows of up to S = context_length tokens (decoding).
+
+    The attention of layer `layer` reads and writes its slice; the model sets `layer` as it walks
+    its blocks. Keys are stored transposed, so that both products of a decode step stream the
+    cache contiguously (the query row against (D, S) keys, the weights against (S, D) values).
+
+    pos None: a prefill: the rows' tokens sit at positions 0..T-1, every slot from 0 on is
+    rewritten, and attention is the training kernel's. pos (B,): a decode step, one token per row,
+    row b's at position pos[b]; it is written to slot pos[b] and attends to slots 0..pos[b], read
+    from the first `span` slots only (static: every advancing row has pos < span).
+    """
+
+    k: jax.Array  # (L, B, H, D, S) float32
+    v: jax.Array  # (L, B, H, S, D)
+    pos: jax.Array | None = None  # (B,) int32
+    layer: jax.Array | int = 0
+    span: int = struct.field(pytree_node=False, default=0)
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch_size: int) -> KVCache:
+        L = cfg.n_layers if cfg.architecture == "gpt2" else 0
+        H, D, S = cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.context_length
+        # float32 like every activation: the attention products round keys and values to the
+        # compute dtype as they do in training, so a bfloat16 cache would compute the same and
+        # only halve its memory, but XLA:CPU does not scatter into a bfloat16 buffer in place.
+        return cls(jnp.zeros((L, batch_size, H, D, S)), jnp.zeros((L, batch_size, H, S, D)))
+
+    def positions(self, T: int) -> jax.Array:
+        """The positions of the (B, T) tokens being fed: (T,) for a prefill, (B, 1) for a step."""
+        return jnp.arange(T) if self.pos is None else self.pos[:, None]
+
+    def prefill(self, k: jax.Array, v: jax.Array) -> KVCache:
+        """Write (B, T, H, D) keys and values to slots 0..T-1 of this layer."""
+        at = (self.layer, 0, 0, 0, 0)
+        return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
+                            v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, einsum: Any) -> tuple[jax.Array, KVCache]:
+        """A decode step's attention: (B, H, D) query, key and value of each row's new token ->
+        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter)."""
+        B, H, D = q.shape
+        rows = jnp.arange(B)
+        cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
+                             v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
+        keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
+        att = einsum("bhd,bhds->bhs", q, keys) / math.sqrt(D)  # (B, H, span) float32
+        visible = jnp.arange(self.span)[None, None, :] <= self.pos[:, None, None]  # (B, 1, span)
+        att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
+        return einsum("bhs,bhsd->bhd", att, values).reshape(B, H * D), cache  # (B, C)
+
+
 class CausalSelfAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
@@ -74,16 +126,23 @@ class CausalSelfAttention(nnx.Module):
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training)."""
         B, T, C = x.shape
         H, D = self.n_heads, C // self.n_heads
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
         q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
+        if cache is not None and cache.pos is not None:  # a decode step: T = 1
+            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.einsum)
+            return self.proj(y[:, None]), cache  # (B, 1, C)
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:
             dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
         y = self.ops.attention(q, k, v, dropout)  # (B, T, C), heads side by side
-        return _dropout(self.proj(y), self.resid_drop, rngs)  # (B, T, C)
+        if cache is not None:
+            cache = cache.prefill(k, v)
+        return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)
 
 
 class MLP(nnx.Module):
@@ -109,9 +168,11 @@ class Block(nnx.Module):
         self.ln2 = _layer_norm(cfg.emb_dim, rngs)
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        x = x + self.attn(self.ln1(x), rngs)  # (B, T, C)
-        return x + self.mlp(self.ln2(x), rngs)  # (B, T, C)
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        y, cache = self.attn(self.ln1(x), rngs, cache)
+        x = x + y  # (B, T, C)
+        return x + self.mlp(self.ln2(x), rngs), cache  # (B, T, C)
 
 
 class GPT(nnx.Module):
@@ -137,36 +198,48 @@ class GPT(nnx.Module):
 
     def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f."""
+        return self._forward(idx, rngs, None)[0]
+
+    def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """The same forward pass for decoding: (B, T) ids at the cache's positions (a prefill, or
+        T = 1 for a decode step) -> (B, T, C) features and the updated cache. No dropout."""
+        return self._forward(idx, None, cache)
+
+    def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None,
+                 cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
         B, T = idx.shape
-        x = _dropout(self.tok_emb(idx) + self.pos_emb(jnp.arange(T)), self.drop, rngs)  # (B, T, C) + (T, C)
+        positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
+        x = _dropout(self.tok_emb(idx) + self.pos_emb(positions), self.drop, rngs)  # (B, T, C)
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
 
-        def run(state: nnx.State, x: jax.Array, key: jax.Array | None) -> jax.Array:
-            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key))
+        def run(state: nnx.State, x: jax.Array, key: jax.Array | None,
+                cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
+            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache)
 
         if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
             # Inside a scan the loop itself keeps XLA from merging the recomputation back into
             # the forward pass; unrolled, jax.checkpoint's optimization barriers must.
             run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers)
-        if self.cfg.scan_layers:
-            step = lambda x, layer: (run(layer[0], x, layer[1]), None)  # noqa: E731
-            x, _ = jax.lax.scan(step, x, (states, keys))
+        if self.cfg.scan_layers:  # decoding scans the same blocks, the whole cache in the carry
+            layer_ids = None if cache is None else jnp.arange(self.cfg.n_layers)
+            cache = None if cache is None else cache.replace(layer=jnp.int32(0))
+
+            def step(carry: tuple[jax.Array, KVCache | None], layer: tuple[Any, ...]) -> tuple[Any, None]:
+                x, cache = carry
+                state, key, i = layer
+                return run(state, x, key, None if cache is None else cache.replace(layer=i)), None
+
+            (x, cache), _ = jax.lax.scan(step, (x, cache), (states, keys, layer_ids))
         else:
             for i, state in enumerate(states):
-                x = run(state, x, None if keys is None else keys[i])  # (B, T, C)
-        return self.ln_f(x)
+                layer_cache = None if cache is None else cache.replace(layer=i)
+                x, cache = run(state, x, None if keys is None else keys[i], layer_cache)  # (B, T, C)
+        return self.ln_f(x), cache
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head: (..., C) -> (..., V) float32 logits."""
         return head_logits(self.ops, self.cfg, head_weight(self), x)
-
-    def layers(self) -> Sequence[Block]:
-        """The L blocks as modules, in order (views into the stacked arrays when scan_layers)."""
-        graphdef, states = _block_states(self)
-        if self.cfg.scan_layers:
-            return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], states)) for i in range(self.cfg.n_layers)]
-        return list(self.blocks)
 
 
 class AToA(nnx.Module):
@@ -186,11 +259,11 @@ class AToA(nnx.Module):
     def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         return self.tok_emb(idx)  # (B, T, C)
 
+    def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        return self.tok_emb(idx), cache  # no layers: nothing to cache
+
     def logits(self, x: jax.Array) -> jax.Array:
         return head_logits(self.ops, self.cfg, head_weight(self), x)  # (..., V)
-
-    def layers(self) -> Sequence[Block]:
-        return []
 
 
 def head_weight(model: GPT | AToA) -> jax.Array:
