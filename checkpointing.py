@@ -1,28 +1,14 @@
 """Checkpoints: safetensors weights + Orbax optimiser state + meta.json, written atomically.
 
-Layout of a run's checkpoints (this is the only module that imports Orbax):
-
-    runs/<name>/checkpoints/
-        20261129T101500Z-step-100/      one complete checkpoint
-            model.safetensors           parameters, dotted keys (blocks.0.attn.qkv.kernel)
-            optimizer/                  Orbax pytree of nnx.state(optimizer)
-            model.json, train.json      the resolved configs it was trained with
-            meta.json                   step, losses, lr, grad norm, data position, RNG ... (written last)
-        latest -> 2026...-step-100      relative symlinks, swapped atomically
-        best   -> 2026...-step-80
-        history/<checkpoint>.json       meta.json of pruned checkpoints, so charts keep the whole run
-
-A checkpoint is assembled in `.tmp-<name>/` and renamed into place; `latest` is replaced by
-rename too. A kill at any instant therefore leaves the previous checkpoint complete and
-`latest` pointing at a complete checkpoint. Names starting with "." are never checkpoints.
+This is the only module that imports Orbax. The layout, and everything that reads a checkpoint
+without JAX (finding, resolving, meta.json, moving aside, pruning), is checkpoint_files.py; its
+names are re-exported here, so `checkpointing` is the one module a caller needs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -35,18 +21,13 @@ from jax.experimental import multihost_utils
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from model import stack_layer_weights, unstack_layer_weights
-
-CHECKPOINTS = "checkpoints"
-WEIGHTS = "model.safetensors"
-OPTIMIZER = "optimizer"
-META = "meta.json"
-_NAME = re.compile(r"^\d{8}T\d{6}Z-step-(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A missing, corrupt or mismatched checkpoint; one line naming the path."""
-
+from checkpoint_files import (  # noqa: F401 - re-exported: the JAX-free half of this module's interface
+    CHECKPOINTS, META, OPTIMIZER, WEIGHTS, CheckpointError, checkpoint_configs, checkpoints_dir,
+    fsync_dir, fsync_tree, latest_checkpoint, list_checkpoints, move_aside, point, prune, read_configs,
+    read_meta, remove_leftovers, resolve_checkpoint, resolve_weights, step_of, write_json)
+from config import ModelConfig, TrainConfig
+from model import build_model, stack_layer_weights, unstack_layer_weights
+from tokenizer import Tokenizer, get_tokenizer
 
 # ----------------------------------------------------------------------------- weights
 
@@ -106,70 +87,6 @@ def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str
     nnx.update(model, nnx.from_flat_state(new))
 
 
-# ----------------------------------------------------------------------------- finding checkpoints
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS
-
-
-def step_of(ckpt: Path) -> int:
-    m = _NAME.match(Path(ckpt).name)
-    if not m:
-        raise CheckpointError(f"{ckpt}: not a checkpoint folder name (<UTC time>-step-<N>)")
-    return int(m.group(1))
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest step first (temp and pruned folders excluded)."""
-    root = checkpoints_dir(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir()
-             if _NAME.match(p.name) and not p.is_symlink() and (p / META).is_file()]
-    return sorted(found, key=lambda p: (step_of(p), p.name))
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """What `latest` points at; if the link is missing, the highest-step complete checkpoint."""
-    link = checkpoints_dir(run_dir) / "latest"
-    if link.is_symlink() and (link.resolve() / META).is_file():
-        return link.resolve()
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """Accept a checkpoint folder, a `latest`/`best` link, or a run directory (-> its latest)."""
-    path = Path(path)
-    if (path / META).is_file():
-        return path.resolve()
-    if (path / "model.json").is_file() or checkpoints_dir(path).is_dir():
-        ckpt = latest_checkpoint(path)
-        if ckpt is None:
-            raise CheckpointError(f"{path}: run directory has no checkpoint yet (train it first)")
-        return ckpt
-    raise CheckpointError(f"{path}: neither a checkpoint (no {META}) nor a run directory")
-
-
-def read_meta(ckpt: Path) -> dict[str, Any]:
-    path = Path(ckpt) / META
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found (incomplete checkpoint?)") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path}: corrupt meta.json (not UTF-8 text)") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
-    if (not isinstance(meta, dict) or not isinstance(meta.get("step"), int)
-            or isinstance(meta["step"], bool) or meta["step"] < 0):
-        raise CheckpointError(f"{path}: corrupt meta.json (no non-negative integer 'step')")
-    return meta
-
-
 # ----------------------------------------------------------------------------- save
 
 
@@ -188,7 +105,7 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
     main = jax.process_index() == 0
     if main:
         root.mkdir(parents=True, exist_ok=True)
-        _remove_leftovers(root)
+        remove_leftovers(root)
         tmp.mkdir()
     _sync("checkpoint-start")
     weights = weights_to_numpy(model)
@@ -196,54 +113,19 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
     if main:
         save_file(weights, str(tmp / WEIGHTS))
         for filename, cfg in configs.items():
-            _write_json(tmp / filename, cfg)
-        _write_json(tmp / META, meta)  # last: its presence marks the folder complete
-        _fsync_tree(tmp)
+            write_json(tmp / filename, cfg)
+        write_json(tmp / META, meta)  # last: its presence marks the folder complete
+        fsync_tree(tmp)
         if final.exists():  # same step saved twice within one second: keep the newer one
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
-        _point(root, "latest", name)
+        fsync_dir(root)
+        point(root, "latest", name)
         if meta.get("is_best"):
-            _point(root, "best", name)
+            point(root, "best", name)
         prune(run_dir, keep_last)
     _sync("checkpoint-done")
     return final
-
-
-def prune(run_dir: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` checkpoints and the best one; keep their meta.json."""
-    root = checkpoints_dir(run_dir)
-    found = list_checkpoints(run_dir)
-    keep = set(found[-keep_last:])
-    for link in ("best", "latest"):
-        if (root / link).is_symlink():
-            keep.add((root / link).resolve())
-    history = root / "history"
-    removed = []
-    for ckpt in found:
-        if ckpt.resolve() in {k.resolve() for k in keep}:
-            continue
-        history.mkdir(exist_ok=True)
-        shutil.copyfile(ckpt / META, history / f"{ckpt.name}.json")
-        doomed = root / f".pruned-{ckpt.name}"
-        os.rename(ckpt, doomed)  # atomic: never a half-deleted folder under a checkpoint name
-        shutil.rmtree(doomed)
-        removed.append(ckpt)
-    return removed
-
-
-def move_aside(run_dir: Path) -> Path | None:
-    """Start a run over: rename checkpoints/ to checkpoints.old-<UTC time>/, deleting nothing."""
-    root = checkpoints_dir(run_dir)
-    if not root.exists():
-        return None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}"), 1
-    while target.exists():  # two restarts within one second
-        target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}-{n}"), n + 1
-    os.rename(root, target)
-    return target
 
 
 # ----------------------------------------------------------------------------- load
@@ -273,14 +155,13 @@ def load_checkpoint(ckpt: Path, model: nnx.Module, optimizer: nnx.Optimizer | No
     return meta
 
 
-def read_configs(ckpt: Path) -> dict[str, dict[str, Any]]:
-    """The resolved model.json / train.json saved inside a checkpoint."""
-    out = {}
-    for filename in ("model.json", "train.json"):
-        path = Path(ckpt) / filename
-        if path.is_file():
-            out[filename] = json.loads(path.read_text())
-    return out
+def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
+    """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir."""
+    ckpt_dir, model_cfg, train = checkpoint_configs(path)
+    tokenizer_name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
+    model = build_model(model_cfg)
+    load_weights(model, ckpt_dir / WEIGHTS)
+    return model, model_cfg, get_tokenizer(tokenizer_name), ckpt_dir
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -300,44 +181,3 @@ def _agreed_time(now: dt.datetime | None) -> dt.datetime:
     return dt.datetime.fromtimestamp(int(stamp), dt.timezone.utc)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _point(root: Path, link_name: str, target: str) -> None:
-    """Swap a relative symlink atomically (symlink under a temp name, then rename over)."""
-    tmp = root / f".{link_name}.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, root / link_name)
-    _fsync_dir(root)
-
-
-def _remove_leftovers(root: Path) -> None:
-    # A kill mid-save or mid-prune leaves dot-folders behind; they never hold a checkpoint
-    # that `latest` could point at, so they are safe to remove.
-    for p in root.iterdir():
-        if p.name.startswith((".tmp-", ".pruned-")) and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-
-
-def _fsync_tree(path: Path) -> None:
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -27,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
-import checkpointing as ckpt
+import checkpoint_files as ckpt_files
 import fast_malloc
 from config import ConfigError, TrainConfig, from_dict
 from data import BatchSampler, DataError, TokenSplit, open_dataset
 from download_dataset import default_data_root, prepare_dataset
 from tokenizer import Tokenizer, TokenizerError, get_tokenizer
 
-INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
+INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt_files.CheckpointError)
 
 
 def token_bytes(tok: Tokenizer) -> np.ndarray:
@@ -54,17 +54,12 @@ def token_bytes(tok: Tokenizer) -> np.ndarray:
 
 def evaluate(model: Any, tok: Tokenizer, split: TokenSplit, *, batch_size: int, seq_len: int,
              targets: str = "next", max_batches: int | None = None, progress: bool | None = None) -> dict[str, float]:
-    """Score `split` in order; returns loss, perplexity, bits_per_byte and the counts behind them."""
+    """Score `split` in order with the training loss (step.eval_step: validation's program, the
+    model's loss_chunk included); returns loss, perplexity, bits_per_byte and the counts behind them."""
     import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import nnx
     from tqdm import tqdm
 
-    @nnx.jit
-    def loss_sum(model: nnx.Module, x: jax.Array, y: jax.Array) -> jax.Array:
-        logits = model(x).astype(jnp.float32)  # (B, T, V)
-        return optax.losses.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+    from step import eval_step
 
     n_windows = max(0, (split.n_tokens - 1) // seq_len)
     batch_size = min(batch_size, n_windows) if n_windows else batch_size
@@ -79,7 +74,7 @@ def evaluate(model: Any, tok: Tokenizer, split: TokenSplit, *, batch_size: int, 
                disable=None if progress is None else not progress)
     for i in bar:
         x, y = sampler.microbatch(i)
-        total += float(loss_sum(model, jax.device_put(x), jax.device_put(y)))
+        total += float(eval_step(model, jax.device_put(x), jax.device_put(y))) * y.size  # mean -> sum
         tokens += y.size
         nbytes += int(nbytes_of[y].sum())
         bar.set_postfix(loss=f"{total / tokens:.4f}", refresh=False)
@@ -115,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
     try:
-        from generate import checkpoint_configs, load_model  # JAX starts here, after the argument checks
-
-        ckpt_dir, model_cfg, train = checkpoint_configs(args.checkpoint)
+        ckpt_dir, model_cfg, train = ckpt_files.checkpoint_configs(args.checkpoint)
         cfg = _train_config(train, str(ckpt_dir / "train.json"))
         seq_len = args.sequence_length or cfg.seq_len(model_cfg)
         if seq_len > model_cfg.context_length:
@@ -135,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if dataset.max_token_id >= model_cfg.vocab_size:
             raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
         split = dataset.train if args.split == "train" else dataset.val
+        from checkpointing import load_model  # JAX starts here, after every input check
+
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         tok = get_tokenizer(cfg.tokenizer)  # the dataset's, which the byte counts must follow
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")

@@ -1,6 +1,7 @@
 """Sample from a trained model: a KV cache, a compiled one-token decode step, batched prompts.
 
-    from generate import load_model, generate_batch
+    from checkpointing import load_model
+    from generate import generate_batch
     model, cfg, tok, path = load_model(Path("runs/tiny"))      # run dir, checkpoint or latest/best link
     texts = generate_batch(model, [tok.encode("Every effort moves you")], max_new_tokens=50)
 
@@ -30,12 +31,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -43,70 +42,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import checkpointing as ckpt
 import fast_malloc
-from config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
+from config import ModelConfig
 from model import KVCache, build_model
-from tokenizer import Tokenizer, get_tokenizer
+from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
 ON_FULL = ("slide", "stop")
 # How often each program was traced (a Python side effect that runs only while tracing): the
 # tests use it to check that decoding never recompiles.
 TRACES: collections.Counter[str] = collections.Counter()
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def resolve_weights(path: Path) -> Path:
-    """The checkpoint folder behind `path`: a checkpoint, a latest/best link, a run dir's latest
-    checkpoint, or, for a run that has none yet, the weights its train.json `init_from` names
-    (an imported GPT-2, see import_gpt2.py)."""
-    path = Path(path)
-    try:
-        return ckpt.resolve_checkpoint(path)
-    except ckpt.CheckpointError:
-        if not (path / MODEL_FILE).is_file() or not (path / TRAIN_FILE).is_file():
-            raise
-        init_from = from_json(TrainConfig, path / TRAIN_FILE).init_from
-        if init_from is None:
-            raise
-        return ckpt.resolve_checkpoint(path / init_from)
-
-
-def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
-    """(checkpoint folder, model config, train.json as a dict) for a checkpoint or run dir.
-
-    The architecture comes from the run's model.json (the checkpoint's own copy when the folder
-    was moved out of its run); train.json from the run directory when `path` is one, else the
-    copy saved with the checkpoint.
-    """
-    path = Path(path)
-    ckpt_dir = resolve_weights(path)
-    saved = ckpt.read_configs(ckpt_dir)
-    run_model_json = ckpt_dir.parent.parent / MODEL_FILE
-    if run_model_json.is_file():
-        model_cfg = from_json(ModelConfig, run_model_json)
-    elif "model.json" in saved:
-        model_cfg = from_dict(ModelConfig, saved["model.json"], str(ckpt_dir / MODEL_FILE))
-    else:
-        raise ckpt.CheckpointError(f"{ckpt_dir}: no model.json beside the checkpoint or in its run")
-    if not (path / ckpt.META).is_file() and (path / TRAIN_FILE).is_file() and (path / MODEL_FILE).is_file():
-        train = json.loads((path / TRAIN_FILE).read_text())
-        from_dict(TrainConfig, train, str(path / TRAIN_FILE))  # validate: one-line errors
-    else:
-        train = saved.get("train.json", {})
-    return ckpt_dir, model_cfg, train
-
-
-def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
-    """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir."""
-    ckpt_dir, model_cfg, train = checkpoint_configs(path)
-    tokenizer_name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
-    model = build_model(model_cfg)
-    ckpt.load_weights(model, ckpt_dir / ckpt.WEIGHTS)
-    return model, model_cfg, get_tokenizer(tokenizer_name), ckpt_dir
 
 
 # ----------------------------------------------------------------------------- prefill and decode step

@@ -263,9 +263,7 @@ def import_run(source: str | Path, run_dir: Path, *, n_heads: int | None = None,
 
 def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
     """Write a checkpoint (or a run's latest) as Hugging Face GPT-2: model.safetensors + config.json."""
-    from generate import checkpoint_configs  # the same resolution test_generation.py uses
-
-    ckpt_dir, cfg, train = checkpoint_configs(Path(path))
+    ckpt_dir, cfg, train = ckpt.checkpoint_configs(Path(path))  # the same resolution test_generation.py uses
     if cfg.architecture != "gpt2":
         raise WeightsError(f"{ckpt_dir}: architecture {cfg.architecture!r} has no GPT-2 counterpart")
     out_dir = Path(out_dir)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,25 +42,11 @@ def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
     )
 
 
-def maybe_initialize_distributed(coordinator: str | None, num_processes: int | None,
-                                 process_id: int | None, auto: bool = False) -> None:
-    """Join a multi-process run before JAX touches a device.
-
-    Explicit values win, then JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID;
-    `auto` leaves everything to JAX's cluster detection (SLURM, Open MPI, TPU pods, ...).
-    A plain single-process run calls nothing.
-    """
-    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    env_n, env_id = os.environ.get("JAX_NUM_PROCESSES"), os.environ.get("JAX_PROCESS_ID")
-    num_processes = num_processes if num_processes is not None else (int(env_n) if env_n else None)
-    process_id = process_id if process_id is not None else (int(env_id) if env_id else None)
-    if auto:
-        jax.distributed.initialize()
-    elif coordinator and num_processes and num_processes > 1:
-        if process_id is None:
-            raise ConfigError("multi-process run: give --process-id (or JAX_PROCESS_ID)")
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                                   process_id=process_id)
+def initialize_distributed(cluster: dict[str, Any]) -> None:
+    """Join a multi-process run before JAX touches a device: `cluster` holds
+    jax.distributed.initialize's arguments (train.py resolves them from flags and the
+    environment; empty: JAX's own cluster detection)."""
+    jax.distributed.initialize(**cluster)
 
 
 def make_mesh(cfg: MeshConfig, microbatch_size: int) -> Mesh:

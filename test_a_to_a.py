@@ -17,7 +17,7 @@ import numpy as np
 
 import checkpointing as ckpt
 from config import ConfigError
-from generate import load_model
+from checkpointing import load_model
 from tokenizer import TokenizerError
 
 # The Rime of the Ancient Mariner (Coleridge, 1798), first stanza.

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import checkpointing as ckpt
 from config import ConfigError
-from generate import GenerationStats, add_sampling_args, check_sampling_args, continuations, load_model
+from checkpointing import load_model
+from generate import GenerationStats, add_sampling_args, check_sampling_args, continuations
 from tokenizer import TokenizerError
 
 PROMPT = "Every effort moves you"

@@ -30,7 +30,7 @@ from optim import clip_flag, make_optimizer, make_schedule
 from step import StepRunner, eval_step, step_key
 
 if TYPE_CHECKING:
-    from train import Run
+    from run_setup import Run
 
 
 @dataclass

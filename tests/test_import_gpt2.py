@@ -19,7 +19,7 @@ import evaluate
 import import_gpt2
 import test_generation
 import train
-from generate import load_model
+from checkpointing import load_model
 from import_gpt2 import export_run, import_run
 
 TOL = 1e-4

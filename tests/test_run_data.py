@@ -12,6 +12,7 @@ import pytest
 
 import download_dataset as dd
 import fineweb
+import run_setup
 import train
 from config import ConfigError, load_run_configs
 from conftest import ROOT, SHARED, write_run
@@ -37,11 +38,11 @@ def test_train_prepares_only_the_files_its_length_needs(tmp_path: Path) -> None:
     # 5 steps x 2 x 64 tokens = 640 tokens: one file; 20 steps = 2560 tokens: three files.
     run_dir = write_run(tmp_path / "run", SMALL_GPT, {"dataset": {"source": fineweb.SOURCE}, "tokenizer": "gpt2",
                                                       "microbatch_size": 2, "train_steps": 5})
-    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    run = run_setup.prepare_run(run_dir, data_root=data, restart=False)
     assert run.dataset.train.n_tokens == 1000 and len(run.dataset.train.shards) == 1
     (run_dir / "train.json").write_text(json.dumps({"dataset": {"source": fineweb.SOURCE}, "tokenizer": "gpt2",
                                                     "microbatch_size": 2, "train_steps": 20}))
-    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    run = run_setup.prepare_run(run_dir, data_root=data, restart=False)
     assert run.dataset.train.n_tokens == 3000
     assert run.dataset.manifest["fingerprint"].endswith("train_files=3")
 
@@ -54,7 +55,7 @@ def test_model_vocab_must_cover_the_dataset(tmp_path: Path, capsys: pytest.Captu
                          "train_steps": 1})
     with pytest.raises(ConfigError, match=r"model\.json: vocab_size=50000 is smaller than the gpt2 tokenizer's "
                                           r"50257 ids"):
-        train.prepare_run(run_dir, data_root=data, restart=False)
+        run_setup.prepare_run(run_dir, data_root=data, restart=False)
     # The CLI says it in one line, before JAX starts.
     assert train.main([str(run_dir), "--data-dir", str(data)]) == 2
     err = capsys.readouterr().err
@@ -68,7 +69,7 @@ def test_dataset_tokenizer_must_match_train_json(tmp_path: Path) -> None:
                         {"dataset": {"source": fineweb.SOURCE}, "tokenizer": "bytes", "microbatch_size": 2,
                          "train_steps": 1})
     with pytest.raises(DataError, match="fineweb10B-gpt2: holds gpt2 tokens, so the tokenizer must be 'gpt2'"):
-        train.prepare_run(run_dir, data_root=data, restart=False)
+        run_setup.prepare_run(run_dir, data_root=data, restart=False)
 
 
 def test_shipped_gpt2_small() -> None:
@@ -93,6 +94,6 @@ def test_shipped_shakespeare_prepares_from_the_shared_copy(tmp_path: Path) -> No
         shutil.copy(ROOT / "runs" / "shakespeare" / name, run_dir / name)
     data = tmp_path / "data"
     assert dd.main(["run", str(run_dir), "--from", str(SHAKESPEARE), "--data-dir", str(data)]) == 0
-    run = train.prepare_run(run_dir, data_root=data, restart=False)
+    run = run_setup.prepare_run(run_dir, data_root=data, restart=False)
     assert run.dataset.path == data / "tinyshakespeare-bytes"
     assert run.train_batches.n_windows == (run.dataset.train.n_tokens - 1) // 128 > 7000
