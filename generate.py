@@ -5,7 +5,7 @@
     model, cfg, tok, path = load_model(Path("runs/tiny"))      # run dir, checkpoint or latest/best link
     texts = generate_batch(model, [tok.encode("Every effort moves you")], max_new_tokens=50)
 
-    uv run generate.py --bench      # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
+    uv run -m bench generate        # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
 
 How decoding works (used by test_generation.py); both programs call the model's own forward pass
 (model.GPT.cached_features, with a model.KVCache), so there is no second copy of a block here:
@@ -42,9 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import fast_malloc
-from config import ModelConfig
-from model import KVCache, build_model
+from model import KVCache
 from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -254,17 +252,7 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
         return
 
     dec = KVDecoder(model, B)
-
-    def prefill() -> np.ndarray:
-        windows = [s[st:] for s, st in zip(seqs, start)]
-        t0 = time.perf_counter()
-        out = dec.prefill(windows)
-        stats.prefill_s += time.perf_counter() - t0
-        stats.prefills += 1
-        stats.prefill_tokens += sum(map(len, windows))
-        return out
-
-    logits = prefill()
+    logits = _timed_prefill(dec, [s[st:] for s, st in zip(seqs, start)], stats)
     for i in range(max_new_tokens):
         new: list[int | None] = [None] * B
         for b in np.flatnonzero(~done):
@@ -285,13 +273,28 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
         if full.any():  # slide: those rows restart from their last `keep` tokens, the others as they are
             for b in np.flatnonzero(full):
                 start[b] = len(seqs[b]) - keep
-            logits = prefill()
+            logits = _timed_prefill(dec, [s[st:] for s, st in zip(seqs, start)], stats)
         else:
-            t0, compiled = time.perf_counter(), dec.compile_s
-            logits = dec.step([s[-1] for s in seqs], advance=~done)
-            stats.compile_s += dec.compile_s - compiled
-            stats.decode_s += time.perf_counter() - t0 - (dec.compile_s - compiled)
-            stats.steps += 1
+            logits = _timed_step(dec, [s[-1] for s in seqs], ~done, stats)
+
+
+def _timed_prefill(dec: KVDecoder, windows: list[list[int]], stats: GenerationStats) -> np.ndarray:
+    t0 = time.perf_counter()
+    out = dec.prefill(windows)
+    stats.prefill_s += time.perf_counter() - t0
+    stats.prefills += 1
+    stats.prefill_tokens += sum(map(len, windows))
+    return out
+
+
+def _timed_step(dec: KVDecoder, tokens: list[int], advance: np.ndarray, stats: GenerationStats) -> np.ndarray:
+    """dec.step, its time split into compiling (a new attention span) and decoding."""
+    t0, compiled = time.perf_counter(), dec.compile_s
+    logits = dec.step(tokens, advance=advance)
+    stats.compile_s += dec.compile_s - compiled
+    stats.decode_s += time.perf_counter() - t0 - (dec.compile_s - compiled)
+    stats.steps += 1
+    return logits
 
 
 def generate_batch(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -354,91 +357,3 @@ def continuations(model: nnx.Module, tok: Tokenizer, prompts: Sequence[str], arg
                          seed=args.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab,
                          on_full=args.on_full, stats=stats)
     return [tok.decode(ids) for ids in new]
-
-
-# ----------------------------------------------------------------------------- benchmark
-
-GPT2_124M = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768,
-                        n_heads=12, n_layers=12, qkv_bias=True, tie_embeddings=True)
-
-
-def bench(*, new_tokens: int = 256, prompt_tokens: int = 16, batch_size: int = 1,
-          cfg: ModelConfig = GPT2_124M, uncached: bool = True, log: Any = print) -> dict[str, float]:
-    """Greedy decoding speed, KV cache vs re-running the full forward pass for every token.
-
-    Compilation is excluded from both: the uncached baseline runs one program over a window just
-    long enough for the whole generation (prompt + new tokens, rounded up to BUCKET), its best
-    case; the cached path is prefill + (new_tokens - 1) decode steps.
-    """
-    model = build_model(cfg)
-    rng = np.random.default_rng(0)
-    prompts = rng.integers(0, cfg.vocab_size, size=(batch_size, prompt_tokens)).tolist()
-    log(f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, vocab {cfg.vocab_size}, "
-        f"{sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6:.1f}M params; "
-        f"batch {batch_size}, prompt {prompt_tokens}, {new_tokens} new tokens; {jax.devices()[0].platform}")
-
-    dec = KVDecoder(model, batch_size)
-
-    def cached() -> list[np.ndarray]:
-        tokens = [dec.prefill(prompts).argmax(-1)]
-        for _ in range(new_tokens - 1):
-            tokens.append(dec.step(tokens[-1]).argmax(-1))
-        return tokens
-
-    cached()  # compiles the prefill bucket and every attention span the run needs
-    t0 = time.perf_counter()
-    cached_tokens = cached()
-    cached_s = time.perf_counter() - t0
-    result = {"cached_s": cached_s, "cached_tok_s": new_tokens * batch_size / cached_s,
-              "compile_step_s": dec.compile_s}
-    log(f"cached:   {cached_s:7.2f} s  {result['cached_tok_s']:8.1f} tok/s  "
-        f"({1e3 * cached_s / new_tokens:.1f} ms/token; {len(dec._steps)} decode step program(s) compiled "
-        f"in {dec.compile_s:.1f} s)")
-    if not uncached:
-        return result
-
-    width = min(cfg.context_length, -(-(prompt_tokens + new_tokens) // BUCKET) * BUCKET)
-    windows = np.zeros((batch_size, width), np.int32)
-    windows[:, :prompt_tokens] = prompts
-    last = np.full(batch_size, prompt_tokens - 1)
-    full_forward_logits(model, windows, last)  # compile
-    t0 = time.perf_counter()
-    same = 0
-    for i in range(new_tokens):
-        nxt = full_forward_logits(model, windows, last).argmax(-1)
-        same += int((nxt == cached_tokens[i]).all())
-        if i + 1 < new_tokens:
-            last = last + 1
-            windows[np.arange(batch_size), last] = nxt
-    full_s = time.perf_counter() - t0
-    result.update(full_s=full_s, full_tok_s=new_tokens * batch_size / full_s, speedup=full_s / cached_s,
-                  same_greedy_tokens=same / new_tokens)
-    log(f"uncached: {full_s:7.2f} s  {result['full_tok_s']:8.1f} tok/s  (window {width}; "
-        f"{1e3 * full_s / new_tokens:.1f} ms/token)")
-    log(f"speed-up: {result['speedup']:.1f}x; greedy tokens identical at {same}/{new_tokens} steps")
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Benchmark KV-cached against uncached decoding "
-                                     "(sample from a checkpoint with test_generation.py).")
-    parser.add_argument("--bench", action="store_true", help="run the benchmark")
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--cached-only", action="store_true", help="skip the (slow) uncached baseline")
-    args = parser.parse_args(argv)
-    if not args.bench:
-        parser.error("nothing to do without --bench; sample with: uv run test_generation.py <run dir>")
-    if min(args.new_tokens, args.prompt_tokens, args.batch_size) < 1:
-        parser.error("--new-tokens, --prompt-tokens and --batch-size must be >= 1")
-    if args.new_tokens + args.prompt_tokens > GPT2_124M.context_length:
-        parser.error(f"--prompt-tokens + --new-tokens must fit the context ({GPT2_124M.context_length})")
-    bench(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, batch_size=args.batch_size,
-          uncached=not args.cached_only)
-    return 0
-
-
-if __name__ == "__main__":
-    fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
-    raise SystemExit(main())

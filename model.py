@@ -7,7 +7,9 @@ Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Eve
 attention go through `self.ops` (ops.py: the compute dtype, and the kernels chosen for the
 backend); this file knows neither the backend nor a device, and placement and sharding are the
 caller's business. Dropout is active exactly when the caller passes `rngs` (training); without
-it the model is deterministic, so evaluation and generation need no mode switch.
+it the model is deterministic, so evaluation and generation need no mode switch. Decoding runs
+the same forward pass with a `KVCache` (`cached_features`): the cache is an argument of the
+attention, as in Flax's gemma example, and training passes none.
 
 How the model runs is chosen in model.json without changing what it computes (each option is
 tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,60 @@ def write_run(run_dir: Path, model: dict, train: dict) -> Path:
     (run_dir / "model.json").write_text(json.dumps(model, indent=2))
     (run_dir / "train.json").write_text(json.dumps(train, indent=2))
     return run_dir
+
+
+# ----------------------------------------------------------------------------- checkpoint tests
+# A tiny GPT-2 trained once per module and a run holding its real checkpoint (checkpoint_helpers.py).
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple:
+    """A model and optimiser after two optimiser steps plus one microbatch of an open window
+    (train_step compiles here, once for the whole module)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from checkpoint_helpers import TCFG, apply_update, batch, fresh, make_meta
+    from step import step_key, train_step
+
+    model, optimizer = fresh(seed=0)
+    for s in range(2):
+        x, y = batch(s)
+        train_step(model, optimizer, x, y, step_key(TCFG.seed, s))
+    # One microbatch by hand: MultiSteps (k=2) now holds half a window in acc_grads. The gradient
+    # is synthetic but deterministic and non-zero: a jitted loss gradient would cost a long compile.
+    grads = jax.tree.map(lambda p: jnp.cos(p) * 0.01, nnx.state(model, nnx.Param))
+    apply_update(model, optimizer, grads)
+    meta = make_meta(2, is_best=True)
+    return model, optimizer, meta
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, trained) -> Path:
+    """A run directory (model.json, train.json) with one real checkpoint at step 2."""
+    import checkpointing as ck
+    from checkpoint_helpers import CONFIGS, T0
+
+    model, optimizer, meta = trained
+    run = tmp_path_factory.mktemp("template") / "run"
+    run.mkdir()
+    for filename, cfg in CONFIGS.items():
+        (run / filename).write_text(json.dumps(cfg))
+    ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3, now=T0)
+    return run
+
+
+@pytest.fixture
+def run(tmp_path: Path, template: Path) -> Path:
+    """A private copy of the template run, symlinks kept as symlinks."""
+    dst = tmp_path / "run"
+    shutil.copytree(template, dst, symlinks=True)
+    return dst
+
+
+@pytest.fixture
+def ckpt(run: Path) -> Path:
+    from checkpoint_helpers import ckpt_name
+
+    return run / "checkpoints" / ckpt_name(2)

@@ -1,4 +1,4 @@
-"""bench.py gpu, the one-shot accelerator check, end to end on tiny shapes (--cpu-smoke): the same
+"""bench gpu (bench/gpu.py), the one-shot accelerator check, end to end on tiny shapes (--cpu-smoke): the same
 code paths as on a GPU, so it cannot rot on CPU. Figures are checked for presence and sense only;
 timings are never asserted."""
 
@@ -9,18 +9,18 @@ import math
 import tomllib
 from pathlib import Path
 
-import bench
-import bench_gpu
-from bench_train import chip_peak_flops
+from bench import cli
+from bench import gpu as bench_gpu
+from bench.train_step import chip_peak_flops
 from conftest import ROOT
 
 
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     out = tmp_path / "check"
-    assert bench.main(["gpu", "--cpu-smoke", "--out", str(out)]) == 0
+    assert cli.main(["gpu", "--cpu-smoke", "--out", str(out)]) == 0
     r = json.loads(Path(f"{out}.json").read_text())
     md = Path(f"{out}.md").read_text()
-    # (a) four train-step variants through bench.py train, each in its own process
+    # (a) four train-step variants through bench train, each in its own process
     steps = r["train_step"]
     assert [(s["attention"], s["scan_layers"], s["k"]) for s in steps] == [
         ("auto", True, 1), ("auto", True, 2), ("xla", True, 1), ("auto", False, 1)]

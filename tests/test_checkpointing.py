@@ -1,4 +1,4 @@
-"""checkpointing.py on real files: bit-exact round trips, layout, pruning, atomicity, resolution, errors.
+"""checkpointing.py on real files: bit-exact round trips, layout, pruning, atomicity, damaged checkpoints.
 
 Everything goes through real safetensors and Orbax on files under tmp_path (no mocks, CPU only).
 One tiny GPT-2 is trained once per module (a single train_step compile); damaged-checkpoint tests
@@ -11,179 +11,21 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import shutil
-import types
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import checkpointing as ck
 from checkpointing import CheckpointError
-from config import ModelConfig, TrainConfig, to_dict
+from config import ModelConfig
 from model import build_model
-from optim import make_optimizer, make_transform, optimizer_stats
+from optim import make_optimizer
 from step import step_key, train_step
-
-MCFG = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_dim=32, n_heads=2,
-                   n_layers=2, drop_rate=0.1)
-TCFG = TrainConfig(microbatch_size=2, gradient_accumulation_steps=2, train_steps=10, warmup_percent=20.0,
-                   seed=7)
-MICRO = TCFG.gradient_accumulation_steps  # microbatches per train_step call
-TOTAL_STEPS = 10
-CONFIGS = {"model.json": to_dict(MCFG), "train.json": to_dict(TCFG)}
-UTC = dt.timezone.utc
-T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-NAME_RE = re.compile(r"^\d{8}T\d{6}Z-step-\d+$")
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def batch(i: int, k: int = MICRO) -> tuple[jax.Array, jax.Array]:
-    """A deterministic (k, B, T) next-token batch; i picks it."""
-    x = np.random.default_rng(100 + i).integers(0, MCFG.vocab_size, (k, TCFG.microbatch_size, 16),
-                                                dtype=np.int32)
-    return jnp.asarray(x), jnp.asarray(np.roll(x, -1, axis=-1))
-
-
-# make_optimizer(model, TCFG, TOTAL_STEPS) is exactly nnx.Optimizer(model, make_transform(...)); the
-# transform is built once here because a new one (new schedule closures) means a new graphdef,
-# and so a fresh ~10 s compile of train_step for every optimiser.
-TX = make_transform(TCFG, TOTAL_STEPS)
-
-
-def fresh(seed: int = 1, cfg: ModelConfig = MCFG) -> tuple[nnx.Module, nnx.Optimizer]:
-    """A newly initialised model and optimiser (zero moments, empty accumulation window)."""
-    model = build_model(cfg, seed=seed)
-    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
-    # Commit every array to the device, as restored arrays are (load_checkpoint places them on
-    # the old sharding): jit specialises on committed-ness, and the continued-training check
-    # would otherwise pay a second compile of train_step.
-    device = jax.devices()[0]
-    for obj in (model, optimizer):
-        nnx.update(obj, jax.tree.map(lambda a: jax.device_put(a, device), nnx.state(obj)))
-    return model, optimizer
-
-
-@nnx.jit
-def apply_update(model: nnx.Module, optimizer: nnx.Optimizer, grads: nnx.State) -> None:
-    """One microbatch through the optimiser by hand (train_step always closes its window)."""
-    optimizer.update(model, grads)
-
-
-def flat(obj) -> dict[str, np.ndarray]:
-    """Every leaf of nnx.state(obj) as a host copy (a copy: train_step donates its inputs)."""
-    return {"/".join(map(str, path)): np.array(jax.device_get(var.get_value()))
-            for path, var in nnx.to_flat_state(nnx.state(obj))}
-
-
-def same_bits(a, b) -> bool:
-    """Bit-identical arrays: dtype, shape and bytes (NaN == NaN, 0.0 != -0.0)."""
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def assert_identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert same_bits(a[key], b[key]), key
-
-
-def deep_clone(obj):
-    """A copy with its own buffers (nnx.clone shares them, and train_step donates them)."""
-    graphdef, state = nnx.split(obj)
-    device = jax.devices()[0]
-    return nnx.merge(graphdef, jax.tree.map(lambda a: jax.device_put(jnp.array(a, copy=True), device), state))
-
-
-def host_stats(optimizer: nnx.Optimizer) -> dict[str, np.ndarray]:
-    return {k: np.asarray(jax.device_get(v)) for k, v in optimizer_stats(optimizer).items()}
-
-
-def make_meta(step: int, *, is_best: bool = False, **extra) -> dict:
-    meta = {
-        "format": 1,
-        "step": step,
-        "train_loss": {"min": 3.25, "max": 4.5, "mean": 4.0, "last": 3.875},
-        "is_best": is_best,
-        "data_position": {"next_step": step, "microbatches_consumed": 2 * step, "epoch": 0},
-        "rng": {"seed": TCFG.seed, "next_step": step, "scheme": "fold_in(key(seed), step)"},
-    }
-    meta.update(extra)
-    return meta
-
-
-def ckpt_name(step: int, now: dt.datetime = T0) -> str:
-    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-step-{step}"
-
-
-def fake_ckpt(run: Path, name: str, step: int | None = None) -> Path:
-    """A folder that only looks complete (meta.json): enough for listing and resolution."""
-    path = run / "checkpoints" / name
-    path.mkdir(parents=True)
-    step = int(name.rsplit("-", 1)[1]) if step is None else step
-    (path / "meta.json").write_text(json.dumps({"step": step}))
-    return path
-
-
-def entries(root: Path) -> set[str]:
-    return {p.name for p in root.iterdir()}
-
-
-def assert_one_line_error(err: pytest.ExceptionInfo, path: Path) -> None:
-    msg = str(err.value)
-    assert "\n" not in msg, msg
-    assert str(path) in msg, msg
-
-
-# ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def trained() -> tuple[nnx.Module, nnx.Optimizer, dict]:
-    """A model and optimiser after two optimiser steps plus one microbatch of an open window
-    (train_step compiles here, once for the whole module)."""
-    model, optimizer = fresh(seed=0)
-    for s in range(2):
-        x, y = batch(s)
-        train_step(model, optimizer, x, y, step_key(TCFG.seed, s))
-    # One microbatch by hand: MultiSteps (k=2) now holds half a window in acc_grads. The gradient
-    # is synthetic but deterministic and non-zero: a jitted loss gradient would cost a long compile.
-    grads = jax.tree.map(lambda p: jnp.cos(p) * 0.01, nnx.state(model, nnx.Param))
-    apply_update(model, optimizer, grads)
-    meta = make_meta(2, is_best=True)
-    return model, optimizer, meta
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory, trained) -> Path:
-    """A run directory (model.json, train.json) with one real checkpoint at step 2."""
-    model, optimizer, meta = trained
-    run = tmp_path_factory.mktemp("template") / "run"
-    run.mkdir()
-    for filename, cfg in CONFIGS.items():
-        (run / filename).write_text(json.dumps(cfg))
-    ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3, now=T0)
-    return run
-
-
-@pytest.fixture
-def run(tmp_path: Path, template: Path) -> Path:
-    """A private copy of the template run, symlinks kept as symlinks."""
-    dst = tmp_path / "run"
-    shutil.copytree(template, dst, symlinks=True)
-    return dst
-
-
-@pytest.fixture
-def ckpt(run: Path) -> Path:
-    return run / "checkpoints" / ckpt_name(2)
+from checkpoint_helpers import (
+    MCFG, TCFG, TOTAL_STEPS, CONFIGS, T0, NAME_RE, batch, fresh, flat, same_bits, assert_identical, deep_clone, host_stats, make_meta, ckpt_name, entries, assert_one_line_error)
 
 
 # ----------------------------------------------------------------------------- round trip
@@ -356,22 +198,6 @@ def test_prune_keeps_last_k_and_best_and_records_history(tmp_path: Path, trained
     assert_identical(flat(optimizer2), flat(optimizer))
 
 
-def test_list_checkpoints_ignores_temp_pruned_incomplete_and_links(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    assert ck.list_checkpoints(run) == []
-    good9 = fake_ckpt(run, "20260102T000000Z-step-9")
-    good10 = fake_ckpt(run, "20260101T000000Z-step-10")  # older stamp, higher step: sorts by step
-    fake_ckpt(run, ".tmp-20260103T000000Z-step-11")
-    fake_ckpt(run, ".pruned-20260103T000000Z-step-12", step=12)
-    (run / "checkpoints" / "20260103T000000Z-step-13").mkdir()  # no meta.json: incomplete
-    fake_ckpt(run, "not-a-checkpoint", step=14)
-    fake_ckpt(run, "history", step=15)
-    os.symlink(good9.name, run / "checkpoints" / "20260104T000000Z-step-16")  # a link is never one
-    (run / "checkpoints" / "20260104T000000Z-step-17").write_text("a file")
-    assert ck.list_checkpoints(run) == [good9, good10]
-    assert ck.latest_checkpoint(run) == good10  # no latest link: the highest step
-
-
 # ----------------------------------------------------------------------------- atomicity
 
 
@@ -439,64 +265,6 @@ def test_failed_save_raises_and_keeps_previous_latest(run: Path, ckpt: Path, tra
                              now=T0 + dt.timedelta(minutes=2))
     assert entries(root) == before | {new.name}
     assert ck.latest_checkpoint(run) == new.resolve()
-
-
-# ----------------------------------------------------------------------------- finding checkpoints
-
-
-def test_latest_falls_back_to_highest_step(run: Path, ckpt: Path) -> None:
-    root = run / "checkpoints"
-    higher = fake_ckpt(run, "20250101T000000Z-step-7")  # earlier stamp, higher step
-    assert ck.latest_checkpoint(run) == ckpt.resolve()  # the link wins while it is valid
-    (root / "latest").unlink()
-    assert ck.latest_checkpoint(run) == higher
-    os.symlink("20990101T000000Z-step-99", root / "latest")  # dangling link
-    assert ck.latest_checkpoint(run) == higher
-    (root / "latest").unlink()
-    incomplete = root / "20990101T000000Z-step-100"
-    incomplete.mkdir()
-    os.symlink(incomplete.name, root / "latest")  # link to a folder without meta.json
-    assert ck.latest_checkpoint(run) == higher
-    assert ck.latest_checkpoint(run.parent / "nowhere") is None
-
-
-def test_resolve_checkpoint_accepts_run_checkpoint_and_links(run: Path, ckpt: Path) -> None:
-    expected = ckpt.resolve()
-    assert ck.resolve_checkpoint(run) == expected
-    assert ck.resolve_checkpoint(ckpt) == expected
-    assert ck.resolve_checkpoint(run / "checkpoints" / "latest") == expected
-    assert ck.resolve_checkpoint(run / "checkpoints" / "best") == expected
-    assert ck.resolve_checkpoint(str(ckpt)) == expected
-    # A run without model.json is still recognised by its checkpoints/ folder.
-    (run / "model.json").unlink()
-    assert ck.resolve_checkpoint(run) == expected
-
-
-def test_resolve_checkpoint_errors(tmp_path: Path) -> None:
-    neither = tmp_path / "neither"
-    neither.mkdir()
-    (neither / "notes.txt").write_text("hello")
-    for path in (neither, tmp_path / "missing"):
-        with pytest.raises(CheckpointError, match="neither a checkpoint") as err:
-            ck.resolve_checkpoint(path)
-        assert_one_line_error(err, path)
-
-    untrained = tmp_path / "untrained"
-    untrained.mkdir()
-    (untrained / "model.json").write_text(json.dumps(CONFIGS["model.json"]))
-    only_leftovers = tmp_path / "leftovers"
-    fake_ckpt(only_leftovers, ".tmp-20260102T000000Z-step-3", step=3)
-    (only_leftovers / "checkpoints" / "history").mkdir()
-    for path in (untrained, only_leftovers):
-        with pytest.raises(CheckpointError, match="no checkpoint") as err:
-            ck.resolve_checkpoint(path)
-        assert_one_line_error(err, path)
-
-
-def test_step_of() -> None:
-    assert ck.step_of(Path("x/20260102T030405Z-step-1234")) == 1234
-    with pytest.raises(CheckpointError, match="not a checkpoint folder name"):
-        ck.step_of(Path("latest"))
 
 
 # ----------------------------------------------------------------------------- damaged checkpoints
@@ -640,49 +408,3 @@ def test_damaged_optimizer_folder(ckpt: Path, damage: str) -> None:
     # The weights alone are still usable.
     model2, _ = fresh()
     assert ck.load_checkpoint(ckpt, model2)["step"] == 2
-
-
-# ----------------------------------------------------------------------------- move_aside
-
-
-def test_move_aside_keeps_everything(run: Path, ckpt: Path) -> None:
-    root = run / "checkpoints"
-    fake_ckpt(run, ".tmp-20260102T000000Z-step-3", step=3)
-    (root / "history").mkdir()
-    (root / "history" / "old.json").write_text("{}")
-    snapshot = {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else
-                                           p.read_bytes() if p.is_file() else None)
-                for p in root.rglob("*")}
-    target = ck.move_aside(run)
-    assert target is not None and target.parent == run
-    assert re.fullmatch(r"checkpoints\.old-\d{8}T\d{6}Z", target.name)
-    assert not root.exists()
-    moved = {str(p.relative_to(target)): (os.readlink(p) if p.is_symlink() else
-                                          p.read_bytes() if p.is_file() else None)
-             for p in target.rglob("*")}
-    assert moved == snapshot
-    assert ck.list_checkpoints(run) == []
-    assert ck.latest_checkpoint(run) is None
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        ck.resolve_checkpoint(run)  # model.json is still there: a run with nothing to resume
-    # The moved checkpoint is intact and loadable through its relative links.
-    model, optimizer = fresh()
-    assert ck.load_checkpoint(target / "latest", model, optimizer)["step"] == 2
-    assert ck.move_aside(run) is None  # nothing left to move
-
-
-def test_move_aside_twice_in_one_second(tmp_path: Path, monkeypatch) -> None:
-    class Frozen(dt.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return T0
-
-    monkeypatch.setattr(ck, "dt", types.SimpleNamespace(datetime=Frozen, timezone=dt.timezone))
-    run = tmp_path / "run"
-    fake_ckpt(run, "20260101T000000Z-step-1")
-    first = ck.move_aside(run)
-    fake_ckpt(run, "20260101T000000Z-step-2")
-    second = ck.move_aside(run)
-    assert first != second
-    assert (first / "20260101T000000Z-step-1" / "meta.json").is_file()
-    assert (second / "20260101T000000Z-step-2" / "meta.json").is_file()

@@ -112,3 +112,23 @@ def test_errors_are_one_line_exit_2(tmp_path: Path, data_root: Path, capsys: pyt
     # A prepared dataset folder works in place of a source name.
     folder = dataset_dir(data_root, "builtin", "bytes")
     assert evaluate.main([str(run), "--dataset", str(folder), "--max-batches", "1"]) == 0
+
+
+def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_root: Path) -> None:
+    """evaluate() runs validation's own program (step.eval_step), so a model.json loss_chunk runs
+    the chunked head there too: per batch exactly what eval_step returns, and the same loss as the
+    unchunked model within float32 rounding."""
+    import jax
+
+    from step import eval_step
+
+    val = open_dataset(dataset_dir(data_root, "builtin", "bytes")).val
+    figures = {}
+    for chunk in (None, 24):
+        model = build_model(ModelConfig(**{**MODEL, "loss_chunk": chunk}), seed=1)
+        figures[chunk] = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32,
+                                           max_batches=2, progress=False)
+        sampler = BatchSampler(val, microbatch_size=4, seq_len=32, seed=0, shuffle=False)
+        want = sum(float(eval_step(model, *map(jax.device_put, sampler.microbatch(i)))) * 4 * 32 for i in range(2))
+        assert figures[chunk]["loss"] == want / (2 * 4 * 32)
+    assert figures[24]["loss"] == pytest.approx(figures[None]["loss"], rel=1e-6)

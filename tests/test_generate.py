@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import generate as g
+from bench import decode
 import test_generation
 from config import ModelConfig, to_dict
 from model import build_model, stack_layer_weights
@@ -242,7 +243,7 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
 def test_bench_runs_and_both_paths_agree() -> None:
     small = ModelConfig(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
                         qkv_bias=True, tie_embeddings=True)
-    r = g.bench(new_tokens=6, prompt_tokens=3, batch_size=2, cfg=small, log=lambda *_: None)
+    r = decode.bench_generate(new_tokens=6, prompt_tokens=3, batch_size=2, cfg=small, log=lambda *_: None)
     assert r["same_greedy_tokens"] == 1.0 and r["cached_tok_s"] > 0 and r["full_tok_s"] > 0
 
 

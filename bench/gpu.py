@@ -1,15 +1,15 @@
-"""The one-shot accelerator check behind `bench.py gpu`: what a CPU machine cannot prove.
+"""The one-shot accelerator check behind `uv run -m bench gpu`: what a CPU machine cannot prove.
 
-    python3 bench.py gpu --out gpu-check           # on the accelerator machine: its python3, no uv, no network
-    uv run bench.py gpu --cpu-smoke --out /tmp/gc  # the same code paths on tiny shapes, on any CPU (a test runs it)
+    python3 -m bench gpu --out gpu-check           # on the accelerator machine: its python3, no uv, no network
+    uv run -m bench gpu --cpu-smoke --out /tmp/gc  # the same code paths on tiny shapes, on any CPU (a test runs it)
 
 Each part runs in a fresh process of this interpreter (so each has the device to itself, its own
 peak-memory figure, and a failure costs one row, not the check), within `--budget` seconds in all
 (default 8 minutes; a part that would not fit is reported as skipped):
 
   (a) train step: GPT-2 124M (runs/gpt2-small's model: bfloat16 matmuls, microbatch 16 x 1024)
-      through the full optimiser chain, `bench.py train` (step.StepRunner, as the trainer runs
-      it): tokens/s, step time, MFU against the chip's bf16 dense peak (bench_train.CHIP_PEAKS;
+      through the full optimiser chain, `bench train` (step.StepRunner, as the trainer runs
+      it): tokens/s, step time, MFU against the chip's bf16 dense peak (bench.train_step.CHIP_PEAKS;
       an unknown chip: a measured 8192^3 bf16 matmul), compile time, peak device memory; for
       k = 1 and k = 4, cuDNN vs XLA attention, scan_layers on and off; the first one also with
       --breakdown (forward / backward / optimiser update), which says where the time goes.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository: commands run there
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
 
 
@@ -46,14 +46,14 @@ class Plan:
     """The shapes and lengths of one check: the real one, or --cpu-smoke's."""
 
     cudnn: str  # the attention that stands for cuDNN's in (a): "cudnn"; the smoke's CPU: "auto"
-    step_model: list[str]  # bench.py train --model overrides on runs/gpt2-small
+    step_model: list[str]  # bench train --model overrides on runs/gpt2-small
     step_train: list[str]  # ... and --train overrides
     accumulation: tuple[int, int]  # the two k of (a)
     steps: int  # timed steps per window in (a)
     windows: int
     small_model: dict[str, Any]  # (b): model.json
     small_train: dict[str, Any]  # (b): train.json
-    generate_model: list[str]  # (c): bench.py generate --model overrides on GPT-2 124M
+    generate_model: list[str]  # (c): bench generate --model overrides on GPT-2 124M
     new_tokens: int
     matmul_size: int  # the measured peak, for a chip not in the table
     part_seconds: dict[str, float] = field(default_factory=dict)  # least time each part needs
@@ -104,7 +104,7 @@ def _run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None =
         f.write(" ".join(cmd) + "\n")
         f.flush()
         try:
-            rc = subprocess.run(cmd, cwd=HERE, stdout=f, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0),
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0),
                                 env=env or os.environ.copy(), check=False).returncode
         except subprocess.TimeoutExpired:
             rc = 124
@@ -114,9 +114,9 @@ def _run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None =
 
 
 def _bench(args: list[str], logs: Path, name: str, timeout: float) -> dict[str, Any]:
-    """`bench.py <args> --json` in a fresh process: its figures, or {"status": why not}."""
+    """`python -m bench <args> --json` in a fresh process: its figures, or {"status": why not}."""
     json_path = logs / f"{name}.json"
-    cmd = [sys.executable, str(HERE / "bench.py"), *args, "--json", str(json_path)]
+    cmd = [sys.executable, "-m", "bench", *args, "--json", str(json_path)]
     rc, last, seconds = _run(cmd, logs / f"{name}.log", timeout=timeout)
     row: dict[str, Any] = {"command": " ".join(cmd[1:]), "wall_s": seconds}
     if rc == 0 and json_path.is_file():
@@ -165,8 +165,8 @@ def _mfu(row: dict[str, Any], chip: dict[str, Any], plan: Plan, logs: Path, cloc
 
 
 def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
-    code = ("import json, bench_train; "
-            f"print(json.dumps(bench_train.matmul_flops({size}, repeats=10, dtype='bfloat16')))")
+    code = ("import json; from bench import train_step; "
+            f"print(json.dumps(train_step.matmul_flops({size}, repeats=10, dtype='bfloat16')))")
     rc, last, _ = _run([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
     if rc != 0:
         return {"peak_flops": None, "peak_source": f"measuring failed: {last[-200:]}"}
@@ -189,7 +189,7 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         run.mkdir(parents=True)
         (run / "model.json").write_text(json.dumps(plan.small_model, indent=2))
         (run / "train.json").write_text(json.dumps(plan.small_train, indent=2))
-    train = [sys.executable, str(HERE / "train.py")]
+    train = [sys.executable, str(ROOT / "train.py")]
     rc, last, a_s = _run([*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env)
     if rc != 0 and on_gpu and "nknown flag" in (logs / "train-a.log").read_text():  # an XLA without that flag
         env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DETERMINISTIC, "").strip()

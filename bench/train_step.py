@@ -1,4 +1,4 @@
-"""The train-step benchmark behind `uv run bench.py train` (and `compare`'s our side).
+"""The train-step benchmark behind `uv run -m bench train` (and `compare`'s our side).
 
 The harness's own optimiser step (optim.make_optimizer + step.StepRunner, built and fed as
 trainer.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to
@@ -114,7 +114,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
                 windows: int = 5, accumulation: int | None = None, matmul_size: int | None = 2048,
                 xla_memory: bool = False, breakdown: bool = False,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Figures for `uv run bench.py train`: the harness's own optimiser step on random tokens.
+    """Figures for `uv run -m bench train`: the harness's own optimiser step on random tokens.
 
     The model and optimiser are built as trainer.py builds them (sharding.create_sharded over the
     run's mesh, optim.make_optimizer); each step is one call of step.StepRunner (train_step, as the
@@ -125,94 +125,122 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     Tokens count k x B x T per optimiser step. The peak matmul rates are measured last (fp32 and
     bf16, size^3), so the peak RSS is training's alone.
     """
-    import dataclasses
     import os
 
     import jax
 
-    import sharding
     from model import count_params
-    from step import StepRunner, loss_fn, step_key
+    from step import StepRunner, step_key
 
-    if steps < 1 or windows < 1 or warmup < 0:
-        raise BenchError(f"need --steps >= 1, --windows >= 1, --warmup >= 0 (got {steps}, {windows}, {warmup})")
-    if accumulation is not None:
-        train_cfg = dataclasses.replace(train_cfg, gradient_accumulation_steps=accumulation, batch_size=None)
+    train_cfg = _checked(train_cfg, steps, windows, warmup, accumulation)
     B, T, k = train_cfg.microbatch_size, train_cfg.seq_len(model_cfg), train_cfg.gradient_accumulation_steps
-    V, seed = model_cfg.vocab_size, train_cfg.seed
+    seed = train_cfg.seed
     load_before = os.getloadavg()
-    rss_before_model = peak_rss_mib()  # the interpreter, JAX and its backend
+    memory = {"host_rss_peak_before_model_mib": peak_rss_mib()}  # the interpreter, JAX and its backend
 
     total_steps = 1 + warmup + windows * steps  # the schedule's length only; the rate does not change the cost
     model, optimizer, mesh, rows, init_s = _build(model_cfg, train_cfg, total_steps, name)
-    rss_after_init = peak_rss_mib()
-
-    rng = np.random.default_rng(seed)
-    host = [rng.integers(0, V, (2, k, B, T), dtype=np.int32) for _ in range(2)]  # two (inputs, targets) pairs
-
-    def put(step: int) -> tuple[Any, Any]:
-        xy = host[step % len(host)][:, :, rows]
-        return sharding.put_batch(xy[0], mesh, B), sharding.put_batch(xy[1], mesh, B)
-
+    memory["host_rss_peak_after_init_mib"] = peak_rss_mib()
+    put = _batches(train_cfg, model_cfg.vocab_size, T, mesh, rows)
     x, y = put(0)
     runner = StepRunner(model, optimizer)
-    t0 = time.perf_counter()
-    out = runner(x, y, step_key(seed, 0))
-    jax.block_until_ready(out)
-    first_step_s = time.perf_counter() - t0
-    rss_after_first_step = peak_rss_mib()  # compiling is most of it on CPU (LLVM), not the step's buffers
-    xla_mem = None
-    if xla_memory:  # XLA's own accounting of the step's buffers; after the timed first call, which it would warm
-        t0 = time.perf_counter()
-        compiled = runner.lower(x, y, step_key(seed, 0)).compile()
-        xla_mem = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
-        del compiled
-
+    first = _first_step(runner, x, y, step_key(seed, 0), xla_memory)
     step_times, out = _timed_windows(runner, put, lambda step: step_key(seed, step), warmup, windows, steps)
-    rates = [k * B * T / t for t in step_times]
     losses, stats = jax.device_get(out)
-    load_after = os.getloadavg()
-    rss_peak = peak_rss_mib()
-    device_mem = device_memory_stats()
-
-    device = jax.devices()[0]
-    chip = chip_peak_flops(device.device_kind) if device.platform != "cpu" else None
     result: dict[str, Any] = {
-        "config": name, "device": str(device), "platform": device.platform, "device_kind": device.device_kind,
-        "device_count": jax.device_count(), "jax": jax.__version__, "versions": versions(),
-        "cpu_count": os.cpu_count(),
-        "chip_peak_bf16_flops": chip[0] if chip else None, "chip_peak_source": chip[1] if chip else None,
+        **_environment(name),
         **to_dict(model_cfg),  # every model.json key, speed options included
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
         "params": int(count_params(model)),
-        "steps_per_window": steps, "warmup_steps": warmup, "windows": windows,
-        "init_s": init_s,
-        "first_step_s": first_step_s,  # trace + compile + one step, to its result
-        "compile_s": max(first_step_s - float(np.median(step_times)), 0.0),  # the first step less a steady one
-        "step_s_median": float(np.median(step_times)),
-        **_spread(rates),
-        "window_tokens_per_s": rates,
-        "loss_last": float(np.mean(losses)),
-        "grad_norm_last": float(stats["grad_norm"]),
-        "flops_per_token": train_flops_per_token(model_cfg, T),
-        "flops_convention": FLOPS_CONVENTION,
-        "host_rss_peak_before_model_mib": rss_before_model,
-        "host_rss_peak_after_init_mib": rss_after_init,
-        "host_rss_peak_after_first_step_mib": rss_after_first_step,
-        "host_rss_peak_mib": rss_peak,
-        "device_memory": device_mem,
-        "xla_memory": xla_mem,
-        "load_avg_before": list(load_before), "load_avg_after": list(load_after),
+        "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
+        **_timings(first["first_step_s"], step_times, k * B * T),
+        "loss_last": float(np.mean(losses)), "grad_norm_last": float(stats["grad_norm"]),
+        "flops_per_token": train_flops_per_token(model_cfg, T), "flops_convention": FLOPS_CONVENTION,
+        **memory,
+        "host_rss_peak_after_first_step_mib": first["host_rss_peak_after_first_step_mib"],
+        "host_rss_peak_mib": peak_rss_mib(), "device_memory": device_memory_stats(),
+        "xla_memory": first["xla_memory"],
+        "load_avg_before": list(load_before), "load_avg_after": list(os.getloadavg()),
     }
     runner.sync()
     if breakdown:
-        result["breakdown"] = _breakdown(model, optimizer, x[0], y[0], steps, loss_fn)  # the first batch
-        result["breakdown"]["train_step_ms_per_microbatch"] = 1e3 * result["step_s_median"] / k
+        result["breakdown"] = _step_breakdown(model, optimizer, x[0], y[0], steps, result["step_s_median"] / k)
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
                            model_cfg.compute_dtype))
     log(_train_report(result))
     return result
+
+
+def _step_breakdown(model: Any, optimizer: Any, x: Any, y: Any, steps: int, step_s_per_microbatch: float) -> dict[str, Any]:
+    """_breakdown on the first microbatch, beside the whole train step's time per microbatch."""
+    from step import loss_fn
+
+    return _breakdown(model, optimizer, x, y, steps, loss_fn) | {"train_step_ms_per_microbatch": 1e3 * step_s_per_microbatch}
+
+
+def _checked(train_cfg: TrainConfig, steps: int, windows: int, warmup: int, accumulation: int | None) -> TrainConfig:
+    """The timing arguments checked, and train_cfg with `accumulation` as its k if given."""
+    import dataclasses
+
+    if steps < 1 or windows < 1 or warmup < 0:
+        raise BenchError(f"need --steps >= 1, --windows >= 1, --warmup >= 0 (got {steps}, {windows}, {warmup})")
+    if accumulation is None:
+        return train_cfg
+    return dataclasses.replace(train_cfg, gradient_accumulation_steps=accumulation, batch_size=None)
+
+
+def _timings(first_step_s: float, step_times: list[float], tokens_per_step: int) -> dict[str, Any]:
+    rates = [tokens_per_step / t for t in step_times]
+    return {"first_step_s": first_step_s,  # trace + compile + one step, to its result
+            "compile_s": max(first_step_s - float(np.median(step_times)), 0.0),  # less a steady step
+            "step_s_median": float(np.median(step_times)), **_spread(rates), "window_tokens_per_s": rates}
+
+
+def _environment(name: str) -> dict[str, Any]:
+    """What ran the benchmark: the device, the chip's bf16 peak where known, package versions."""
+    import os
+
+    import jax
+
+    device = jax.devices()[0]
+    chip = chip_peak_flops(device.device_kind) if device.platform != "cpu" else None
+    return {"config": name, "device": str(device), "platform": device.platform, "device_kind": device.device_kind,
+            "device_count": jax.device_count(), "jax": jax.__version__, "versions": versions(),
+            "cpu_count": os.cpu_count(),
+            "chip_peak_bf16_flops": chip[0] if chip else None, "chip_peak_source": chip[1] if chip else None}
+
+
+def _batches(train_cfg: TrainConfig, vocab_size: int, T: int, mesh: Any, rows: Any) -> Callable[[int], tuple[Any, Any]]:
+    """put(step) -> (inputs, targets) on the device: two random (k, B, T) batches taken in turn."""
+    import sharding
+
+    B, k = train_cfg.microbatch_size, train_cfg.gradient_accumulation_steps
+    rng = np.random.default_rng(train_cfg.seed)
+    host = [rng.integers(0, vocab_size, (2, k, B, T), dtype=np.int32) for _ in range(2)]  # (inputs, targets) pairs
+
+    def put(step: int) -> tuple[Any, Any]:
+        xy = host[step % len(host)][:, :, rows]
+        return sharding.put_batch(xy[0], mesh, B), sharding.put_batch(xy[1], mesh, B)
+
+    return put
+
+
+def _first_step(runner: Any, x: Any, y: Any, key: Any, xla_memory: bool) -> dict[str, Any]:
+    """The first call timed to its result (trace + compile + one step), the peak RSS after it
+    (compiling is most of it on CPU: LLVM, not the step's buffers), and XLA's own accounting of
+    the step's buffers if asked (compiled again, after the timed call, which it would warm)."""
+    import jax
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(runner(x, y, key))
+    first_step_s = time.perf_counter() - t0
+    out = {"first_step_s": first_step_s, "host_rss_peak_after_first_step_mib": peak_rss_mib(), "xla_memory": None}
+    if xla_memory:
+        t0 = time.perf_counter()
+        compiled = runner.lower(x, y, key).compile()
+        out["xla_memory"] = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
+    return out
 
 
 def _build(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
@@ -400,7 +428,7 @@ def train_flops_per_token(model: ModelConfig, seq_len: int) -> float:
 
 def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int = 1, windows: int = 2,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`bench.py train ... --accum k` for each k, each in a fresh process so its peak RSS is its own."""
+    """`bench train ... --accum k` for each k, each in a fresh process so its peak RSS is its own."""
     import os
     import subprocess
 
@@ -412,10 +440,10 @@ def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         for k in ks:
             out = Path(tmp) / f"k{k}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve().parent / "bench.py"), "train", *source, "--accum", str(k),
+            cmd = [sys.executable, "-m", "bench", "train", *source, "--accum", str(k),
                    "--steps", str(steps), "--warmup", str(warmup), "--windows", str(windows),
                    "--no-matmul", "--xla-memory", "--json", str(out)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent,
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent.parent,
                                   env=os.environ.copy())
             if done.returncode != 0:
                 raise BenchError(f"k={k}: {' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")

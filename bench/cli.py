@@ -1,0 +1,230 @@
+"""Benchmarks, one subcommand each: `uv run -m bench <benchmark> ...`.
+
+    uv run -m bench data                                  # runs/gpt2-small's batches, synthetic shards
+    uv run -m bench data --run runs/shakespeare --seconds 10 --json data.json
+    uv run -m bench data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
+    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab too)
+    uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
+    uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
+    uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch, per config
+    uv run -m bench generate --batch-size 4                   # KV-cache sampling vs full forward (GPT-2 124M shape)
+    python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
+
+Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data,
+train_step.py: train, compare.py, decode.py: generate, gpu.py); this file is their command line:
+a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.compare import TORCH_PYTHON, TORCH_REFERENCE, bench_compare
+from bench.loader import bench_data
+from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
+from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
+from data import DataError
+
+
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", type=Path, default=Path("runs/gpt2-small"),
+                        help="run directory (default: %(default)s)")
+    parser.add_argument("--dataset", type=Path, default=None,
+                        help="a prepared dataset folder instead of synthetic shards")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long to time (default: %(default)s)")
+    parser.add_argument("--train-tokens-per-s", type=float, default=None,
+                        help="measured training throughput to compare with (default: FLOP-based upper bound)")
+
+
+def _run_data(args: argparse.Namespace) -> dict[str, Any]:
+    return bench_data(args.run, dataset=args.dataset, seconds=args.seconds, train_tokens_per_s=args.train_tokens_per_s)
+
+
+# ----------------------------------------------------------------------------- train
+
+def _source_args(args: argparse.Namespace) -> list[str]:
+    source = [str(args.run)] if args.run is not None else ["--config", args.config or "cpu-small"]
+    return source + [f"--model={item}" for item in args.model] + [f"--train={item}" for item in args.train]
+
+
+def _load_source(args: argparse.Namespace) -> tuple[str, ModelConfig, TrainConfig]:
+    if args.run is not None:
+        if args.config is not None:
+            raise BenchError("give a run directory or --config, not both")
+        name, (model_cfg, train_cfg) = str(args.run), load_run_configs(args.run)
+    else:
+        name = args.config or "cpu-small"
+        model_cfg, train_cfg = reference_configs(name)
+    if args.model:
+        model_cfg = with_overrides(model_cfg, args.model, "--model")
+        name += " " + " ".join(args.model)
+    if args.train:
+        train_cfg = with_overrides(train_cfg, args.train, "--train")
+        name += " " + " ".join(args.train)
+    return name, model_cfg, train_cfg
+
+
+def with_overrides(cfg: Any, items: list[str], where: str) -> Any:
+    """`KEY=VALUE` pairs (VALUE as JSON; a bare word is a string) over a config, validated exactly
+    as model.json / train.json are."""
+    raw = to_dict(cfg)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BenchError(f"{where} {item!r}: expected KEY=VALUE, e.g. compute_dtype=bfloat16")
+        try:
+            raw[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raw[key] = value
+    return from_dict(type(cfg), raw, where)
+
+
+def _add_train_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, nargs="?", default=None,
+                        help="run directory (its model.json and train.json shapes); or use --config")
+    parser.add_argument("--config", choices=sorted(REFERENCE_CONFIGS), default=None,
+                        help="a torch_reference.py shape instead of a run (default without a run: cpu-small)")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key, e.g. --model compute_dtype=bfloat16 (repeatable)")
+    parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a train.json key, e.g. --train microbatch_size=1 (repeatable)")
+    parser.add_argument("--steps", type=int, default=None, help="optimiser steps per timed window (default: 10)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps after the compiling first one (default: 4, so 5 untimed as the reference)")
+    parser.add_argument("--windows", type=int, default=None, help="timed windows (default: 5)")
+    parser.add_argument("--accum", type=int, default=None,
+                        help="override gradient_accumulation_steps (--config: default 1)")
+    parser.add_argument("--accum-sweep", type=str, default=None, metavar="K,K,...",
+                        help="peak RSS, XLA temp memory and compile time per k, each k in a fresh process "
+                             "(default there: 2 windows x 1 step after 2 untimed)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time one microbatch's forward, forward+backward and optimiser update")
+    parser.add_argument("--xla-memory", action="store_true",
+                        help="also compile once more through .lower().compile() for XLA's memory analysis")
+    parser.add_argument("--no-matmul", action="store_true", help="skip the peak matmul measurement (no MFU)")
+
+
+def _run_train(args: argparse.Namespace) -> dict[str, Any]:
+    name, model_cfg, train_cfg = _load_source(args)
+    if args.accum_sweep is not None:
+        try:
+            ks = [int(v) for v in args.accum_sweep.split(",") if v.strip()]
+        except ValueError:
+            raise BenchError(f"--accum-sweep {args.accum_sweep!r}: expected integers like 1,4,16,64") from None
+        if not ks or min(ks) < 1:
+            raise BenchError(f"--accum-sweep {args.accum_sweep!r}: expected positive integers like 1,4,16,64")
+        return accum_sweep(_source_args(args), ks, steps=args.steps or 1,
+                           warmup=args.warmup if args.warmup is not None else 1, windows=args.windows or 2)
+    return bench_train(model_cfg, train_cfg, name=name, steps=args.steps or 10,
+                       warmup=args.warmup if args.warmup is not None else 4, windows=args.windows or 5,
+                       accumulation=args.accum, matmul_size=None if args.no_matmul else 2048,
+                       xla_memory=args.xla_memory, breakdown=args.breakdown)
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def _add_compare_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configs", default=",".join(sorted(REFERENCE_CONFIGS)),
+                        help="comma-separated torch_reference.py configs (default: %(default)s)")
+    parser.add_argument("--torch-python", type=Path, default=TORCH_PYTHON,
+                        help="the reference venv's python (default: %(default)s)")
+    parser.add_argument("--reference", type=Path, default=TORCH_REFERENCE, help="torch_reference.py (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window, both sides (default: %(default)s)")
+    parser.add_argument("--windows", type=int, default=5, help="timed windows, both sides (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="alternate ours/torch this many times per config; medians of the rounds (default: %(default)s)")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key on our side, e.g. --model compute_dtype=bfloat16 (repeatable)")
+
+
+def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in REFERENCE_CONFIGS]
+    if unknown or not configs:
+        raise BenchError(f"--configs {args.configs!r}: known configs are {', '.join(sorted(REFERENCE_CONFIGS))}")
+    return bench_compare(configs, torch_python=args.torch_python, reference=args.reference, steps=args.steps,
+                         windows=args.windows, rounds=args.rounds, model=args.model)
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+def _add_generate_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, nargs="?", default=None,
+                        help="run directory whose model.json shapes the model (default: GPT-2 124M), random weights")
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model.json key (repeatable)")
+    parser.add_argument("--new-tokens", type=int, default=256, help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (default: %(default)s)")
+    parser.add_argument("--cached-only", action="store_true", help="skip the full-forward baseline")
+
+
+def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.decode: KV-cache decoding vs re-running the whole forward pass for every token."""
+    from bench import decode
+
+    model_cfg = load_run_configs(args.run)[0] if args.run is not None else decode.GPT2_124M
+    if args.model:
+        model_cfg = with_overrides(model_cfg, args.model, "--model")
+    if args.new_tokens < 1 or args.prompt_tokens < 1 or args.batch_size < 1:
+        raise BenchError("--new-tokens, --prompt-tokens and --batch-size must be >= 1")
+    if args.prompt_tokens + args.new_tokens > model_cfg.context_length:
+        raise BenchError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+                         f"context_length={model_cfg.context_length}")
+    return decode.bench_generate(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                          batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only)
+
+
+# ----------------------------------------------------------------------------- gpu
+
+
+def _add_gpu_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"),
+                        help="writes OUT.json, OUT.md and the logs under OUT.logs/ (default: %(default)s)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code paths on any CPU")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check (default: %(default)s)")
+
+
+def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.gpu: the one-shot accelerator check (train step, training + resume, generation)."""
+    from bench import gpu
+
+    return gpu.bench_gpu(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
+
+
+# name -> (help, add arguments, run); each run returns the figures that --json writes.
+SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
+                             Callable[[argparse.Namespace], dict[str, Any]]]] = {
+    "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
+    "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
+    "compare": ("bench train vs PyTorch (torch_reference.py), per config", _add_compare_args, _run_compare),
+    "generate": ("sampling speed: KV-cache decoding vs full forward per token", _add_generate_args, _run_generate),
+    "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
+            _run_gpu),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="uv run -m bench", description=__doc__.split("\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
+    for name, (help_text, add_args, _) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        add_args(p)
+        p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        figures = SUBCOMMANDS[args.command][2](args)
+    except (ConfigError, DataError, BenchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
