@@ -76,8 +76,10 @@ def load_history(run_dir: Path) -> list[dict[str, Any]]:
             meta = _read_meta(path)
             by_step[meta["step"]] = meta
     for ckpt in sorted(root.iterdir()):
-        # Dot folders are checkpoints still being written (".tmp-..."), aliases duplicate real folders.
-        if ckpt.name.startswith(".") or ckpt.name in _ALIASES or ckpt.is_symlink() or ckpt == history:
+        # Dot folders are checkpoints still being written (".tmp-..."), aliases duplicate real folders,
+        # "corrupt-..." ones were found damaged on resume and set aside (their steps were trained again).
+        if (ckpt.name.startswith((".", "corrupt-")) or ckpt.name in _ALIASES or ckpt.is_symlink()
+                or ckpt == history):
             continue
         meta_path = ckpt / "meta.json"
         if ckpt.is_dir() and meta_path.is_file():

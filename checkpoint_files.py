@@ -20,7 +20,9 @@ rename too. A kill at any instant therefore leaves the previous checkpoint compl
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -163,6 +165,9 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
     root = checkpoints_dir(run_dir)
     found = list_checkpoints(run_dir)
     keep = set(found[-keep_last:])
+    lowest = lowest_val_loss(found)
+    if lowest is not None:  # whatever `best` says: a stale link must not cost the real best
+        keep.add(lowest)
     for link in ("best", "latest"):
         if (root / link).is_symlink():
             keep.add((root / link).resolve())
@@ -191,6 +196,101 @@ def move_aside(run_dir: Path) -> Path | None:
         target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}-{n}"), n + 1
     os.rename(root, target)
     return target
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {"size", "sha256"}} of every file under a checkpoint folder being written:
+    meta.json keeps them, so a resume can tell a damaged checkpoint from a good one."""
+    folder = Path(folder)
+    records = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        records[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": sha256(path)}
+    return records
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Hashed on every resume (the weights, and the small files); the optimiser state, three times the
+# weights' size, is checked by size only.
+_HASHED_ON_RESUME = (WEIGHTS, MODEL_FILE, TRAIN_FILE)
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """Why `ckpt` cannot be resumed from (a missing, resized or changed file), or None.
+
+    Checkpoints written before meta.json recorded its files are checked for the weights file
+    and the optimizer folder only.
+    """
+    ckpt = Path(ckpt)
+    try:
+        meta = read_meta(ckpt)
+    except CheckpointError as e:
+        return str(e)
+    records = meta.get("files")
+    if not isinstance(records, dict):
+        for name in (WEIGHTS, OPTIMIZER):
+            if not (ckpt / name).exists():
+                return f"{ckpt / name} is missing"
+        return None
+    if not (ckpt / OPTIMIZER).is_dir():
+        return f"{ckpt / OPTIMIZER} is missing"
+    for rel, record in records.items():
+        path = ckpt / rel
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != record.get("size"):
+            return f"{path} has {path.stat().st_size} bytes, {record.get('size')} when saved"
+        if rel in _HASHED_ON_RESUME and sha256(path) != record.get("sha256"):
+            return f"{path} changed since it was saved (sha256 differs)"
+    return None
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Rename a damaged checkpoint out of the way (never delete it): checkpoints/corrupt-<name>."""
+    ckpt = Path(ckpt)
+    target, n = ckpt.with_name(f"corrupt-{ckpt.name}"), 1
+    while target.exists():
+        target, n = ckpt.with_name(f"corrupt-{ckpt.name}-{n}"), n + 1
+    os.rename(ckpt, target)
+    return target
+
+
+def lowest_val_loss(checkpoints: list[Path]) -> Path | None:
+    """The checkpoint with the lowest validation loss in its meta.json (the earliest on a tie)."""
+    scored = []
+    for c in checkpoints:
+        try:
+            val = read_meta(c).get("val_loss")
+        except CheckpointError:
+            continue
+        if isinstance(val, (int, float)) and math.isfinite(val):
+            scored.append((val, step_of(c), c))
+    return min(scored)[2] if scored else None
+
+
+def repair_best(run_dir: Path) -> str | None:
+    """Point `best` at the kept checkpoint with the lowest validation loss; a line saying what
+    changed, or None. (A kill between the `latest` and `best` swaps leaves `best` behind.)"""
+    root = checkpoints_dir(run_dir)
+    lowest = lowest_val_loss(list_checkpoints(run_dir))
+    if lowest is None:
+        return None
+    link = root / "best"
+    current = link.resolve() if link.is_symlink() else None
+    if current == lowest.resolve():
+        return None
+    point(root, "best", lowest.name)
+    was = current.name if current is not None else "nothing"
+    return f"{link} pointed at {was}; now at {lowest.name}, the lowest validation loss kept"
 
 
 # ----------------------------------------------------------------------------- helpers

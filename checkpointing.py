@@ -7,9 +7,12 @@ names are re-exported here, so `checkpointing` is the one module a caller needs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,10 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from checkpoint_files import (  # noqa: F401 - re-exported: the JAX-free half of this module's interface
-    CHECKPOINTS, META, OPTIMIZER, WEIGHTS, CheckpointError, checkpoint_configs, checkpoints_dir,
-    fsync_dir, fsync_tree, latest_checkpoint, list_checkpoints, move_aside, point, prune, read_configs,
-    read_meta, remove_leftovers, resolve_checkpoint, resolve_weights, step_of, write_json)
+    CHECKPOINTS, META, OPTIMIZER, WEIGHTS, CheckpointError, checkpoint_configs, checkpoints_dir, file_records,
+    fsync_dir, fsync_tree, latest_checkpoint, list_checkpoints, lowest_val_loss, move_aside, point, prune,
+    read_configs, read_meta, remove_leftovers, repair_best, resolve_checkpoint, resolve_weights, set_aside,
+    step_of, verify_checkpoint, write_json)
 from config import ModelConfig, TrainConfig
 from model import build_model, stack_layer_weights, unstack_layer_weights
 from tokenizer import Tokenizer, get_tokenizer
@@ -95,7 +99,10 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
                     keep_last: int, now: dt.datetime | None = None) -> Path:
     """Write one checkpoint atomically, move `latest` (and `best` if meta["is_best"]), prune.
 
-    Raises on any failure: a run must stop loudly rather than train on without checkpoints.
+    meta.json records every file's size and sha256 (`files`), so a damaged checkpoint is found on
+    resume. Raises on any failure: a run must stop loudly rather than train on without
+    checkpoints; a file system error (no space, read-only) is a one-line CheckpointError, with
+    the half-written folder removed and the previous checkpoint and `latest` untouched.
     """
     root = checkpoints_dir(run_dir)
     name = f"{_agreed_time(now).strftime('%Y%m%dT%H%M%SZ')}-step-{meta['step']}"
@@ -103,29 +110,92 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
     # Every process takes part in the Orbax save and the weight gather; process 0 alone
     # writes the other files and moves the pointers.
     main = jax.process_index() == 0
+    try:
+        if main:
+            root.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(root)
+            tmp.mkdir()
+        _sync("checkpoint-start")
+        weights = weights_to_numpy(model)
+        with _orbax_errors_held():
+            ocp.v1.save((tmp / OPTIMIZER).absolute(), nnx.state(optimizer))  # Orbax wants absolute paths
+        if main:
+            _write_files(tmp, weights, configs, meta)
+            if final.exists():  # same step saved twice within one second: keep the newer one
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            fsync_dir(root)
+    except Exception as e:
+        os_error = _os_error(e)
+        if os_error is None:
+            raise
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(root, meta["step"], os_error)) from None
     if main:
-        root.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(root)
-        tmp.mkdir()
-    _sync("checkpoint-start")
-    weights = weights_to_numpy(model)
-    ocp.v1.save((tmp / OPTIMIZER).absolute(), nnx.state(optimizer))  # Orbax wants absolute paths
-    if main:
-        save_file(weights, str(tmp / WEIGHTS))
-        for filename, cfg in configs.items():
-            write_json(tmp / filename, cfg)
-        write_json(tmp / META, meta)  # last: its presence marks the folder complete
-        fsync_tree(tmp)
-        if final.exists():  # same step saved twice within one second: keep the newer one
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(root)
         point(root, "latest", name)
         if meta.get("is_best"):
             point(root, "best", name)
         prune(run_dir, keep_last)
     _sync("checkpoint-done")
     return final
+
+
+def _write_files(tmp: Path, weights: dict[str, np.ndarray], configs: dict[str, dict[str, Any]],
+                 meta: dict[str, Any]) -> None:
+    save_file(weights, str(tmp / WEIGHTS))
+    for filename, cfg in configs.items():
+        write_json(tmp / filename, cfg)
+    write_json(tmp / META, meta | {"files": file_records(tmp)})  # last: its presence marks the folder complete
+    fsync_tree(tmp)
+
+
+@contextlib.contextmanager
+def _orbax_errors_held() -> Iterator[None]:
+    """Hold back the error records Orbax's threads log (with a traceback each) while it saves:
+    if the save then raises, the one-line CheckpointError says it all; if not, they are logged."""
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            held.append(record)
+            return False
+        return True
+
+    logger = logging.getLogger("absl")
+    logger.addFilter(hold)
+    try:
+        yield
+    finally:
+        logger.removeFilter(hold)
+    for record in held:  # reached only when the save succeeded
+        logger.handle(record)
+
+
+def _os_error(e: Exception) -> OSError | None:
+    """The file system error behind a failed save: an OSError, or one that Orbax (tensorstore:
+    "[os_error_code='28']") or safetensors ("(os error 28)") reports inside its own exception."""
+    import re
+
+    if isinstance(e, OSError):
+        return e
+    found = re.search(r"os_error_code='(\d+)'|os error (\d+)", str(e))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    path = re.search(r'"(/[^"]+)"', str(e))
+    return OSError(code, os.strerror(code), path.group(1) if path else None)
+
+
+def _write_failure(root: Path, step: int, e: OSError) -> str:
+    import errno
+
+    latest = latest_checkpoint(root.parent)
+    kept = f"checkpoints/latest is still {latest.name}" if latest is not None else "no checkpoint was written yet"
+    what = {errno.ENOSPC: "the disk is full: free space there", errno.EDQUOT: "the disk quota is full",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
+            errno.EFBIG: "a file grew past the size limit (ulimit -f)"}.get(e.errno, e.strerror or type(e).__name__)
+    return f"{root}: cannot write the step {step} checkpoint ({what}; {e.filename or root}); {kept}: fix that and rerun to resume"
 
 
 # ----------------------------------------------------------------------------- load

@@ -108,6 +108,9 @@ class TrainConfig:
     validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
     validation_batches: int = 8  # microbatches of the validation split per validation
     keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
+    # Stop (error, exit 1) after this many optimiser steps in a row were dropped for non-finite
+    # gradients: a diverged run must not spend its budget skipping every batch.
+    max_dropped_steps: int = 20
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
@@ -117,7 +120,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
-                  "checkpoint_interval", "validation_batches", "keep_last_checkpoints")
+                  "checkpoint_interval", "validation_batches", "keep_last_checkpoints", "max_dropped_steps")
         _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
                   "batch_size", "validation_interval", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",

@@ -118,7 +118,8 @@ def close_skipped_window(optimizer: nnx.Optimizer) -> jax.Array:
     still be open and would swallow the next step's first microbatch: every later step would
     straddle two batches. Instead, an open window at the end of a step is dropped: a step with
     a non-finite microbatch gradient is skipped whole (as PyTorch's GradScaler skips a step),
-    and the counters say so. Returns whether the step was dropped.
+    and the counters say so. Returns whether an open window was dropped (the step's statistics
+    say whether it applied an update: step.py compares MultiSteps' gradient_step).
     """
     state = nnx.as_pure(optimizer.opt_state)
     dropped = optax.tree.get(state, "mini_step") != 0

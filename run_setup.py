@@ -9,8 +9,19 @@ free of JAX, Flax and Orbax: tests/test_run_setup.py checks that in a fresh inte
 
 from __future__ import annotations
 
+import datetime as dt
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 import checkpoint_files as ckpt
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
@@ -19,6 +30,10 @@ from download_dataset import prepare_dataset
 from tokenizer import TokenizerError
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (it diverged): one line, the last good checkpoint kept."""
 
 
 @dataclass
@@ -36,9 +51,18 @@ class Run:
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
 
 
-def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
-    """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each."""
+def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
+    """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each.
+
+    lock: take the run directory's lock (a second trainer on it is refused); in a multi-process
+    run only process 0 takes it. Then the checkpoint folder must be writable with room for one
+    checkpoint, the validation split's ids must fit the model, and the checkpoint to resume from
+    must verify (a damaged `latest` is set aside and the one before it used).
+    """
     model_cfg, train_cfg = load_run_configs(run_dir)
+    if lock:
+        lock_run(run_dir)
+    check_writable(run_dir, model_cfg)
     ds_path = prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
                               options=train_cfg.dataset.options,  # the length decides how many FineWeb files
                               train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
@@ -57,18 +81,144 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool) -> Run:
         moved = ckpt.move_aside(run_dir)
         if moved:
             print(f"Moved old checkpoints aside to {moved}")
-    resume_from = ckpt.latest_checkpoint(run_dir)
+    resume_from = _resume_point(run_dir)
     if resume_from is not None:
-        meta = ckpt.read_meta(resume_from)  # a corrupt checkpoint is reported now, not after JAX starts
-        _check_resume(resume_from, model_cfg, train_cfg)
-        saved = meta.get("data_position", {}).get("fingerprint")
-        if saved is not None and saved != dataset.manifest.get("fingerprint"):
-            raise DataError(f"{dataset.path}/manifest.json: dataset differs from the one checkpoint "
-                            f"{resume_from.name} was trained on (fingerprint {saved!r}), so the batches "
-                            f"would not continue where they stopped; use --restart, or restore that dataset")
+        _check_resume(resume_from, model_cfg, train_cfg, dataset)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
                train_cfg.total_steps(model_cfg), resume_from, init_from)
+
+
+# ----------------------------------------------------------------------------- stop requests
+
+
+class StopFlag:
+    """SIGINT and SIGTERM ask the run to finish its step, write a checkpoint and exit 130.
+
+    One request often arrives more than once: a signal to the process group (a job scheduler,
+    systemd, a container stop, `kill -INT -- -PGID`) reaches both `uv` and python, and uv
+    forwards its copy too. So every signal within REPEAT_S of the first is the same request, and
+    SIGTERM never aborts (SLURM and Kubernetes send SIGTERM, then SIGKILL after a grace period:
+    the checkpoint is the point). Only a later, distinct SIGINT (a second Ctrl-C, on purpose)
+    aborts at once, raising KeyboardInterrupt. Installed by train.py before anything else runs,
+    so a request during set-up or compilation is kept for the loop to honour.
+    """
+
+    REPEAT_S = 2.0
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._first: float | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self._first, self.requested = now, True
+            print(f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
+                  f"(Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+        elif signum == signal.SIGINT and now - self._first > self.REPEAT_S:
+            raise KeyboardInterrupt
+
+
+# ----------------------------------------------------------------------------- the run directory
+
+LOCK_FILE = ".train.lock"
+_held: dict[Path, int] = {}  # run directory -> the open lock file this process holds
+
+
+def lock_run(run_dir: Path) -> None:
+    """An exclusive advisory lock on <run_dir>/.train.lock for the rest of this process.
+
+    flock: the kernel releases it when the process ends in any way (kill -9 included), so there
+    is never a stale lock to clean up. The file says who holds it, for the refusal's message.
+    Taken again by the same process (tests, a second train.main call), it is the same lock.
+    """
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    path = key / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{run_dir}: cannot write there ({e.strerror or e}: {path}); make the run directory "
+                          f"writable or copy it somewhere that is") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{run_dir}: already being trained ({holder}; lock {path}); "
+                          f"wait for that run to end or stop it") from None
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode(), 0)
+    _held[key] = fd
+
+
+def check_writable(run_dir: Path, model: ModelConfig) -> None:
+    """The checkpoint folder can be created and written, with room for one more checkpoint:
+    found now rather than after compiling and training a whole checkpoint interval."""
+    root = ckpt.checkpoints_dir(run_dir)
+    probe = root / f".write-test-{os.getpid()}"
+    existed = root.is_dir()
+    try:
+        if existed:  # what a killed or failed save left (never a checkpoint; this process holds the lock)
+            ckpt.remove_leftovers(root)
+        root.mkdir(exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            os.fsync(f.fileno())
+        probe.unlink()
+        free = shutil.disk_usage(root).free
+        if not existed:
+            root.rmdir()  # leave no trace: --restart would move an empty folder aside
+    except OSError as e:
+        raise ConfigError(f"{root}: cannot write checkpoints there ({e.strerror or e}); make the run "
+                          f"directory writable or copy it somewhere that is") from None
+    need = checkpoint_bytes(model)
+    if free < need:
+        raise ConfigError(f"{root}: {free / 2**20:,.0f} MiB free, one checkpoint of this model needs about "
+                          f"{need / 2**20:,.0f} MiB; free some space there first")
+
+
+def checkpoint_bytes(model: ModelConfig) -> int:
+    """About one checkpoint's size: float32 weights, AdamW's two moments and the MultiSteps
+    accumulator (4 x 4 bytes per parameter), plus the small files."""
+    V, C, L = model.vocab_size, model.emb_dim, model.n_layers
+    params = V * C * (1 if model.tie_embeddings else 2)
+    if model.architecture == "gpt2":
+        params += model.context_length * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 16 * params + (1 << 20)
+
+
+def _resume_point(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; damaged newer ones are set aside (renamed, never
+    deleted), `latest` is moved to it, and `best` repaired, each said in one line."""
+    while (found := ckpt.latest_checkpoint(run_dir)) is not None:
+        problem = ckpt.verify_checkpoint(found)
+        if problem is None:
+            break
+        moved = ckpt.set_aside(found)
+        print(f"warning: checkpoint {found.name} is damaged ({problem}); moved aside to {moved.name}",
+              file=sys.stderr)
+    root = ckpt.checkpoints_dir(run_dir)
+    if found is not None and (root / "latest").resolve() != found:
+        ckpt.point(root, "latest", found.name)
+        print(f"Resuming from {found.name}, the newest checkpoint that verifies", file=sys.stderr)
+    repaired = ckpt.repair_best(run_dir)
+    if repaired:
+        print(f"Note: {repaired}", file=sys.stderr)
+    return found
 
 
 # Keys that decide the parameters' shapes: init_from weights must agree on all of them.
@@ -105,6 +255,14 @@ def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Da
     if ds.max_token_id >= model.vocab_size:
         raise DataError(f"{manifest}: token id {ds.max_token_id} is out of range for "
                         f"{run_dir}/model.json vocab_size={model.vocab_size}")
+    # The manifest vouches for the training shards (each batch is checked against it as it is
+    # read); the validation split is small, so its ids are read now rather than found bad at
+    # the first validation, an interval into training.
+    for shard, path in zip(ds.val.shards, ds.val.files):
+        if shard.size and int(shard.max()) >= model.vocab_size:
+            at = int(np.argmax(shard >= model.vocab_size))
+            raise DataError(f"{path}: token id {int(shard[at])} at position {at} is out of range for "
+                            f"{run_dir}/model.json vocab_size={model.vocab_size}")
 
 
 # Changing these mid-run would silently change which batches come next or what the weights mean.
@@ -116,7 +274,13 @@ _DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "micro
 _RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
 
 
-def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig) -> None:
+def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, dataset: Dataset) -> None:
+    meta = ckpt.read_meta(ckpt_dir)
+    fingerprint = meta.get("data_position", {}).get("fingerprint")
+    if fingerprint is not None and fingerprint != dataset.manifest.get("fingerprint"):
+        raise DataError(f"{dataset.path}/manifest.json: dataset differs from the one checkpoint "
+                        f"{ckpt_dir.name} was trained on (fingerprint {fingerprint!r}), so the batches "
+                        f"would not continue where they stopped; use --restart, or restore that dataset")
     saved = ckpt.read_configs(ckpt_dir)
     old_model, old_train = saved.get("model.json"), saved.get("train.json")
     if old_model is not None:

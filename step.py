@@ -89,10 +89,14 @@ def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
         optimizer.update(model, grads)
         return nnx.state((model, optimizer)), loss
 
+    applied_before = optimizer_stats(optimizer)["gradient_step"]
     state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys))
     nnx.update((model, optimizer), state)
-    skipped_step = close_skipped_window(optimizer)
-    return losses, optimizer_stats(optimizer) | {"skipped_step": skipped_step}
+    close_skipped_window(optimizer)
+    stats = optimizer_stats(optimizer)
+    # Dropped: no optimiser step applied, whether some of the k microbatches were skipped (an
+    # open window closed) or all of them (a window that never opened).
+    return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
 
 
 train_step = nnx.jit(_train_step, donate_argnums=(0, 1))

@@ -4,15 +4,17 @@
     uv run train.py runs/a-to-a --restart   # start over; old checkpoints are moved aside, not deleted
 
 `runs/<name>/model.json` and `runs/<name>/train.json` describe the run completely (see README).
-The first Ctrl-C (or SIGTERM) finishes the current step, writes a checkpoint and exits; a second
-one aborts at once. Rerunning resumes from the latest checkpoint with the same step, learning
-rate, next batch and dropout keys as if never interrupted.
+The first Ctrl-C (or SIGTERM, to the process or its group) finishes the current step, writes a
+checkpoint and exits 130; a second Ctrl-C, seconds later, aborts at once. Rerunning resumes from
+the latest checkpoint with the same step, learning rate, next batch and dropout keys as if never
+interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,16 +22,16 @@ from typing import Any
 import fast_malloc
 from config import ConfigError
 from download_dataset import default_data_root
-from run_setup import INPUT_ERRORS, Run, prepare_run
+from run_setup import INPUT_ERRORS, Run, StopFlag, TrainingError, prepare_run
 
 # JAX is imported by `train` (and, for a multi-process run, by `_join_cluster`), only after
 # prepare_run has validated everything: no input error waits for a backend start-up.
 
 
-def train(run: Run) -> int:
+def train(run: Run, stop: StopFlag) -> int:
     from trainer import Trainer
 
-    return Trainer(run).fit()
+    return Trainer(run, stop).fit()
 
 
 def _cluster(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -61,8 +63,9 @@ def _prepare_in_cluster(args: argparse.Namespace, cluster: dict[str, Any]) -> Ru
 
     sharding.initialize_distributed(cluster)
     with sharding.main_process_first():
+        main = sharding.is_main_process()
         return prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
-                           restart=args.restart and sharding.is_main_process())
+                           restart=args.restart and main, lock=main)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -84,18 +87,37 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--distributed-auto", action="store_true",
                        help="let JAX detect the cluster (SLURM, Open MPI, TPU pods, ...)")
     args = parser.parse_args(argv)
-    try:
-        cluster = _cluster(args)
-        if cluster is None:
-            run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(), restart=args.restart)
-        else:
-            run = _prepare_in_cluster(args, cluster)
-        return train(run)  # may still raise CheckpointError while loading, before compiling
-    except INPUT_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with StopFlag() as stop:  # from the start: a stop request during set-up or compiling counts
+        try:
+            cluster = _cluster(args)
+            if cluster is None:
+                run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(), restart=args.restart)
+            else:
+                run = _prepare_in_cluster(args, cluster)
+            return train(run, stop)  # may still raise CheckpointError while loading, before compiling
+        except INPUT_ERRORS as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except TrainingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            global aborted
+            aborted = True
+            print(f"Aborted without saving; {args.run_dir}/checkpoints/latest is the last checkpoint.",
+                  file=sys.stderr, flush=True)
+            return 130
+
+
+aborted = False  # set when a second Ctrl-C aborted the run
 
 
 if __name__ == "__main__":
     fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
-    raise SystemExit(main())
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: a late Ctrl-C must not print a traceback
+    if aborted:  # leave at once: Orbax's and XLA's threads would each print a traceback on the way out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)

@@ -8,8 +8,6 @@ checkpointing.py.
 from __future__ import annotations
 
 import datetime as dt
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +22,14 @@ import charts
 import checkpointing as ckpt
 import sharding
 from config import ConfigError, to_dict
+from run_setup import TrainingError
 import ops
 from model import build_model
 from optim import clip_flag, make_optimizer, make_schedule
 from step import StepRunner, eval_step, step_key
 
 if TYPE_CHECKING:
-    from run_setup import Run
+    from run_setup import Run, StopFlag
 
 
 @dataclass
@@ -41,7 +40,8 @@ class Window:
     losses: list[float] = field(default_factory=list)  # mean over the step's microbatches
     micro_losses: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
-    grad_norms: list[float | None] = field(default_factory=list)
+    grad_norms: list[float | None] = field(default_factory=list)  # None: dropped, or not finite
+    dropped: list[bool] = field(default_factory=list)  # the step applied no update
     dropped_steps: int = 0  # steps skipped whole because a microbatch gradient was not finite
     started: float = field(default_factory=time.perf_counter)
 
@@ -50,47 +50,26 @@ class Window:
         self.losses.append(float(np.mean(losses)))
         self.micro_losses.extend(float(v) for v in losses)
         self.lrs.append(float(stats["learning_rate"]))
-        gn = float(stats["grad_norm"])
-        self.grad_norms.append(gn if np.isfinite(gn) else None)
-        self.dropped_steps += int(stats["skipped_step"])
+        dropped = bool(stats["skipped_step"])
+        gn = float(stats["grad_norm"])  # a dropped step computed none: the recorder holds an older one
+        self.grad_norms.append(gn if np.isfinite(gn) and not dropped else None)
+        self.dropped.append(dropped)
+        self.dropped_steps += int(dropped)
 
     def tokens_per_s(self, tokens_per_step: int) -> float:
         return len(self.steps) * tokens_per_step / max(time.perf_counter() - self.started, 1e-9)
 
 
-class StopFlag:
-    """First SIGINT/SIGTERM asks the loop to checkpoint and stop; the second aborts."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nStopping: finishing this step and writing a checkpoint "
-              "(press Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
-
-    def agreed(self) -> bool:
-        """In a multi-process run a signal may reach one process only: stop if any got one."""
-        if jax.process_count() == 1:
-            return self.requested
-        return bool(multihost_utils.process_allgather(np.int32(self.requested)).any())
+def stop_agreed(stop: StopFlag) -> bool:
+    """In a multi-process run a signal may reach one process only: stop if any got one."""
+    if jax.process_count() == 1:
+        return stop.requested
+    return bool(multihost_utils.process_allgather(np.int32(stop.requested)).any())
 
 
 class Trainer:
-    def __init__(self, run: Run) -> None:
-        self.run, self.cfg, self.mcfg = run, run.train_cfg, run.model_cfg
+    def __init__(self, run: Run, stop: StopFlag) -> None:
+        self.run, self.cfg, self.mcfg, self.stop = run, run.train_cfg, run.model_cfg, stop
         self.k = self.cfg.gradient_accumulation_steps
         self.tokens_per_step = self.cfg.tokens_per_step(self.mcfg)
         self.is_main = jax.process_index() == 0
@@ -109,10 +88,12 @@ class Trainer:
 
         self.model, self.optimizer = sharding.create_sharded(
             build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
-        self.start, self.best, self.elapsed = 0, None, 0.0
+        self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
+        self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
+            self.dropped_total = meta.get("skipped_updates", {}).get("dropped_steps_total", 0)
             self.log(f"Resuming {run.run_dir} from {run.resume_from.name} (step {self.start})")
         elif run.init_from is not None:  # fine-tuning: these weights, step 0, fresh optimiser
             ckpt.load_weights(self.model, run.init_from / ckpt.WEIGHTS)
@@ -155,6 +136,9 @@ class Trainer:
         if self.start >= run.total_steps:
             self.log(f"Nothing to do: {run.run_dir} already trained {self.start}/{run.total_steps} steps.")
             return 0
+        if stop_agreed(self.stop):
+            self.log(f"Stopped before the first step of this session; nothing new to save in {run.run_dir}.")
+            return 130
         window, last_loss, t0 = Window(), float("nan"), time.perf_counter()
         bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                    disable=None if self.is_main else True)
@@ -163,6 +147,7 @@ class Trainer:
         def read(done: int, out: Any) -> tuple[float, dict[str, Any]]:
             losses, stats = jax.device_get(out)  # waits for that step (only)
             window.record(done, losses, stats)
+            self.count_dropped(done, bool(stats["skipped_step"]))
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{float(stats['learning_rate']):.2e}",
                             tok_s=f"{window.tokens_per_s(self.tokens_per_step):,.0f}", refresh=False)
@@ -172,7 +157,7 @@ class Trainer:
         # waits for the host between steps; a step that ends at a validation or checkpoint is
         # read (and the model synced) before anything else is dispatched.
         pending: tuple[int, Any] | None = None
-        with StopFlag() as stop:
+        try:
             for s in range(self.start, run.total_steps):
                 out = self.step(x, y, step_key(cfg.seed, s))
                 if s + 1 < run.total_steps:  # assemble the next batch while the device works
@@ -180,13 +165,15 @@ class Trainer:
                 if pending is not None:
                     last_loss, stats = read(*pending)
                 done, pending = s + 1, (s + 1, out)
-                stopping = stop.agreed()
+                stopping = stop_agreed(self.stop)
                 at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
                 if not (at_ckpt or done % cfg.eval_interval() == 0):
                     continue
                 last_loss, stats = read(*pending)
                 pending = None
                 val = self.validate()
+                if at_ckpt and self.postpone(done, stopping):
+                    continue
                 if at_ckpt:
                     self.elapsed += time.perf_counter() - window.started
                     path = self.checkpoint(done, window, stats, val)
@@ -194,13 +181,34 @@ class Trainer:
                         bar.write(self.progress_line(done, window, stats, val) + f" | saved {path.name}")
                     window = Window()
                 if stopping:
-                    bar.close()
                     self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
                              f"Resume with: uv run train.py {run.run_dir}")
                     return 130
-        bar.close()
+        finally:
+            bar.close()
         self.summary(time.perf_counter() - t0, last_loss)
         return 0
+
+    def count_dropped(self, done: int, dropped: bool) -> None:
+        """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
+        self.dropped_streak = self.dropped_streak + 1 if dropped else 0
+        self.dropped_total += int(dropped)
+        if self.dropped_streak >= self.cfg.max_dropped_steps:
+            latest = ckpt.latest_checkpoint(self.run.run_dir)
+            kept = f"checkpoints/latest is {latest.name}" if latest is not None else "no checkpoint was written"
+            raise TrainingError(
+                f"{self.run.run_dir}: the last {self.dropped_streak} optimiser steps (to step {done}) were all "
+                f"dropped for non-finite gradients (train.json max_dropped_steps={self.cfg.max_dropped_steps}): "
+                f"the run diverged; {kept}. Lower learning_rate, or check the data, and rerun")
+
+    def postpone(self, done: int, stopping: bool) -> bool:
+        """Skip an interval checkpoint while steps are being dropped: `latest` stays on the last
+        good one (the weights did not move, but the data position did). A stop request saves."""
+        if self.dropped_streak == 0 or stopping or done == self.run.total_steps:
+            return False
+        self.log(f"step {done}: checkpoint postponed, the last {self.dropped_streak} step(s) were dropped "
+                 f"(non-finite gradients)")
+        return True
 
     def meta(self, done: int, window: Window, stats: dict[str, Any], val: float, is_best: bool) -> dict[str, Any]:
         cfg, micro = self.cfg, np.asarray(window.micro_losses)
@@ -215,14 +223,16 @@ class Trainer:
             "val_loss": val,
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
-            "learning_rate": float(stats["learning_rate"]),  # used by the last step
-            "next_learning_rate": float(self.schedule(done)),
+            "learning_rate": float(stats["learning_rate"]),  # used by the last applied step
+            # The schedule counts applied optimiser steps: a dropped step does not advance it.
+            "next_learning_rate": float(self.schedule(int(stats["gradient_step"]))),
             "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
             "clip_max_norm": cfg.clipping_max_norm,
             "clipped_steps": sum(clip_flag(g, cfg.clipping_max_norm) for g in window.grad_norms),
             "skipped_updates": {"consecutive": int(stats["notfinite_count"]),  # microbatches
                                 "total": int(stats["total_notfinite"]),  # microbatches, whole run
-                                "dropped_steps": window.dropped_steps},  # since the last checkpoint
+                                "dropped_steps": window.dropped_steps,  # since the last checkpoint
+                                "dropped_steps_total": self.dropped_total},
             "optimizer_steps_applied": int(stats["gradient_step"]),
             "throughput_tokens_per_s": window.tokens_per_s(self.tokens_per_step),
             "elapsed_s": self.elapsed,
@@ -235,7 +245,7 @@ class Trainer:
             # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
             "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
             "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
-                       "grad_norm": window.grad_norms},
+                       "grad_norm": window.grad_norms, "dropped": window.dropped},
         }
 
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:

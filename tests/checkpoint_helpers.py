@@ -128,3 +128,8 @@ def assert_one_line_error(err: pytest.ExceptionInfo, path: Path) -> None:
     msg = str(err.value)
     assert "\n" not in msg, msg
     assert str(path) in msg, msg
+
+
+def without_files(meta: dict) -> dict:
+    """meta.json as the trainer gave it: save_checkpoint adds the `files` records."""
+    return {k: v for k, v in meta.items() if k != "files"}

@@ -25,7 +25,7 @@ from model import build_model
 from optim import make_optimizer
 from step import step_key, train_step
 from checkpoint_helpers import (
-    MCFG, TCFG, TOTAL_STEPS, CONFIGS, T0, NAME_RE, batch, fresh, flat, same_bits, assert_identical, deep_clone, host_stats, make_meta, ckpt_name, entries, assert_one_line_error)
+    MCFG, TCFG, TOTAL_STEPS, CONFIGS, T0, NAME_RE, batch, fresh, flat, same_bits, assert_identical, deep_clone, host_stats, make_meta, ckpt_name, entries, assert_one_line_error, without_files)
 
 
 # ----------------------------------------------------------------------------- round trip
@@ -50,8 +50,14 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path: Pa
     assert any(not same_bits(before_opt[k], v) for k, v in opt_leaves.items())
 
     loaded_meta = ck.load_checkpoint(path, model2, optimizer2)
-    assert loaded_meta == meta
-    assert ck.read_meta(path) == meta
+    assert without_files(loaded_meta) == meta
+    assert without_files(ck.read_meta(path)) == meta
+    # meta.json records every other file of the checkpoint, as it is on disk.
+    files = loaded_meta["files"]
+    assert {"model.safetensors", "model.json", "train.json"} <= set(files) and any(f.startswith("optimizer/") for f in files)
+    assert files == {str(p.relative_to(path)): {"size": p.stat().st_size, "sha256": ck.file_records(path)[str(p.relative_to(path))]["sha256"]}
+                     for p in path.rglob("*") if p.is_file() and p.name != "meta.json"}
+    assert ck.verify_checkpoint(path) is None
     assert ck.read_configs(path) == CONFIGS
     restored = ck.read_meta(path)
     assert (restored["step"], restored["data_position"], restored["rng"]) == (
@@ -85,7 +91,7 @@ def test_weights_only_load_leaves_optimizer_alone(ckpt: Path, trained) -> None:
     saved = load_file(str(ckpt / "model.safetensors"))
     model2, optimizer2 = fresh(seed=3)
     opt_before = flat(optimizer2)
-    assert ck.load_checkpoint(ckpt, model2) == meta
+    assert without_files(ck.load_checkpoint(ckpt, model2)) == meta
     weights = ck.weights_to_numpy(model2)
     assert weights.keys() == saved.keys()
     for key in saved:
@@ -128,7 +134,7 @@ def test_layout_and_links(tmp_path: Path, trained) -> None:
     assert first == root / "20260102T030405Z-step-10"
     assert {"model.safetensors", "optimizer", "meta.json", "model.json", "train.json"} <= entries(first)
     assert (first / "optimizer").is_dir() and any((first / "optimizer").iterdir())
-    assert json.loads((first / "meta.json").read_text()) == make_meta(10, is_best=True)
+    assert without_files(json.loads((first / "meta.json").read_text())) == make_meta(10, is_best=True)
     assert json.loads((first / "model.json").read_text()) == CONFIGS["model.json"]
     assert json.loads((first / "train.json").read_text()) == CONFIGS["train.json"]
     assert not [p for p in first.rglob("*") if p.name.endswith(".tmp")]  # no half-written json
@@ -160,11 +166,11 @@ def test_same_step_saved_twice_in_one_second_keeps_the_newer(run: Path, ckpt: Pa
     newer = make_meta(2, is_best=True, note="second save")
     again = ck.save_checkpoint(run, model, optimizer, newer, CONFIGS, keep_last=3, now=T0)
     assert again == ckpt
-    assert ck.read_meta(ckpt) == newer
+    assert without_files(ck.read_meta(ckpt)) == newer
     assert ck.list_checkpoints(run) == [ckpt]
     assert entries(run / "checkpoints") == {ckpt.name, "latest", "best"}
     model2, optimizer2 = fresh()
-    assert ck.load_checkpoint(run / "checkpoints" / "latest", model2, optimizer2) == newer
+    assert without_files(ck.load_checkpoint(run / "checkpoints" / "latest", model2, optimizer2)) == newer
 
 
 # ----------------------------------------------------------------------------- pruning
@@ -190,11 +196,11 @@ def test_prune_keeps_last_k_and_best_and_records_history(tmp_path: Path, trained
     history = root / "history"
     assert entries(history) == {f"{paths[1].name}.json", f"{paths[3].name}.json"}
     for step in (1, 3):
-        assert json.loads((history / f"{paths[step].name}.json").read_text()) == metas[step]
+        assert without_files(json.loads((history / f"{paths[step].name}.json").read_text())) == metas[step]
     # The kept best is still a complete checkpoint, loadable into make_optimizer's optimiser.
     model2 = build_model(MCFG, seed=4)
     optimizer2 = make_optimizer(model2, TCFG, TOTAL_STEPS)
-    assert ck.load_checkpoint(root / "best", model2, optimizer2) == metas[2]
+    assert without_files(ck.load_checkpoint(root / "best", model2, optimizer2)) == metas[2]
     assert_identical(flat(optimizer2), flat(optimizer))
 
 
