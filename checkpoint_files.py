@@ -212,11 +212,8 @@ def file_records(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # Hashed on every resume (the weights, and the small files); the optimiser state, three times the

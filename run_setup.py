@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     model_cfg, train_cfg = load_run_configs(run_dir)
     if lock:
         lock_run(run_dir)
-    check_writable(run_dir, model_cfg)
+    check_writable(run_dir, model_cfg, tidy=lock)
     ds_path = prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
                               options=train_cfg.dataset.options,  # the length decides how many FineWeb files
                               train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
@@ -106,8 +107,9 @@ class StopFlag:
 
     REPEAT_S = 2.0
 
-    def __init__(self) -> None:
-        self.requested = False
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.requested = self.aborted = False
+        self._clock = clock
         self._first: float | None = None
         self._old: dict[int, Any] = {}
 
@@ -120,13 +122,19 @@ class StopFlag:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
 
+    def check_abort(self) -> None:
+        """Raise KeyboardInterrupt if an abort was asked for and some library swallowed it."""
+        if self.aborted:
+            raise KeyboardInterrupt
+
     def _handle(self, signum: int, frame: Any) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if self._first is None:
             self._first, self.requested = now, True
             print(f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
                   f"(Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
         elif signum == signal.SIGINT and now - self._first > self.REPEAT_S:
+            self.aborted = True  # whatever becomes of the KeyboardInterrupt in native code on its way up
             raise KeyboardInterrupt
 
 
@@ -165,14 +173,15 @@ def lock_run(run_dir: Path) -> None:
     _held[key] = fd
 
 
-def check_writable(run_dir: Path, model: ModelConfig) -> None:
+def check_writable(run_dir: Path, model: ModelConfig, *, tidy: bool = True) -> None:
     """The checkpoint folder can be created and written, with room for one more checkpoint:
-    found now rather than after compiling and training a whole checkpoint interval."""
+    found now rather than after compiling and training a whole checkpoint interval. tidy (the
+    lock holder only): remove what a killed or failed save left behind."""
     root = ckpt.checkpoints_dir(run_dir)
     probe = root / f".write-test-{os.getpid()}"
     existed = root.is_dir()
     try:
-        if existed:  # what a killed or failed save left (never a checkpoint; this process holds the lock)
+        if existed and tidy:  # never a checkpoint, and no other trainer writes here: we hold the lock
             ckpt.remove_leftovers(root)
         root.mkdir(exist_ok=True)
         with open(probe, "wb") as f:

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Exception) as e:  # a deliberate second Ctrl-C, possibly re-wrapped by native code
+            if not (isinstance(e, KeyboardInterrupt) or stop.aborted):
+                raise
             global aborted
             aborted = True
             print(f"Aborted without saving; {args.run_dir}/checkpoints/latest is the last checkpoint.",

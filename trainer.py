@@ -171,7 +171,9 @@ class Trainer:
                     continue
                 last_loss, stats = read(*pending)
                 pending = None
+                self.stop.check_abort()
                 val = self.validate()
+                self.stop.check_abort()
                 if at_ckpt and self.postpone(done, stopping):
                     continue
                 if at_ckpt:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,20 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
     prepare_dataset("builtin", "bytes", root, log=lambda _msg: None)
     return root
+
+
+def wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:
+    """Wait until a training subprocess has a checkpoint at step >= min_step (it must not exit first)."""
+    import checkpoint_files as cf
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = cf.latest_checkpoint(run_dir)
+        if latest is not None and cf.step_of(latest) >= min_step:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
 
 
 def write_run(run_dir: Path, model: dict, train: dict) -> Path:

@@ -21,7 +21,7 @@ import checkpoint_files as cf
 import run_setup
 import train
 from charts import load_history
-from conftest import ROOT, write_run
+from conftest import ROOT, wait_for_step, write_run
 from data import DataError
 from run_setup import StopFlag
 
@@ -46,17 +46,6 @@ def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, **kw) -> subpro
         cmd = [uv_bin, "run", "--frozen", "train.py"]
     return subprocess.Popen([*cmd, str(run_dir), "--data-dir", str(data_root)], cwd=ROOT, env=kw.pop("env", ENV),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
-
-
-def wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = cf.latest_checkpoint(run_dir)
-        if latest is not None and cf.step_of(latest) >= min_step:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
 
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
@@ -106,17 +95,16 @@ def test_a_signal_to_the_process_group_saves_and_resumes_exactly(tmp_path: Path,
 
 
 def test_repeats_of_one_request_never_abort_and_a_later_ctrl_c_does() -> None:
-    with StopFlag() as stop:
-        stop.REPEAT_S = 0.5
+    now = [100.0]  # the flag's clock, moved by hand: no sleeping
+    with StopFlag(clock=lambda: now[0]) as stop:
         os.kill(os.getpid(), signal.SIGINT)  # the request ...
         os.kill(os.getpid(), signal.SIGINT)  # ... and its forwarded copy
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested
-        time.sleep(0.7)
+        assert stop.requested  # (a handler runs before the next bytecode after os.kill)
+        now[0] += StopFlag.REPEAT_S + 1
         os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM never aborts (SIGKILL follows, if anything)
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)  # a distinct, later Ctrl-C
-            time.sleep(1)  # the handler runs here at the latest
 
 
 def test_a_deliberate_second_ctrl_c_aborts_in_one_line(tmp_path: Path, data_root: Path) -> None:

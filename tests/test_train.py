@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import test_a_to_a
 import test_generation
 import train
 from charts import load_history
-from conftest import ROOT, write_run
+from conftest import ROOT, wait_for_step, write_run
 
 A_TO_A_MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 64}
 A_TO_A_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same",
@@ -67,23 +66,12 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
     assert ckpt.latest_checkpoint(run) == latest
 
 
-def _wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = ckpt.latest_checkpoint(run_dir)
-        if latest is not None and ckpt.step_of(latest) >= min_step:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
-
-
 def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root: Path) -> None:
     interrupted = write_run(tmp_path / "interrupted", GPT_MODEL, GPT_TRAIN)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(interrupted), "--data-dir", str(data_root)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_step(interrupted, proc, 20)
+    wait_for_step(interrupted, proc, 20)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, (out, err)
