@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,8 +177,6 @@ def _orbax_errors_held() -> Iterator[None]:
 def _os_error(e: Exception) -> OSError | None:
     """The file system error behind a failed save: an OSError, or one that Orbax (tensorstore:
     "[os_error_code='28']") or safetensors ("(os error 28)") reports inside its own exception."""
-    import re
-
     if isinstance(e, OSError):
         return e
     found = re.search(r"os_error_code='(\d+)'|os error (\d+)", str(e))
@@ -188,8 +188,6 @@ def _os_error(e: Exception) -> OSError | None:
 
 
 def _write_failure(root: Path, step: int, e: OSError) -> str:
-    import errno
-
     latest = latest_checkpoint(root.parent)
     kept = f"checkpoints/latest is still {latest.name}" if latest is not None else "no checkpoint was written yet"
     what = {errno.ENOSPC: "the disk is full: free space there", errno.EDQUOT: "the disk quota is full",

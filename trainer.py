@@ -42,7 +42,6 @@ class Window:
     lrs: list[float] = field(default_factory=list)
     grad_norms: list[float | None] = field(default_factory=list)  # None: dropped, or not finite
     dropped: list[bool] = field(default_factory=list)  # the step applied no update
-    dropped_steps: int = 0  # steps skipped whole because a microbatch gradient was not finite
     started: float = field(default_factory=time.perf_counter)
 
     def record(self, done: int, losses: np.ndarray, stats: dict[str, Any]) -> None:
@@ -54,7 +53,11 @@ class Window:
         gn = float(stats["grad_norm"])  # a dropped step computed none: the recorder holds an older one
         self.grad_norms.append(gn if np.isfinite(gn) and not dropped else None)
         self.dropped.append(dropped)
-        self.dropped_steps += int(dropped)
+
+    @property
+    def dropped_steps(self) -> int:
+        """Steps skipped whole because a microbatch gradient was not finite."""
+        return sum(self.dropped)
 
     def tokens_per_s(self, tokens_per_step: int) -> float:
         return len(self.steps) * tokens_per_step / max(time.perf_counter() - self.started, 1e-9)
