@@ -4,7 +4,9 @@ Usage:
     uv run charts.py runs/<name> [--log-y]
 
 Reads run_dir/checkpoints/<time>-step-<N>/meta.json and run_dir/checkpoints/history/*.json (metadata kept from
-pruned checkpoints), and writes run_dir/charts/loss.png, lr.png and grad_norm.png. From Python:
+pruned checkpoints), and writes run_dir/charts/loss.png (every step's training loss, smoothed,
+under the per-checkpoint band, and the validation points), lr.png, grad_norm.png and
+throughput.png (tokens/s and MFU per step). From Python:
 
     from charts import draw_charts, load_history
     paths = draw_charts(Path("runs/demo"), log_y=True)
@@ -118,20 +120,51 @@ def _save(fig: plt.Figure, path: Path) -> None:
         plt.close(fig)
 
 
+def smooth(values: list[float], span: int) -> list[float]:
+    """Exponential moving average over `span` steps, bias-corrected so the start is not pulled to 0."""
+    alpha, avg, out = 2 / (span + 1), 0.0, []
+    for i, v in enumerate(values):
+        avg = (1 - alpha) * avg + alpha * v
+        out.append(avg / (1 - (1 - alpha) ** (i + 1)))
+    return out
+
+
 def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = [r["step"] for r in records]
     lo, hi = [r["train_loss"]["min"] for r in records], [r["train_loss"]["max"] for r in records]
-    ax.fill_between(steps, lo, hi, alpha=0.25, label="train min-max")
-    ax.plot(steps, [r["train_loss"]["mean"] for r in records], marker=".", label="train mean")
+    ax.fill_between(steps, lo, hi, alpha=0.15, color="tab:blue", label="train min-max per checkpoint")
+    per_step, losses = _per_step(records, "loss")
+    if per_step:  # every step's loss (meta.json series), raw and lightly smoothed
+        ax.plot(per_step, losses, color="tab:blue", alpha=0.3, linewidth=0.6)
+        ax.plot(per_step, smooth(losses, max(1, len(losses) // 50)), color="tab:blue", label="train (per step, smoothed)")
+    else:
+        ax.plot(steps, [r["train_loss"]["mean"] for r in records], marker=".", label="train mean")
     val = [(r["step"], r["val_loss"]) for r in records if _is_number(r.get("val_loss"))]
     if val:
-        ax.plot(*zip(*val), marker="o", label="validation")
+        ax.plot(*zip(*val), marker="o", color="tab:orange", label="validation")
     if log_y:
         ax.set_yscale("log")
     ax.set(title=f"Loss: {title}", xlabel="optimiser step", ylabel="cross-entropy loss")
     ax.grid(True, alpha=0.3)
     ax.legend()
+    return fig
+
+
+def _throughput_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps, rates = _per_step(records, "tokens_per_s")
+    ax.plot(steps, rates, color="tab:green", linewidth=0.8, label="tokens/s")
+    ax.set(title=f"Throughput: {title}", xlabel="optimiser step", ylabel="tokens / second")
+    ax.grid(True, alpha=0.3)
+    mfu_steps, mfu = _per_step(records, "mfu")
+    if mfu_steps:
+        right = ax.twinx()
+        right.plot(mfu_steps, [100 * v for v in mfu], color="tab:purple", linewidth=0.8, alpha=0.7, label="MFU")
+        right.set_ylabel("MFU (%)")
+        right.set_ylim(bottom=0)
+        fig.legend(loc="lower right")
+    ax.set_ylim(bottom=0)
     return fig
 
 
@@ -158,7 +191,7 @@ def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
 
 
 def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
-    """Draw loss.png, lr.png and grad_norm.png into run_dir/charts and return their paths."""
+    """Draw loss.png, lr.png, grad_norm.png and throughput.png into run_dir/charts; their paths."""
     run_dir = Path(run_dir)
     records = load_history(run_dir)
     out = run_dir / "charts"
@@ -168,6 +201,7 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
         "loss.png": lambda: _loss_chart(records, title, log_y),
         "lr.png": lambda: _lr_chart(records, title),
         "grad_norm.png": lambda: _grad_norm_chart(records, title),
+        "throughput.png": lambda: _throughput_chart(records, title),
     }
     paths = []
     for name, build in figures.items():

@@ -35,6 +35,10 @@ CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer"
 META = "meta.json"
+# A run's records of its training (metrics.py): they describe the checkpoints' history, so
+# --restart moves them aside together with the checkpoints.
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-step-(\d+)$")
 
 
@@ -186,15 +190,22 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
 
 
 def move_aside(run_dir: Path) -> Path | None:
-    """Start a run over: rename checkpoints/ to checkpoints.old-<UTC time>/, deleting nothing."""
+    """Start a run over: rename checkpoints/ to checkpoints.old-<UTC time>/ and move the run's
+    metrics.jsonl and tensorboard/ into it, deleting nothing."""
     root = checkpoints_dir(run_dir)
-    if not root.exists():
+    records = [Path(run_dir) / name for name in (METRICS_FILE, TENSORBOARD_DIR) if (Path(run_dir) / name).exists()]
+    if not root.exists() and not records:
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}"), 1
     while target.exists():  # two restarts within one second
         target, n = root.with_name(f"{CHECKPOINTS}.old-{stamp}-{n}"), n + 1
-    os.rename(root, target)
+    if root.exists():
+        os.rename(root, target)
+    else:  # killed before its first checkpoint: only records to keep
+        target.mkdir()
+    for path in records:
+        os.rename(path, target / path.name)
     return target
 
 

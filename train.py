@@ -2,6 +2,7 @@
 
     uv run train.py runs/a-to-a             # train, or resume from runs/a-to-a/checkpoints/latest
     uv run train.py runs/a-to-a --restart   # start over; old checkpoints are moved aside, not deleted
+    uv run train.py runs/tiny --profile 10:13   # also trace steps 10 -> 13 into runs/tiny/profile/
 
 `runs/<name>/model.json` and `runs/<name>/train.json` describe the run completely (see README).
 The first Ctrl-C (or SIGTERM, to the process or its group) finishes the current step, writes a
@@ -28,10 +29,27 @@ from run_setup import INPUT_ERRORS, Run, StopFlag, TrainingError, prepare_run
 # prepare_run has validated everything: no input error waits for a backend start-up.
 
 
-def train(run: Run, stop: StopFlag) -> int:
+def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
     from trainer import Trainer
 
-    return Trainer(run, stop).fit()
+    return Trainer(run, stop, profile).fit()
+
+
+def profile_range(text: str) -> tuple[int, int]:
+    """--profile START:STOP, the steps that take the run from START to STOP steps done."""
+    start, sep, stop = text.partition(":")
+    try:
+        begin, end = int(start), int(stop)
+    except ValueError:
+        begin = end = -1
+    if not sep or not 0 <= begin < end:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected START:STOP with 0 <= START < STOP, e.g. 10:13")
+    return begin, end
+
+
+def check_profile(run: Run, profile: tuple[int, int] | None) -> None:
+    if profile is not None and profile[1] > run.total_steps:
+        raise ConfigError(f"--profile {profile[0]}:{profile[1]}: {run.run_dir} trains {run.total_steps} steps")
 
 
 def _cluster(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -79,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="start over: move checkpoints/ aside to checkpoints.old-<time>/")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where datasets live (default: $JAXGPT_DATA_DIR or ./data)")
+    parser.add_argument("--profile", type=profile_range, default=None, metavar="START:STOP",
+                        help="record a jax.profiler trace of the steps from START to STOP steps done "
+                             "into <run>/profile/ (view: uv run tensorboard --logdir <run>/profile)")
     group = parser.add_argument_group("several processes (jax.distributed); see README")
     group.add_argument("--coordinator", default=None,
                        help="host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
@@ -94,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(), restart=args.restart)
             else:
                 run = _prepare_in_cluster(args, cluster)
-            return train(run, stop)  # may still raise CheckpointError while loading, before compiling
+            check_profile(run, args.profile)
+            return train(run, stop, args.profile)  # may still raise CheckpointError while loading, before compiling
         except INPUT_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

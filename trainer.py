@@ -20,8 +20,10 @@ from tqdm import tqdm
 
 import charts
 import checkpointing as ckpt
+import mfu
 import sharding
 from config import ConfigError, to_dict
+from metrics import RunLog
 from run_setup import TrainingError
 import ops
 from model import build_model
@@ -42,10 +44,12 @@ class Window:
     lrs: list[float] = field(default_factory=list)
     grad_norms: list[float | None] = field(default_factory=list)  # None: dropped, or not finite
     dropped: list[bool] = field(default_factory=list)  # the step applied no update
+    step_times: list[float] = field(default_factory=list)  # seconds, previous result to this one
     started: float = field(default_factory=time.perf_counter)
 
-    def record(self, done: int, losses: np.ndarray, stats: dict[str, Any]) -> None:
+    def record(self, done: int, losses: np.ndarray, stats: dict[str, Any], step_time: float) -> None:
         self.steps.append(done)
+        self.step_times.append(step_time)
         self.losses.append(float(np.mean(losses)))
         self.micro_losses.extend(float(v) for v in losses)
         self.lrs.append(float(stats["learning_rate"]))
@@ -71,7 +75,7 @@ def stop_agreed(stop: StopFlag) -> bool:
 
 
 class Trainer:
-    def __init__(self, run: Run, stop: StopFlag) -> None:
+    def __init__(self, run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> None:
         self.run, self.cfg, self.mcfg, self.stop = run, run.train_cfg, run.model_cfg, stop
         self.k = self.cfg.gradient_accumulation_steps
         self.tokens_per_step = self.cfg.tokens_per_step(self.mcfg)
@@ -102,6 +106,9 @@ class Trainer:
             ckpt.load_weights(self.model, run.init_from / ckpt.WEIGHTS)
             self.log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
         self.step = StepRunner(self.model, self.optimizer)  # self.model/optimizer are stale until step.sync()
+        self.flops_per_token = mfu.flops_per_token(self.mcfg, self.cfg.seq_len(self.mcfg))
+        self.peak_flops, self.peak_source = mfu.peak_flops(self.mcfg.compute_dtype)
+        self.profile = Profile(run.run_dir, profile, self.start) if profile is not None else None
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -135,64 +142,106 @@ class Trainer:
         return path
 
     def fit(self) -> int:
-        run, cfg = self.run, self.cfg
+        run = self.run
         if self.start >= run.total_steps:
             self.log(f"Nothing to do: {run.run_dir} already trained {self.start}/{run.total_steps} steps.")
             return 0
         if stop_agreed(self.stop):
             self.log(f"Stopped before the first step of this session; nothing new to save in {run.run_dir}.")
             return 130
-        window, last_loss, t0 = Window(), float("nan"), time.perf_counter()
-        bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
-                   disable=None if self.is_main else True)
-        x, y = self.batch(self.start)
-
-        def read(done: int, out: Any) -> tuple[float, dict[str, Any]]:
-            losses, stats = jax.device_get(out)  # waits for that step (only)
-            window.record(done, losses, stats)
-            self.count_dropped(done, bool(stats["skipped_step"]))
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses):.4f}", lr=f"{float(stats['learning_rate']):.2e}",
-                            tok_s=f"{window.tokens_per_s(self.tokens_per_step):,.0f}", refresh=False)
-            return float(np.mean(losses)), stats
-
-        # Each step's results are read after the next step is dispatched, so the device never
-        # waits for the host between steps; a step that ends at a validation or checkpoint is
-        # read (and the model synced) before anything else is dispatched.
-        pending: tuple[int, Any] | None = None
+        self.records = RunLog(run.run_dir, self.start, enabled=self.is_main)
+        self.records.configs(self.start, {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)})
+        self.bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
+                        disable=None if self.is_main else True)
+        t0 = time.perf_counter()
         try:
-            for s in range(self.start, run.total_steps):
-                out = self.step(x, y, step_key(cfg.seed, s))
-                if s + 1 < run.total_steps:  # assemble the next batch while the device works
-                    x, y = self.batch(s + 1)
-                if pending is not None:
-                    last_loss, stats = read(*pending)
-                done, pending = s + 1, (s + 1, out)
-                stopping = stop_agreed(self.stop)
-                at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
-                if not (at_ckpt or done % cfg.eval_interval() == 0):
-                    continue
-                last_loss, stats = read(*pending)
-                pending = None
-                self.stop.check_abort()
-                val = self.validate()
-                self.stop.check_abort()
-                if at_ckpt and self.postpone(done, stopping):
-                    continue
-                if at_ckpt:
-                    self.elapsed += time.perf_counter() - window.started
-                    path = self.checkpoint(done, window, stats, val)
-                    if self.is_main:
-                        bar.write(self.progress_line(done, window, stats, val) + f" | saved {path.name}")
-                    window = Window()
-                if stopping:
-                    self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
-                             f"Resume with: uv run train.py {run.run_dir}")
-                    return 130
+            code, last_loss = self.loop()
         finally:
-            bar.close()
-        self.summary(time.perf_counter() - t0, last_loss)
-        return 0
+            self.bar.close()
+            if self.profile is not None:
+                self.profile.stop()
+            self.records.close()
+        if code == 0:
+            self.summary(time.perf_counter() - t0, last_loss)
+        return code
+
+    def loop(self) -> tuple[int, float]:
+        """The steps of this session; (exit code, last training loss)."""
+        run, cfg, profile = self.run, self.cfg, self.profile
+        self.window, last_loss, self.clock = Window(), float("nan"), time.perf_counter()
+        x, y = self.batch(self.start)
+        # Each step's results are read after the next step is dispatched, so the device never
+        # waits for the host between steps; a step that ends at a validation, a checkpoint or
+        # an end of the profiled range is read (and the model synced) before anything else.
+        pending: tuple[int, Any] | None = None
+        for s in range(self.start, run.total_steps):
+            if profile is not None:
+                profile.before(s)
+            out = self.step(x, y, step_key(cfg.seed, s))
+            if s + 1 < run.total_steps:  # assemble the next batch while the device works
+                x, y = self.batch(s + 1)
+            if pending is not None:
+                last_loss, stats = self.read(*pending)
+            done, pending = s + 1, (s + 1, out)
+            stopping = stop_agreed(self.stop)
+            at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
+            at_eval = at_ckpt or done % cfg.eval_interval() == 0
+            if not (at_eval or (profile is not None and profile.boundary(done))):
+                continue
+            last_loss, stats = self.read(*pending)
+            pending = None
+            if profile is not None:
+                profile.after(done)
+            if not at_eval:
+                continue
+            self.stop.check_abort()
+            val = self.validate()
+            self.records.scalars(done, {"val/loss": val, "val/tokens": self.val_tokens()})
+            self.stop.check_abort()
+            if at_ckpt and not self.postpone(done, stopping):
+                self.save(done, stats, val)
+            self.clock = time.perf_counter()  # the next step's time starts now, not at this result
+            if stopping:
+                self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
+                         f"Resume with: uv run train.py {run.run_dir}")
+                return 130, last_loss
+        return 0, last_loss
+
+    def read(self, done: int, out: Any) -> tuple[float, dict[str, Any]]:
+        """Wait for step `done`'s results (only), record and show them."""
+        losses, stats = jax.device_get(out)
+        now = time.perf_counter()
+        step_time, self.clock = now - self.clock, now
+        self.window.record(done, losses, stats, step_time)
+        self.count_dropped(done, bool(stats["skipped_step"]))
+        tokens_per_s = self.tokens_per_step / max(step_time, 1e-9)
+        gn, dropped = self.window.grad_norms[-1], self.window.dropped[-1]
+        loss = float(np.mean(losses))
+        self.records.scalars(done, {
+            "train/loss": loss, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
+            "optim/clipped": float(clip_flag(gn, self.cfg.clipping_max_norm)), "optim/skipped": float(dropped),
+            "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": mfu.mfu(tokens_per_s, self.flops_per_token, self.peak_flops)})
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(stats['learning_rate']):.2e}",
+                             tok_s=f"{self.window.tokens_per_s(self.tokens_per_step):,.0f}",
+                             mfu=f"{100 * self.window_mfu():.1f}%", refresh=False)
+        return loss, stats
+
+    def save(self, done: int, stats: dict[str, Any], val: float) -> None:
+        self.elapsed += time.perf_counter() - self.window.started
+        self.records.flush()  # the record up to this step is as durable as the checkpoint
+        path = self.checkpoint(done, self.window, stats, val)
+        if self.is_main:
+            self.bar.write(self.progress_line(done, self.window, stats, val) + f" | saved {path.name}")
+        self.window = Window()
+
+    def window_mfu(self) -> float:
+        return mfu.mfu(self.window.tokens_per_s(self.tokens_per_step), self.flops_per_token, self.peak_flops)
+
+    def val_tokens(self) -> int:
+        """Targets one validation pass scores."""
+        return self.cfg.validation_batches * self.cfg.microbatch_size * self.cfg.seq_len(self.mcfg)
 
     def count_dropped(self, done: int, dropped: bool) -> None:
         """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
@@ -240,6 +289,9 @@ class Trainer:
                                 "dropped_steps_total": self.dropped_total},
             "optimizer_steps_applied": int(stats["gradient_step"]),
             "throughput_tokens_per_s": window.tokens_per_s(self.tokens_per_step),
+            "mfu": mfu.mfu(window.tokens_per_s(self.tokens_per_step), self.flops_per_token, self.peak_flops),
+            "flops_per_token": self.flops_per_token,  # mfu.flops_per_token: 6N + 12 L T C
+            "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
             "elapsed_s": self.elapsed,
             "mesh": dict(self.mesh.shape) | {"processes": jax.process_count()},
             "data_position": {"next_step": done, "microbatches_consumed": done * self.k,
@@ -250,7 +302,10 @@ class Trainer:
             # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
             "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
             "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
-                       "grad_norm": window.grad_norms, "dropped": window.dropped},
+                       "grad_norm": window.grad_norms, "dropped": window.dropped,
+                       "step_time_s": window.step_times,
+                       "tokens_per_s": (rates := [self.tokens_per_step / max(t, 1e-9) for t in window.step_times]),
+                       "mfu": [mfu.mfu(r, self.flops_per_token, self.peak_flops) for r in rates]},
         }
 
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
@@ -258,7 +313,7 @@ class Trainer:
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
         return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} | "
                 f"lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
-                f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s")
+                f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s | MFU {100 * self.window_mfu():.1f}%")
 
     def summary(self, seconds: float, last_loss: float) -> None:
         tokens = (self.run.total_steps - self.start) * self.tokens_per_step
@@ -267,3 +322,34 @@ class Trainer:
                  f"Throughput: {tokens / seconds:,.0f} tokens/second\n"
                  f"Final train loss: {last_loss:.4f}\n"
                  f"Best validation loss: {self.best:.4f}")
+
+
+class Profile:
+    """`train.py --profile START:STOP`: a jax.profiler trace of the steps that take the run from
+    START to STOP steps done, into runs/<name>/profile/ (TensorBoard's profile plugin, XProf or
+    Perfetto read it). The loop reads the results at both ends, so the trace holds those steps
+    whole and nothing of the steps around them."""
+
+    def __init__(self, run_dir: Path, steps: tuple[int, int], first: int) -> None:
+        self.dir, (self.begin, self.end), self.active = Path(run_dir) / "profile", steps, False
+        if self.begin < first:
+            tqdm.write(f"--profile {self.begin}:{self.end}: this session starts at step {first}; "
+                       f"nothing will be traced")
+
+    def boundary(self, done: int) -> bool:
+        return done in (self.begin, self.end)
+
+    def before(self, s: int) -> None:
+        if s == self.begin and jax.process_index() == 0:
+            jax.profiler.start_trace(str(self.dir))
+            self.active = True
+
+    def after(self, done: int) -> None:
+        if done == self.end:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            jax.profiler.stop_trace()
+            tqdm.write(f"Profile of steps {self.begin}:{self.end} written under {self.dir}/plugins/profile/")

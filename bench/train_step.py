@@ -22,32 +22,14 @@ from typing import Any
 import numpy as np
 
 from config import ConfigError, ModelConfig, TrainConfig, to_dict
+from mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
+from mfu import flops_per_token as train_flops_per_token
 
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "char-tiny": (65, 256, 6, 6, 384, 8),
     "cpu-small": (256, 128, 4, 4, 128, 16),
     "gpt2-vocab": (50304, 256, 4, 4, 256, 4),
 }
-FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
-                    "plus attention scores/values (PaLM appendix B, nanoGPT's estimate_mfu; biases, "
-                    "LayerNorms and embedding lookups not counted)")
-
-
-# bfloat16 dense peaks (TFLOP/s, no sparsity; the vendors' spec sheets) by device_kind, first
-# match wins: MFU on an accelerator is against the chip's peak, not a measured matmul.
-CHIP_PEAKS_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756), ("H100 NVL", 835), ("H100", 989), ("H200", 989), ("H800", 989), ("B200", 2250),
-    ("A100", 312), ("L40S", 362), ("L40", 181), ("L4", 121),
-    ("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5", 459), ("TPU v6 lite", 918), ("TPU v6e", 918),
-)
-
-
-def chip_peak_flops(device_kind: str) -> tuple[float, str] | None:
-    """(bf16 dense peak FLOP/s, where it comes from) for a JAX device_kind, or None if unknown."""
-    for name, tflops in CHIP_PEAKS_TFLOPS:
-        if name.lower() in device_kind.lower():
-            return tflops * 1e12, f"spec sheet: {name} bf16 dense {tflops:g} TFLOP/s"
-    return None
 
 
 def versions() -> dict[str, str]:
@@ -396,34 +378,6 @@ def _train_report(r: dict[str, Any]) -> str:
     lines.append(f"  {'loss (random tokens)':34} {r['loss_last']:10.3f}     (ln V = {math.log(r['vocab_size']):.3f}); "
                  f"load average {r['load_avg_before'][0]:.2f} -> {r['load_avg_after'][0]:.2f}")
     return "\n".join(lines)
-
-
-def matmul_flops(size: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
-    """Best FLOP/s of a jitted size^3 matmul on the default device (fp32 by default): what a training
-    step in that precision can reach at most."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jnp.ones((size, size), jnp.dtype(dtype))
-    # float32 accumulation and result, as the model's matmuls (model.mixed_einsum): XLA:CPU runs
-    # bf16 x bf16 -> f32 on its native bf16 kernels, but upcasts a bf16 -> bf16 product.
-    matmul = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    matmul(a, a).block_until_ready()  # compile
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best
-
-
-def train_flops_per_token(model: ModelConfig, seq_len: int) -> float:
-    """Forward + backward FLOPs per token: 6 x matmul parameters + 12 L T C for attention (PaLM's count)."""
-    matmul_params = model.vocab_size * model.emb_dim  # the output head
-    if model.architecture == "gpt2":
-        matmul_params += model.n_layers * 12 * model.emb_dim**2  # qkv 3C^2, proj C^2, MLP 8C^2
-        return 6 * matmul_params + 12 * model.n_layers * seq_len * model.emb_dim
-    return 6 * matmul_params
 
 
 def accum_sweep(source: list[str], ks: list[int], *, steps: int = 1, warmup: int = 1, windows: int = 2,

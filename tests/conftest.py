@@ -18,6 +18,13 @@ SHARED = ROOT.parent / "shared"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED / "tiktoken-cache").is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken-cache")
 
+# The measured matmul peak behind MFU (mfu.peak_flops) is cached per machine; the tests (and
+# the training processes they start) share one cache of their own, not the user's.
+if "JAXGPT_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAXGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -36,6 +36,8 @@ def meta(step: int, *, val: float | None = None, series: bool = True, **extra) -
             "learning_rate": [1e-3 * s / step for s in steps],
             # None marks a step whose norm was not recorded; it must be skipped, not crash the plot.
             "grad_norm": [None if s == step - 5 else 0.5 + s / 100 for s in steps],
+            "tokens_per_s": [1000.0 + s for s in steps],
+            "mfu": [0.001 * s for s in steps],
         }
         if series
         else {},
@@ -83,14 +85,37 @@ def test_load_history_sorts_dedupes_and_skips_aliases(run_dir: Path) -> None:
     assert [r["val_loss"] for r in records] == [0.9, 0.4, None]
 
 
-def test_draw_charts_writes_three_valid_pngs(run_dir: Path) -> None:
+def test_draw_charts_writes_four_valid_pngs(run_dir: Path) -> None:
     paths = charts.draw_charts(run_dir)
-    assert [p.name for p in paths] == ["loss.png", "lr.png", "grad_norm.png"]
+    assert [p.name for p in paths] == ["loss.png", "lr.png", "grad_norm.png", "throughput.png"]
     for path in paths:
         assert path.parent == run_dir / "charts"
         assert_png(path)
     # Atomic writes must not leave temp files behind.
-    assert sorted(p.name for p in (run_dir / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png"]
+    assert sorted(p.name for p in (run_dir / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
+                                                                     "throughput.png"]
+
+
+def test_loss_chart_draws_every_step_and_throughput_draws_tokens_and_mfu(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    fig = charts._loss_chart(records, "demo", log_y=False)
+    raw, smoothed, val = fig.axes[0].get_lines()
+    # Steps 1-10 (history) and 21-30 (step 20's live copy has no series: its band only).
+    assert list(raw.get_xdata()) == list(smoothed.get_xdata()) == [*range(1, 11), *range(21, 31)]
+    assert list(raw.get_ydata()) == [7.0 / s for s in [*range(1, 11), *range(21, 31)]]
+    assert list(val.get_xdata()) == [10, 20]  # step 30 has no validation loss
+    fig = charts._throughput_chart(records, "demo")
+    (rate,), (share,) = fig.axes[0].get_lines(), fig.axes[1].get_lines()
+    assert list(rate.get_ydata()) == [1000.0 + s for s in [*range(1, 11), *range(21, 31)]]
+    assert list(share.get_ydata()) == pytest.approx([0.1 * s for s in [*range(1, 11), *range(21, 31)]])
+    matplotlib.pyplot.close("all")
+
+
+def test_smoothing_is_a_bias_corrected_moving_average() -> None:
+    assert charts.smooth([3.0, 3.0, 3.0], span=5) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0
+    assert charts.smooth([1.0, 2.0, 3.0], span=1) == [1.0, 2.0, 3.0]  # span 1: the raw values
+    out = charts.smooth([0.0] * 10 + [1.0] * 10, span=4)
+    assert out[9] == 0.0 and 0.3 < out[10] < 0.5 and 0.99 < out[-1] < 1.0
 
 
 def test_per_step_series_with_fallback_and_none(run_dir: Path) -> None:

@@ -101,8 +101,13 @@ def test_two_processes_match_single_process(tmp_path: Path, data_root: Path, ref
     # One set of checkpoints and charts, whole and loadable.
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [3, 6]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
-    assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png"]
+    assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
+                                                                 "throughput.png"]
     json.loads((ckpt.latest_checkpoint(run) / "meta.json").read_text())
+    # One record of the run, written by process 0: one event file, one line a step.
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "train/loss" in r] == list(range(1, 7))
 
 
 def test_mesh_errors_before_compiling(tmp_path: Path, data_root: Path, capsys) -> None:
