@@ -36,6 +36,9 @@ class ModelConfig:
     n_heads: int = 1  # attention heads; emb_dim must divide by it
     n_layers: int = 0  # transformer blocks
     qkv_bias: bool = False  # bias on the fused query/key/value projection
+    # false: no bias in any Linear or LayerNorm (nanoGPT's bias=False); true: GPT-2's layout
+    # (every LayerNorm, the attention output and MLP projections; q/k/v as qkv_bias says).
+    bias: bool = True
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
     # How it runs (the same function whatever is chosen here; see README "Performance"):
@@ -61,6 +64,9 @@ class ModelConfig:
                 )
         elif self.n_layers < 0:
             raise ConfigError(f"{MODEL_FILE}: n_layers={self.n_layers} must be >= 0")
+        if self.qkv_bias and not self.bias:
+            raise ConfigError(f"{MODEL_FILE}: qkv_bias=true contradicts bias=false (which removes every bias); "
+                              f"set qkv_bias to false")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
 

@@ -232,7 +232,7 @@ def _resume_point(run_dir: Path) -> Path | None:
 
 # Keys that decide the parameters' shapes: init_from weights must agree on all of them.
 _SHAPE_KEYS = ("architecture", "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers",
-               "qkv_bias", "tie_embeddings")
+               "qkv_bias", "bias", "tie_embeddings")
 
 
 def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
