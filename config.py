@@ -112,7 +112,9 @@ class TrainConfig:
     clipping_max_norm: float = 1.0  # clip the accumulated gradient's global L2 norm to this
     checkpoint_interval: int = 100  # optimiser steps between checkpoints
     validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
-    validation_batches: int = 8  # microbatches of the validation split per validation
+    # Microbatches of the validation split per validation (its first ones, fixed), or "all": the
+    # whole split, every token but the first scored exactly once (data.WholeSplit).
+    validation_batches: int | Literal["all"] = 8
     keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
     # Stop (error, exit 1) after this many optimiser steps in a row were dropped for non-finite
     # gradients: a diverged run must not spend its budget skipping every batch.
@@ -126,7 +128,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
-                  "checkpoint_interval", "validation_batches", "keep_last_checkpoints", "max_dropped_steps")
+                  "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
+        if self.validation_batches != "all":
+            _positive(self, TRAIN_FILE, "validation_batches")
         _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
                   "batch_size", "validation_interval", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
@@ -262,7 +266,14 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in options:
             return None
         inner = [t for t in options if t is not type(None)]
-        return _convert(inner[0], value, where)
+        if len(inner) == 1:
+            return _convert(inner[0], value, where)
+        for tp in inner:  # e.g. int | Literal["all"]: the first type the value fits
+            try:
+                return _convert(tp, value, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}={value!r} must be {' or '.join(_describe(tp) for tp in inner)}")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -294,6 +305,12 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}={value!r} must be a string")
         return value
     raise AssertionError(f"unhandled config type {tp} at {where}")
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(map(repr, typing.get_args(tp)))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _positive(obj: Any, file: str, *keys: str, optional: bool = False) -> None:

@@ -7,8 +7,10 @@
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
 with the model's tokenizer if missing) or a prepared folder. The split is read in order, as
-non-overlapping windows of sequence_length + 1 tokens in full batches (the windows left over
-after the last full batch are reported, not scored). Figures:
+non-overlapping windows of sequence_length + 1 tokens (each window's targets start where the
+previous one's end), and scored whole: every token but the split's first is a target exactly
+once, the last window and batch padded with weight 0 (--max-batches stops earlier). The report
+says how many tokens it scored. Figures:
 
     loss            mean next-token cross-entropy in nats over every scored token
     perplexity      exp(loss)
@@ -30,7 +32,7 @@ import numpy as np
 import checkpoint_files as ckpt_files
 import fast_malloc
 from config import ConfigError, TrainConfig, from_dict
-from data import BatchSampler, DataError, TokenSplit, open_dataset
+from data import DataError, TokenSplit, WholeSplit, open_dataset
 from download_dataset import default_data_root, prepare_dataset
 from tokenizer import Tokenizer, TokenizerError, get_tokenizer
 
@@ -53,37 +55,47 @@ def token_bytes(tok: Tokenizer) -> np.ndarray:
 
 
 def evaluate(model: Any, tok: Tokenizer, split: TokenSplit, *, batch_size: int, seq_len: int,
-             targets: str = "next", max_batches: int | None = None, progress: bool | None = None) -> dict[str, float]:
-    """Score `split` in order with the training loss (step.eval_step: validation's program, the
-    model's loss_chunk included); returns loss, perplexity, bits_per_byte and the counts behind them."""
+             targets: str = "next", max_batches: int | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Score `split` in order with the training loss (step.eval_sums: validation's program, the
+    model's loss_chunk included), the whole split exactly (data.WholeSplit: every target token
+    once, the last batch's padding weighted 0) unless max_batches stops it earlier; returns
+    loss, perplexity, bits_per_byte and the counts behind them."""
     import jax
     from tqdm import tqdm
 
-    from step import eval_step
+    from step import eval_sums
 
-    n_windows = max(0, (split.n_tokens - 1) // seq_len)
-    batch_size = min(batch_size, n_windows) if n_windows else batch_size
-    sampler = BatchSampler(split, microbatch_size=batch_size, seq_len=seq_len, seed=0, targets=targets,
-                           shuffle=False)
-    n_batches = sampler.n_windows // batch_size
-    if max_batches is not None:
-        n_batches = min(n_batches, max_batches)
+    windows = -(-max(split.n_tokens - int(targets == "next"), 1) // seq_len)
+    batches = WholeSplit(split, microbatch_size=min(batch_size, windows), seq_len=seq_len, targets=targets)
+    n_batches = batches.n_batches if max_batches is None else min(batches.n_batches, max_batches)
     nbytes_of = token_bytes(tok)
     total, tokens, nbytes = 0.0, 0, 0
     bar = tqdm(range(n_batches), unit="batch", desc=f"{split.name} split", dynamic_ncols=True,
                disable=None if progress is None else not progress)
     for i in bar:
-        x, y = sampler.microbatch(i)
-        total += float(eval_step(model, jax.device_put(x), jax.device_put(y))) * y.size  # mean -> sum
-        tokens += y.size
-        nbytes += int(nbytes_of[y].sum())
+        x, y, w = batches.microbatch(i)
+        total += float(eval_sums(model, *map(jax.device_put, (x, y, w)))[0])
+        tokens += int(w.sum())
+        nbytes += int(nbytes_of[y[w > 0]].sum())
         bar.set_postfix(loss=f"{total / tokens:.4f}", refresh=False)
     bar.close()
     loss = total / max(tokens, 1)
     return {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf,
             "bits_per_byte": total / (math.log(2) * nbytes) if nbytes else math.nan,
-            "tokens": tokens, "bytes": nbytes, "batches": n_batches, "batch_size": batch_size,
-            "seq_len": seq_len, "windows_skipped": sampler.n_windows - n_batches * batch_size}
+            "tokens": tokens, "bytes": nbytes, "batches": n_batches, "batch_size": batches.microbatch_size,
+            "seq_len": seq_len, "whole_split": n_batches == batches.n_batches, "split_tokens": split.n_tokens,
+            "split_batches": batches.n_batches}
+
+
+def report_line(r: dict[str, Any], split: str, targets: str) -> str:
+    """How many tokens the figures are over, and which ones."""
+    if r["whole_split"]:
+        which = (f"the whole {split} split of {r['split_tokens']:,} tokens, every one but the first"
+                 if targets == "next" else f"the whole {split} split of {r['split_tokens']:,} tokens")
+    else:
+        which = f"the first {r['batches']} of the {split} split's {r['split_batches']} batches"
+    return (f"Scored {r['tokens']:,} tokens ({r['bytes']:,} bytes; {r['batches']} batches x {r['batch_size']} "
+            f"x {r['seq_len']}): {which}")
 
 
 def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
@@ -138,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"Scored {r['batches']} batches x {r['batch_size']} x {r['seq_len']} = {r['tokens']:,} tokens "
-          f"({r['bytes']:,} bytes; {r['windows_skipped']} windows left over)")
+    print(report_line(r, args.split, cfg.targets))
     print(f"loss {r['loss']:.4f} | perplexity {r['perplexity']:.3f} | bits per byte {r['bits_per_byte']:.4f}")
     return 0
 

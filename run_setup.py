@@ -26,7 +26,7 @@ import numpy as np
 
 import checkpoint_files as ckpt
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from data import BatchSampler, Dataset, DataError, open_dataset
+from data import BatchSampler, Dataset, DataError, WholeSplit, open_dataset
 from download_dataset import prepare_dataset
 from tokenizer import TokenizerError
 
@@ -46,7 +46,7 @@ class Run:
     train_cfg: TrainConfig
     dataset: Dataset
     train_batches: BatchSampler
-    val_batches: BatchSampler
+    val_batches: BatchSampler | WholeSplit  # WholeSplit for validation_batches "all"
     total_steps: int
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
@@ -73,7 +73,12 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
     train_batches = BatchSampler(dataset.train, shuffle=True, **common)
-    val_batches = BatchSampler(dataset.val, shuffle=False, **common)
+    val_batches: BatchSampler | WholeSplit
+    if train_cfg.validation_batches == "all":
+        val_batches = WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
+                                 targets=train_cfg.targets)
+    else:
+        val_batches = BatchSampler(dataset.val, shuffle=False, **common)
     if train_batches.n_windows < train_cfg.sequences_per_step:
         raise DataError(
             f"{ds_path}: train split has {train_batches.n_windows} sequences of {seq_len} tokens, "

@@ -22,11 +22,12 @@ import charts
 import checkpointing as ckpt
 import sharding
 from config import ConfigError, to_dict
+from data import WholeSplit
 from run_setup import TrainingError
 import ops
 from model import build_model
 from optim import clip_flag, make_optimizer, make_schedule
-from step import StepRunner, eval_step, step_key
+from step import StepRunner, eval_sums, step_key
 
 if TYPE_CHECKING:
     from run_setup import Run, StopFlag
@@ -93,6 +94,7 @@ class Trainer:
             build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
+        self.val_tokens = 0  # tokens the last validation scored
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
@@ -114,13 +116,18 @@ class Trainer:
         return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
 
     def validate(self) -> float:
+        """The mean loss over every validation token scored; how many there were: self.val_tokens."""
         self.step.sync()
-        total, B = 0.0, self.cfg.microbatch_size
-        for i in range(self.cfg.validation_batches):
-            x, y = self.run.val_batches.microbatch(i, rows=self.rows)
-            total += eval_step(self.model, sharding.put_batch(x, self.mesh, B),
-                               sharding.put_batch(y, self.mesh, B))
-        return float(total) / self.cfg.validation_batches
+        val, B = self.run.val_batches, self.cfg.microbatch_size
+        whole = isinstance(val, WholeSplit)  # validation_batches "all"
+        sums = []  # device scalars, read once at the end: no host round trip per batch
+        for i in range(val.n_batches if whole else self.cfg.validation_batches):
+            x, y, *w = val.microbatch(i, rows=self.rows)
+            w = w[0] if whole else np.ones(x.shape, np.float32)
+            sums.append(eval_sums(self.model, *(sharding.put_batch(a, self.mesh, B) for a in (x, y, w)))[0])
+        # Counted here, not on the device: exact at any size (the rows of every process together).
+        self.val_tokens = val.n_targets if whole else self.cfg.validation_batches * B * val.seq_len
+        return float(np.sum(np.asarray(jax.device_get(sums), np.float64))) / self.val_tokens
 
     def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
         self.step.sync()
@@ -226,6 +233,7 @@ class Trainer:
             "train_loss": {"min": float(micro.min()), "max": float(micro.max()),
                            "mean": float(micro.mean()), "last": window.losses[-1]},
             "val_loss": val,
+            "val_tokens": self.val_tokens,  # target tokens that loss is the mean over
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
             "learning_rate": float(stats["learning_rate"]),  # used by the last applied step
@@ -256,7 +264,7 @@ class Trainer:
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
         gn = window.grad_norms[-1]
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
-        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} | "
+        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} ({self.val_tokens:,} tokens) | "
                 f"lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
                 f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s")
 

@@ -169,3 +169,26 @@ def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path:
     write_run(run, {**A_TO_A_MODEL, "scan_layers": True}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 2
     assert "scan_layers=True" in capsys.readouterr().err
+
+
+def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
+    """validation_batches "all": the validation loss is over every token of the split but the first
+    (data.WholeSplit), the count printed beside it and kept in meta.json, and equals evaluate.py's."""
+    import evaluate
+    from checkpointing import load_model
+    from data import open_dataset
+
+    text = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(400))
+    (tmp_path / "corpus.txt").write_text(text)
+    train_cfg = {**GPT_TRAIN, "dataset": {"source": "text", "options": {"paths": [str(tmp_path / "corpus.txt")]}},
+                 "train_steps": 2, "checkpoint_interval": 2, "validation_batches": "all"}
+    run = write_run(tmp_path / "run", GPT_MODEL, train_cfg)
+    assert run_main(run, tmp_path / "data") == 0
+    val = open_dataset(tmp_path / "data" / "text-corpus-bytes").val
+    assert val.n_tokens % 32 != 1  # the last window is a short one
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
+    assert meta["val_tokens"] == val.n_tokens - 1
+    assert f"({val.n_tokens - 1:,} tokens)" in capsys.readouterr().out
+    model, *_ = load_model(ckpt.latest_checkpoint(run))
+    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, progress=False)
+    assert r["tokens"] == meta["val_tokens"] and r["loss"] == pytest.approx(meta["val_loss"], rel=1e-6)
