@@ -4,6 +4,8 @@
     uv run evaluate.py runs/gpt2 --split train --max-batches 50
     uv run evaluate.py runs/tiny/checkpoints/best --dataset builtin --batch-size 32 --sequence-length 128
     uv run evaluate.py runs/tiny --dataset data/builtin-bytes     # a prepared dataset folder
+    uv run evaluate.py runs/gpt2 --hellaswag [--limit 500]        # HellaSwag acc / acc_norm (downloaded once)
+    uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
 with the model's tokenizer if missing) or a prepared folder. The split is read in order, as
@@ -104,6 +106,31 @@ def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
     return from_dict(TrainConfig, train, where)
 
 
+def main_hellaswag(args: argparse.Namespace) -> int:
+    """evaluate.py --hellaswag: acc and acc_norm over the validation examples (hellaswag.py)."""
+    import hellaswag
+
+    try:
+        ckpt_dir, model_cfg, train = ckpt_files.checkpoint_configs(args.checkpoint)
+        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        path = args.hellaswag_file or hellaswag.fetch_val((args.data_dir or default_data_root()) / "downloads")
+        examples = hellaswag.read_examples(path, args.limit)
+        tok = get_tokenizer(cfg.tokenizer)  # the run's: see hellaswag.py
+        from checkpointing import load_model  # JAX starts here, after every input check
+
+        model, _cfg, _tok, _path = load_model(ckpt_dir)
+        print(f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
+              f"{'' if tok.name == 'gpt2' else '; llm.c scores with gpt2, so compare with byte models only'})")
+        r = hellaswag.score(model, examples, tok, batch_examples=args.batch_size or 16)
+    except (*INPUT_ERRORS, hellaswag.HellaSwagError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cut = f"; {r['truncated']:,} cut to the model's context of {model_cfg.context_length}" if r["truncated"] else ""
+    print(f"Scored {r['examples']:,} examples (4 endings each, rows padded to {r['row_lengths']} tokens{cut})")
+    print(f"hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -116,11 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequence-length", type=int, default=None, help="default: the run's sequence_length")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where datasets live (default: $JAXGPT_DATA_DIR or ./data)")
+    parser.add_argument("--hellaswag", action="store_true", help="score HellaSwag (validation) instead of the loss; "
+                        "--batch-size is then examples per device call (default 16)")
+    parser.add_argument("--hellaswag-file", type=Path, default=None,
+                        help="a local hellaswag_val.jsonl (rowanz format) instead of the download; implies --hellaswag")
+    parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only")
     args = parser.parse_args(argv)
-    for name in ("max_batches", "batch_size", "sequence_length"):
+    for name in ("max_batches", "batch_size", "sequence_length", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
+    if args.hellaswag or args.hellaswag_file is not None:
+        return main_hellaswag(args)
     try:
         ckpt_dir, model_cfg, train = ckpt_files.checkpoint_configs(args.checkpoint)
         cfg = _train_config(train, str(ckpt_dir / "train.json"))

@@ -182,6 +182,24 @@ def eval_sums(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
     return loss_sum(model, inputs, targets, weights), weights.sum()
 
 
+@nnx.jit
+def ending_losses(model: nnx.Module, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """HellaSwag's per-row figures (hellaswag.py): (N, T) int32 rows and (N, T) float32 0/1 masks
+    of the tokens to score -> (N,) summed next-token losses of the masked tokens and (N,) their
+    counts. Position t predicts token t + 1, so the mask is read from position 1 on (llm.c's
+    shift_mask). The head runs one row at a time: (T, V) logits, never (N, T, V)."""
+    feats = model.features(tokens)[:, :-1]  # (N, T-1, C)
+    targets, weights = tokens[:, 1:], mask[:, 1:]  # (N, T-1)
+    w = head_weight(model)
+
+    def row(xs: tuple[jax.Array, ...]) -> jax.Array:
+        x, y, m = xs
+        logits = head_logits(model.ops, model.cfg, w, x)  # (T-1, V) float32
+        return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, y) * m).sum()
+
+    return jax.lax.map(row, (feats, targets, weights)), weights.sum(-1)
+
+
 def step_key(seed: int, step: int) -> jax.Array:
     """The dropout key of optimiser step `step`: a pure function of (seed, step), so a resumed
     run draws exactly the dropout masks the uninterrupted run would have."""
