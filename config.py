@@ -119,6 +119,11 @@ class TrainConfig:
     # Stop (error, exit 1) after this many optimiser steps in a row were dropped for non-finite
     # gradients: a diverged run must not spend its budget skipping every batch.
     max_dropped_steps: int = 20
+    # HellaSwag during training (hellaswag.py): at the validations of steps that are a multiple of
+    # hellaswag_interval, and at the last step, on the first hellaswag_examples validation examples
+    # (null: all 10,042); null interval = off. Results go into meta.json and charts/hellaswag.png.
+    hellaswag_interval: int | None = None
+    hellaswag_examples: int | None = None
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
@@ -132,7 +137,7 @@ class TrainConfig:
         if self.validation_batches != "all":
             _positive(self, TRAIN_FILE, "validation_batches")
         _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
-                  "batch_size", "validation_interval", optional=True)
+                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
         if (self.train_steps is None) == (self.train_tokens is None):
@@ -146,6 +151,9 @@ class TrainConfig:
                 f"gradient_accumulation_steps = {self.microbatch_size} x "
                 f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
             )
+        if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
+            raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
+                              f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
         for key in ("warmup_percent",):
             if not 0.0 <= getattr(self, key) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")

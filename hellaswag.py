@@ -2,7 +2,7 @@
 
     path = fetch_val(data_root / "downloads")            # downloaded once, or --hellaswag-file
     examples = read_examples(path, limit=500)            # rowanz jsonl: ctx, endings (4), label
-    r = score(model, examples, get_tokenizer("gpt2"))    # {"acc": ..., "acc_norm": ..., ...}
+    r = evaluate.hellaswag_score(model, examples, get_tokenizer("gpt2"))   # {"acc", "acc_norm", ...}
 
 Each example is 4 rows, context + " " + ending (the ending encoded with its leading space, as
 llm.c's render_example does); per row the next-token losses of the ending's tokens only are
@@ -18,7 +18,8 @@ char model does), and the result counts how many examples were cut so.
 On the device: the 4 rows of an example go into one padded batch with the rows of the next
 examples, `batch_examples` examples per call; rows are padded to the next of 32, 64, 128, ...
 (at most the context), so a run compiles one program per such length, never per example.
-Pure numpy and the standard library here; JAX only inside score().
+Pure numpy and the standard library here (run_setup reads the file before JAX starts); the
+device loop is evaluate.hellaswag_score, the compiled program step.ending_losses.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from data import DataError
 from tokenizer import Tokenizer
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -44,7 +46,7 @@ _TIMEOUT_S = 30
 _MIN_BUCKET = 32
 
 
-class HellaSwagError(ValueError):
+class HellaSwagError(DataError):
     """A missing, unreadable or malformed HellaSwag file (one line naming the file and line)."""
 
 
@@ -167,41 +169,36 @@ def bucket(length: int, context_length: int) -> int:
     return min(size, context_length)
 
 
-def score(model: Any, examples: list[Example], tok: Tokenizer, *, batch_examples: int = 16,
-          progress: bool | None = None) -> dict[str, Any]:
-    """acc and acc_norm of `model` over `examples`, with the per-ending figures behind them."""
-    import jax
-    from tqdm import tqdm
-
-    from step import ending_losses
-
-    cfg = model.cfg
-    rendered = [render(ex, tok, cfg.context_length) for ex in examples]
+def batches(examples: list[Example], tok: Tokenizer, *, context_length: int, vocab_size: int,
+            batch_examples: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, Any]]:
+    """The device calls: (example indices, (4E, T) int32 rows, (4E, T) float32 masks) per call, E =
+    batch_examples, rows of examples of one padded length T together, the last call of a length
+    filled with empty rows (so each length is one shape); and facts about them for the report."""
+    rendered = [render(ex, tok, context_length) for ex in examples]
     top = max(int(r.max()) for rows, _m, _c in rendered for r in rows)
-    if top >= cfg.vocab_size:  # before any compile: an out-of-range id would be read silently
+    if top >= vocab_size:  # before any compile: an out-of-range id would be read silently
         raise HellaSwagError(f"HellaSwag: token id {top} of the {tok.name} tokenizer is out of range for the "
-                             f"model's vocab_size={cfg.vocab_size}")
-    sizes = np.array([bucket(max(len(r) for r in rows), cfg.context_length) for rows, _m, _c in rendered])
-    sums, counts = np.zeros((len(examples), 4)), np.zeros((len(examples), 4))
-    batch_examples = min(batch_examples, len(examples))
-    chunks = []  # examples of one padded length together; order does not matter, each is scored alone
-    for size in np.unique(sizes):
+                             f"model's vocab_size={vocab_size}")
+    sizes = np.array([bucket(max(len(r) for r in rows), context_length) for rows, _m, _c in rendered])
+    E = min(batch_examples, len(examples))
+    calls = []
+    for size in np.unique(sizes):  # order does not matter: each example is scored alone
         order = np.flatnonzero(sizes == size)
-        chunks += [order[i:i + batch_examples] for i in range(0, len(order), batch_examples)]
-    for chunk in tqdm(chunks, unit="batch", desc="HellaSwag", dynamic_ncols=True,
-                      disable=None if progress is None else not progress):
-        T = int(sizes[chunk[0]])
-        tokens = np.zeros((4 * batch_examples, T), np.int32)  # always full: one shape per length
-        mask = np.zeros((4 * batch_examples, T), np.float32)
-        for slot, e in enumerate(chunk):
-            for j, (row, m) in enumerate(zip(*rendered[e][:2])):
-                tokens[4 * slot + j, :len(row)], mask[4 * slot + j, :len(m)] = row, m
-        s, c = jax.device_get(ending_losses(model, jax.device_put(tokens), jax.device_put(mask)))
-        sums[chunk], counts[chunk] = s.reshape(-1, 4)[:len(chunk)], c.reshape(-1, 4)[:len(chunk)]
+        for chunk in (order[i:i + E] for i in range(0, len(order), E)):
+            tokens, mask = np.zeros((4 * E, int(size)), np.int32), np.zeros((4 * E, int(size)), np.float32)
+            for slot, e in enumerate(chunk):
+                for j, (row, m) in enumerate(zip(*rendered[e][:2])):
+                    tokens[4 * slot + j, :len(row)], mask[4 * slot + j, :len(m)] = row, m
+            calls.append((chunk, tokens, mask))
+    info = {"truncated": sum(c for _r, _m, c in rendered), "row_lengths": sorted(int(s) for s in np.unique(sizes))}
+    return calls, info
+
+
+def accuracy(examples: list[Example], sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
+    """acc (lowest summed ending loss) and acc_norm (lowest mean per ending token) from the (n, 4)
+    summed losses and token counts, with the figures behind them."""
     labels = np.array([ex.label for ex in examples])
     means = sums / counts
     pred, pred_norm = sums.argmin(1), means.argmin(1)  # ties: the first, as torch's argmin in llm.c
     return {"acc": float((pred == labels).mean()), "acc_norm": float((pred_norm == labels).mean()),
-            "examples": len(examples), "truncated": sum(c for _r, _m, c in rendered), "tokenizer": tok.name,
-            "sum_losses": sums, "mean_losses": means, "pred": pred, "pred_norm": pred_norm,
-            "row_lengths": sorted({int(s) for s in np.unique(sizes)})}
+            "examples": len(examples), "sum_losses": sums, "mean_losses": means, "pred": pred, "pred_norm": pred_norm}

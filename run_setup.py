@@ -28,6 +28,7 @@ import checkpoint_files as ckpt
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from data import BatchSampler, Dataset, DataError, WholeSplit, open_dataset
 from download_dataset import prepare_dataset
+from hellaswag import Example, fetch_val, read_examples
 from tokenizer import TokenizerError
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
@@ -50,6 +51,7 @@ class Run:
     total_steps: int
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
+    hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
 
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
@@ -91,8 +93,11 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     if resume_from is not None:
         _check_resume(resume_from, model_cfg, train_cfg, dataset)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
+    examples = None
+    if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
+        examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from)
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples)
 
 
 # ----------------------------------------------------------------------------- stop requests

@@ -95,6 +95,7 @@ class Trainer:
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         self.val_tokens = 0  # tokens the last validation scored
+        self.hellaswag_results: list[dict[str, Any]] = []  # since the last checkpoint (meta.json)
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
@@ -128,6 +129,21 @@ class Trainer:
         # Counted here, not on the device: exact at any size (the rows of every process together).
         self.val_tokens = val.n_targets if whole else self.cfg.validation_batches * B * val.seq_len
         return float(np.sum(np.asarray(jax.device_get(sums), np.float64))) / self.val_tokens
+
+    def hellaswag(self, done: int) -> None:
+        """train.json hellaswag_interval: score HellaSwag at this validation, if it is one of its steps."""
+        every = self.cfg.hellaswag_interval
+        if self.run.hellaswag is None or not (done % every == 0 or done == self.run.total_steps):
+            return
+        from evaluate import hellaswag_score
+        from tokenizer import get_tokenizer
+
+        r = hellaswag_score(self.model, self.run.hellaswag, get_tokenizer(self.cfg.tokenizer), progress=False)
+        self.hellaswag_results.append({"step": done, "acc": r["acc"], "acc_norm": r["acc_norm"],
+                                       "examples": r["examples"], "tokenizer": r["tokenizer"]})
+        if self.is_main:
+            tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
+                       f"({r['examples']:,} examples)")
 
     def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
         self.step.sync()
@@ -183,12 +199,14 @@ class Trainer:
                 pending = None
                 self.stop.check_abort()
                 val = self.validate()
+                self.hellaswag(done)
                 self.stop.check_abort()
                 if at_ckpt and self.postpone(done, stopping):
                     continue
                 if at_ckpt:
                     self.elapsed += time.perf_counter() - window.started
                     path = self.checkpoint(done, window, stats, val)
+                    self.hellaswag_results = []
                     if self.is_main:
                         bar.write(self.progress_line(done, window, stats, val) + f" | saved {path.name}")
                     window = Window()
@@ -234,6 +252,7 @@ class Trainer:
                            "mean": float(micro.mean()), "last": window.losses[-1]},
             "val_loss": val,
             "val_tokens": self.val_tokens,  # target tokens that loss is the mean over
+            "hellaswag": self.hellaswag_results,  # [{"step", "acc", "acc_norm", ...}] since the last checkpoint
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
             "learning_rate": float(stats["learning_rate"]),  # used by the last applied step

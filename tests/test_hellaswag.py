@@ -110,7 +110,7 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every ending alike
     examples = hellaswag.read_examples(jsonl)
-    got = hellaswag.score(model, examples, tok, batch_examples=3, progress=False)
+    got = evaluate.hellaswag_score(model, examples, tok, batch_examples=3, progress=False)
     # One row at a time, unpadded in effect: the row goes in at the full context (one compiled
     # shape instead of one per length) and only its own positions are read; the model is causal.
     forward = nnx.jit(lambda m, x: m(x))
@@ -145,7 +145,7 @@ def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path,
     from checkpointing import load_model
 
     model, *_ = load_model(tmp_path / "gpt2")
-    assert_same(hellaswag.score(model, hellaswag.read_examples(jsonl), tok, progress=False), want)
+    assert_same(evaluate.hellaswag_score(model, hellaswag.read_examples(jsonl), tok, progress=False), want)
     # --limit: the first N examples only.
     assert evaluate.main([str(tmp_path / "gpt2"), "--hellaswag-file", str(jsonl), "--limit", "4"]) == 0
     assert "Scored 4 examples" in capsys.readouterr().out
@@ -203,7 +203,7 @@ def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path,
 def test_vocabulary_too_small_for_the_tokenizer_is_one_line(jsonl: Path) -> None:
     cfg = ModelConfig(architecture="a-to-a", vocab_size=100, context_length=256, emb_dim=8)
     with pytest.raises(hellaswag.HellaSwagError, match=r"out of range for the model's vocab_size=100"):
-        hellaswag.score(build_model(cfg), hellaswag.read_examples(jsonl), BytesTokenizer(), progress=False)
+        evaluate.hellaswag_score(build_model(cfg), hellaswag.read_examples(jsonl), BytesTokenizer(), progress=False)
 
 
 def test_rows_llm_c_style() -> None:
@@ -216,3 +216,26 @@ def test_rows_llm_c_style() -> None:
     assert bytes(rows[0].astype(np.uint8)) == b"A man sits. stands up."[-8:] and cut and masks[0].sum() == 8
     assert [hellaswag.bucket(n, 1024) for n in (1, 32, 33, 100, 1000, 1024)] == [32, 32, 64, 128, 1024, 1024]
     assert hellaswag.bucket(100, 96) == 96 and math.isclose(hellaswag.N_VAL, 10_042)
+
+
+def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path, data_root: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    import train
+    from config import ConfigError, TrainConfig
+
+    monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")
+    model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16, "n_heads": 2,
+             "n_layers": 1}
+    run = write_run(tmp_path / "run", model, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2,
+                                               "hellaswag_interval": 2})
+    downloads = tmp_path / "data"
+    downloads.mkdir()
+    for name in data_root.iterdir():  # the prepared builtin corpus, without its downloads folder
+        (downloads / name.name).symlink_to(name)
+    assert train.main([str(run), "--data-dir", str(downloads)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot download http://127.0.0.1:9/hellaswag_val.jsonl" in err and "Traceback" not in err
+    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match="hellaswag_interval=3 must be a multiple of validation_interval=2"):
+        TrainConfig(microbatch_size=2, train_steps=4, checkpoint_interval=2, hellaswag_interval=3)
