@@ -116,9 +116,12 @@ class Trainer:
         B = self.cfg.microbatch_size
         return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
 
-    def validate(self) -> float:
-        """The mean loss over every validation token scored; how many there were: self.val_tokens."""
+    def validate(self, done: int | None = None) -> float:
+        """The mean loss over every validation token scored; how many there were: self.val_tokens.
+        At step `done`, also HellaSwag when train.json hellaswag_interval asks for it."""
         self.step.sync()
+        if done is not None:
+            self.hellaswag(done)
         val, B = self.run.val_batches, self.cfg.microbatch_size
         whole = isinstance(val, WholeSplit)  # validation_batches "all"
         sums = []  # device scalars, read once at the end: no host round trip per batch
@@ -198,8 +201,7 @@ class Trainer:
                 last_loss, stats = read(*pending)
                 pending = None
                 self.stop.check_abort()
-                val = self.validate()
-                self.hellaswag(done)
+                val = self.validate(done)
                 self.stop.check_abort()
                 if at_ckpt and self.postpone(done, stopping):
                     continue
@@ -283,8 +285,8 @@ class Trainer:
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
         gn = window.grad_norms[-1]
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
-        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} ({self.val_tokens:,} tokens) | "
-                f"lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
+        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
+                f"val {val:.4f} ({self.val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
                 f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s")
 
     def summary(self, seconds: float, last_loss: float) -> None:
