@@ -104,7 +104,8 @@ def hellaswag_score(model: Any, examples: list[Any], tok: Tokenizer, *, batch_ex
     sums, counts = np.zeros((len(examples), 4)), np.zeros((len(examples), 4))
     for chunk, tokens, mask in tqdm(calls, unit="batch", desc="HellaSwag", dynamic_ncols=True,
                                     disable=None if progress is None else not progress):
-        s, c = jax.device_get(ending_losses(model, jax.device_put(tokens), jax.device_put(mask)))
+        # numpy in: uncommitted, so jit places it beside the parameters, wherever (however sharded) they are.
+        s, c = jax.device_get(ending_losses(model, tokens, mask))
         sums[chunk], counts[chunk] = s.reshape(-1, 4)[:len(chunk)], c.reshape(-1, 4)[:len(chunk)]
     return hellaswag.accuracy(examples, sums, counts) | info | {"tokenizer": tok.name}
 

@@ -85,6 +85,9 @@ class Trainer:
             ops.select(self.mcfg)
         except ConfigError as e:
             raise ConfigError(f"{run.run_dir}/{e}") from None
+        if run.hellaswag is not None and jax.process_count() > 1:  # its batches are one process's arrays
+            raise ConfigError(f"{run.run_dir}/train.json: hellaswag_interval works in single-process runs only; "
+                              f"score checkpoints with evaluate.py --hellaswag instead")
 
         def build() -> tuple[Any, Any]:
             model = build_model(self.mcfg, seed=self.cfg.seed)
