@@ -190,8 +190,23 @@ def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
     return fig
 
 
+def _hellaswag_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    points = sorted((h["step"], h["acc"], h["acc_norm"]) for r in records for h in r.get("hellaswag") or []
+                    if isinstance(h, dict) and all(_is_number(h.get(k)) for k in ("step", "acc", "acc_norm")))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps, acc, acc_norm = zip(*points)
+    ax.plot(steps, acc, marker="o", label="acc")
+    ax.plot(steps, acc_norm, marker="o", label="acc_norm")
+    ax.axhline(0.25, color="grey", linestyle=":", label="chance")
+    ax.set(title=f"HellaSwag: {title}", xlabel="optimiser step", ylabel="accuracy")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
 def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
-    """Draw loss.png, lr.png, grad_norm.png and throughput.png into run_dir/charts; their paths."""
+    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png when meta.json
+    has HellaSwag results: train.json hellaswag_interval) into run_dir/charts; their paths."""
     run_dir = Path(run_dir)
     records = load_history(run_dir)
     out = run_dir / "charts"
@@ -203,6 +218,8 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
         "grad_norm.png": lambda: _grad_norm_chart(records, title),
         "throughput.png": lambda: _throughput_chart(records, title),
     }
+    if any(r.get("hellaswag") for r in records):  # drawn once there are results (train.json hellaswag_interval)
+        figures["hellaswag.png"] = lambda: _hellaswag_chart(records, title)
     paths = []
     for name, build in figures.items():
         _save(build(), out / name)

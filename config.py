@@ -36,6 +36,9 @@ class ModelConfig:
     n_heads: int = 1  # attention heads; emb_dim must divide by it
     n_layers: int = 0  # transformer blocks
     qkv_bias: bool = False  # bias on the fused query/key/value projection
+    # false: no bias in any Linear or LayerNorm (nanoGPT's bias=False); true: GPT-2's layout
+    # (every LayerNorm, the attention output and MLP projections; q/k/v as qkv_bias says).
+    bias: bool = True
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
     # How it runs (the same function whatever is chosen here; see README "Performance"):
@@ -61,6 +64,9 @@ class ModelConfig:
                 )
         elif self.n_layers < 0:
             raise ConfigError(f"{MODEL_FILE}: n_layers={self.n_layers} must be >= 0")
+        if self.qkv_bias and not self.bias:
+            raise ConfigError(f"{MODEL_FILE}: qkv_bias=true contradicts bias=false (which removes every bias); "
+                              f"set qkv_bias to false")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
 
@@ -106,11 +112,18 @@ class TrainConfig:
     clipping_max_norm: float = 1.0  # clip the accumulated gradient's global L2 norm to this
     checkpoint_interval: int = 100  # optimiser steps between checkpoints
     validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
-    validation_batches: int = 8  # microbatches of the validation split per validation
+    # Microbatches of the validation split per validation (its first ones, fixed), or "all": the
+    # whole split, every token but the first scored exactly once (data.WholeSplit).
+    validation_batches: int | Literal["all"] = 8
     keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
     # Stop (error, exit 1) after this many optimiser steps in a row were dropped for non-finite
     # gradients: a diverged run must not spend its budget skipping every batch.
     max_dropped_steps: int = 20
+    # HellaSwag during training (hellaswag.py): at the validations of steps that are a multiple of
+    # hellaswag_interval, and at the last step, on the first hellaswag_examples validation examples
+    # (null: all 10,042); null interval = off. Results go into meta.json and charts/hellaswag.png.
+    hellaswag_interval: int | None = None
+    hellaswag_examples: int | None = None
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
@@ -120,9 +133,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
-                  "checkpoint_interval", "validation_batches", "keep_last_checkpoints", "max_dropped_steps")
+                  "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
+        if self.validation_batches != "all":
+            _positive(self, TRAIN_FILE, "validation_batches")
         _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
-                  "batch_size", "validation_interval", optional=True)
+                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
         if (self.train_steps is None) == (self.train_tokens is None):
@@ -136,6 +151,9 @@ class TrainConfig:
                 f"gradient_accumulation_steps = {self.microbatch_size} x "
                 f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
             )
+        if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
+            raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
+                              f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
         for key in ("warmup_percent",):
             if not 0.0 <= getattr(self, key) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
@@ -256,7 +274,14 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in options:
             return None
         inner = [t for t in options if t is not type(None)]
-        return _convert(inner[0], value, where)
+        if len(inner) == 1:
+            return _convert(inner[0], value, where)
+        for tp in inner:  # e.g. int | Literal["all"]: the first type the value fits
+            try:
+                return _convert(tp, value, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}={value!r} must be {' or '.join(_describe(tp) for tp in inner)}")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
@@ -288,6 +313,12 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}={value!r} must be a string")
         return value
     raise AssertionError(f"unhandled config type {tp} at {where}")
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(map(repr, typing.get_args(tp)))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _positive(obj: Any, file: str, *keys: str, optional: bool = False) -> None:

@@ -402,6 +402,23 @@ def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
 # ----------------------------------------------------------------------------- sampling
 
 
+def check_ids(split: TokenSplit, tokens: np.ndarray, starts: np.ndarray) -> None:
+    """DataError naming the shard if a (rows, width) batch read from positions `starts` holds an id
+    above the manifest's max_token_id.
+
+    A shard changed in place keeps its size, so only --verify's hashes would notice; an id above
+    the manifest's bound (which train.py checks against the model's vocab_size) would make the
+    embedding lookup read out of range silently. One max() per batch catches it.
+    """
+    limit = split.max_token_id
+    if limit is None or not tokens.size or int(tokens.max()) <= limit:
+        return
+    row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
+    file, offset = split.locate(int(starts[row]) + col)
+    raise DataError(f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
+                    f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)")
+
+
 class BatchSampler:
     """Deterministic (inputs, targets) batches: a pure function of (seed, index), so resuming needs only the step.
 
@@ -468,16 +485,7 @@ class BatchSampler:
         return tokens, tokens.copy()
 
     def _check_ids(self, tokens: np.ndarray, windows: np.ndarray) -> None:
-        # A shard changed in place keeps its size, so only --verify's hashes would notice; an id
-        # above the manifest's bound (which train.py checks against the model's vocab_size) would
-        # make the embedding lookup read out of range silently. One max() per batch catches it.
-        limit = self.split.max_token_id
-        if limit is None or int(tokens.max()) <= limit:
-            return
-        row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
-        file, offset = self.split.locate(int(windows[row]) * self.seq_len + col)
-        raise DataError(f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
-                        f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)")
+        check_ids(self.split, tokens, windows * self.seq_len)
 
     def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
@@ -504,3 +512,46 @@ class BatchSampler:
     def epoch_of(self, step: int, accum_steps: int) -> int:
         """Epoch of the first sequence of optimiser step `step` (0-based)."""
         return (step * accum_steps * self.microbatch_size) // self.n_windows
+
+
+class WholeSplit:
+    """The whole split in order, every target token scored exactly once: (B, T) microbatches of
+    inputs, targets and 0/1 weights, the same shapes for every index (one compiled program).
+
+    Window j holds inputs tokens[j*T : j*T+T] and targets tokens[j*T+1 : j*T+T+1] (targets "next";
+    "same": both tokens[j*T : j*T+T]), the windows BatchSampler(shuffle=False) reads, so the
+    targets of consecutive windows tile the split. The last window stops at the split's end and
+    the rows after it are padding, both weighted 0. So n_targets, the tokens scored, is the
+    split's token count minus 1 (its first token: nothing precedes it) for "next", and the
+    token count itself for "same".
+    """
+
+    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, targets: str = "next") -> None:
+        if targets not in ("next", "same") or microbatch_size < 1 or seq_len < 1:
+            raise DataError(f"{split.name} split: need targets 'next' or 'same' and sizes >= 1, got "
+                            f"{targets!r}, microbatch_size {microbatch_size}, seq_len {seq_len}")
+        self.split, self.microbatch_size, self.seq_len, self.targets = split, microbatch_size, seq_len, targets
+        self.shift = int(targets == "next")
+        self.n_targets = max(0, split.n_tokens - self.shift)
+        if self.n_targets == 0:
+            raise DataError(f"{split.name} split: {split.n_tokens} token(s), nothing to score")
+        self.n_windows = -(-self.n_targets // seq_len)
+        self.n_batches = -(-self.n_windows // microbatch_size)
+
+    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, T) int32 inputs, int32 targets and float32 weights of microbatch `index` (its `rows`)."""
+        if not 0 <= index < self.n_batches:
+            raise DataError(f"{self.split.name} split: microbatch {index} outside 0..{self.n_batches - 1}")
+        T = self.seq_len
+        windows = index * self.microbatch_size + np.arange(self.microbatch_size, dtype=np.int64)[rows]
+        tokens = np.zeros((len(windows), T + self.shift), np.int32)
+        weights = np.zeros((len(windows), T), np.float32)
+        for row, window in enumerate(windows):
+            n = int(min(T, self.n_targets - window * T))  # targets in this window; <= 0: a padding row
+            if n > 0:
+                self.split.read_into(int(window) * T, tokens[row, :n + self.shift])
+                weights[row, :n] = 1.0
+        check_ids(self.split, tokens, windows * T)
+        if self.shift:
+            return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:]), weights
+        return tokens, tokens.copy(), weights

@@ -14,7 +14,8 @@ Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" name
     text             local .txt / .md files (one document each) and .jsonl files (one document per
                      line, its "text" field), given as files, folders (recursive) or globs.
     tinyshakespeare  the 1.1 MB char-rnn corpus, downloaded once into <data>/downloads/ (sha256
-                     checked) or taken from --from <file>; the last 10% of the text is validation.
+                     checked) or taken from --from <file>; the last 10% of the characters is
+                     validation, cut exactly where nanoGPT's prepare.py cuts (option "split").
     fineweb10B-gpt2  FineWeb-10B pre-tokenized with GPT-2 (Hugging Face kjj0/fineweb10B-gpt2, llm.c
                      .bin files of 100M tokens): only as many train files as the training length
                      needs, fetched with huggingface_hub unless --from <folder> or
@@ -62,7 +63,9 @@ DEFAULT_OPTIONS: dict[str, dict] = {
     # paths: files, folders or globs (relative to the working directory); name: the dataset
     # folder is data/text-<name>-<tokenizer>, by default named after the first path.
     "text": {"paths": None, "name": None, "validation_fraction": 0.05},
-    "tinyshakespeare": {"validation_fraction": 0.1},  # nanoGPT's split
+    # split "nanogpt": nanoGPT's prepare.py cut, byte for byte (sources.nanogpt_split); "newline":
+    # the cut moved to the next newline, each part followed by end-of-text (the older default).
+    "tinyshakespeare": {"validation_fraction": 0.1, "split": "nanogpt"},
     # train_shards: how many 100M-token train files; null = as many as the training length needs.
     FINEWEB: {"train_shards": None},
 }
@@ -74,6 +77,7 @@ _SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dis
 _ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
 
 
 def default_data_root() -> Path:
@@ -220,6 +224,9 @@ def resolve_options(source: str, options: dict | None) -> dict:
         resolved["validation_fraction"] = _check_fraction(source, resolved["validation_fraction"])
     if source == "text":
         _text_options(resolved)
+    if resolved.get("split", "nanogpt") not in _SPLITS:
+        raise DataError(f"{source}: option 'split' must be one of {', '.join(map(repr, _SPLITS))}, "
+                        f"got {resolved['split']!r}")
     shards = resolved.get("train_shards")
     if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
                                or not 1 <= shards <= fineweb.N_TRAIN_FILES):
@@ -242,15 +249,17 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str]) -> Iterator[np.ndarray]:
-    """Token arrays of each document with the end-of-text id appended (what write_dataset expects)."""
+def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True) -> Iterator[np.ndarray]:
+    """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
+    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it)."""
     dtype = token_dtype(tokenizer.n_vocab)
     documents = iter(documents)
     while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
         for ids in tokenizer.encode_batch(chunk):
-            doc = np.empty(ids.size + 1, dtype=dtype)
-            doc[:-1] = ids
-            doc[-1] = tokenizer.eot_id
+            doc = np.empty(ids.size + int(eot), dtype=dtype)
+            doc[:ids.size] = ids
+            if eot:
+                doc[-1] = tokenizer.eot_id
             yield doc
 
 
@@ -260,6 +269,7 @@ class _Corpus:
 
     fingerprint: str
     splits: Callable[[float], tuple[Iterable[str], Iterable[str], str]]  # fraction -> train, val, how
+    eot: bool = True  # end-of-text after each document
 
 
 def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
@@ -284,9 +294,14 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
 
     def split_file(fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
         path = sources.fetch_file(remote, downloads, from_path=None, log=log)
+        if options["split"] == "nanogpt":
+            (text,) = sources.read_documents([path])
+            train, val = sources.nanogpt_split(text, fraction, str(path))
+            return iter([train]), iter([val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
         return sources.hold_out(lambda: sources.read_documents([path]), fraction, str(path))
 
-    return _Corpus(f"sha256-{remote.sha256}", split_file)  # the file is pinned by its hash
+    # The file is pinned by its hash. nanoGPT's split adds no end-of-text: the splits are its bytes.
+    return _Corpus(f"sha256-{remote.sha256}", split_file, eot=options["split"] != "nanogpt")
 
 
 # ----------------------------------------------------------------------------- preparing
@@ -323,7 +338,8 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
     train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
     manifest = write_dataset(
         path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
-        splits={"train": tokenize_documents(tok, train_docs), "val": tokenize_documents(tok, val_docs)})
+        splits={"train": tokenize_documents(tok, train_docs, corpus.eot),
+                "val": tokenize_documents(tok, val_docs, corpus.eot)})
     splits = manifest["splits"]
     share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
     counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
@@ -394,6 +410,9 @@ def _parser() -> argparse.ArgumentParser:
     shakespeare = sub.add_parser("tinyshakespeare", parents=[tokenized], help="the 1.1 MB char-rnn corpus")
     shakespeare.add_argument("--from", dest="from_path", type=Path, default=None,
                              help="a local copy of input.txt instead of downloading it")
+    shakespeare.add_argument("--split", choices=_SPLITS, default=None,
+                             help="nanogpt (default): nanoGPT's exact cut, no end-of-text; newline: cut at the "
+                                  "next newline, end-of-text after each part")
     web = sub.add_parser(FINEWEB, parents=[common], help="FineWeb-10B as GPT-2 tokens (llm.c .bin files)")
     size = web.add_mutually_exclusive_group()
     size.add_argument("--train-tokens", type=_count, default=None,
@@ -419,6 +438,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB, "gpt2", options, args.train_tokens
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
+    if getattr(args, "split", None) is not None:
+        options["split"] = args.split
     if args.source == "text":
         options["paths"] = args.paths
         if args.name is not None:

@@ -8,6 +8,8 @@
 An import writes a run directory that every tool accepts:
 
     runs/gpt2/model.json          gpt2, vocab/context/sizes from the file, qkv_bias, tied embeddings
+                                  (bias=false when every bias in the file is exactly zero: our
+                                  export of a bias-free model, which writes zeros)
     runs/gpt2/train.json          a fine-tuning run on the built-in corpus with the gpt2 tokenizer,
                                   "init_from": "pretrained"
     runs/gpt2/pretrained/         a weights-only checkpoint: model.safetensors (our dotted keys),
@@ -117,9 +119,13 @@ def infer_config(tensors: dict[str, np.ndarray], where: str, *, n_heads: int | N
     if n_heads is None:
         raise WeightsError(f"{where}: cannot tell the number of heads for emb_dim={C}; pass --n-heads")
     tied = "lm_head.weight" not in tensors or np.array_equal(tensors["lm_head.weight"], tensors["wte.weight"])
+    # Every bias exactly zero: a bias-free model's export (export writes zeros), so the round
+    # trip gives back bias=false. A trained GPT-2 never has all its biases at exactly zero.
+    biases = [v for k, v in tensors.items() if k.endswith(".bias")]
+    bias = not biases or any(np.any(v) for v in biases)
     try:
         return ModelConfig(architecture="gpt2", vocab_size=int(vocab), context_length=int(ctx), emb_dim=int(C),
-                           n_heads=n_heads, n_layers=L, qkv_bias=True, drop_rate=0.0, tie_embeddings=tied)
+                           n_heads=n_heads, n_layers=L, qkv_bias=bias, bias=bias, drop_rate=0.0, tie_embeddings=tied)
     except ConfigError as e:
         raise WeightsError(f"{where}: {e}") from None
 
@@ -138,13 +144,14 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> 
     if unexpected:
         raise WeightsError(f"{where}: unexpected tensors {unexpected[:3]} (not GPT-2's layout?)")
     out = {}
+    expected = _expected_shapes(cfg)
     for ours, theirs in mapping.items():
         if theirs not in tensors:
             raise WeightsError(f"{where}: missing tensor {theirs!r}")
-        out[ours] = tensors[theirs]
+        if ours in expected:  # a bias-free model: the file's (all-zero) biases are read and dropped
+            out[ours] = tensors[theirs]
     if not cfg.tie_embeddings:
         out["head.kernel"] = tensors["lm_head.weight"].T  # nn.Linear (V, C) -> kernel (C, V)
-    expected = _expected_shapes(cfg)
     for key, shape in expected.items():
         if tuple(out[key].shape) != shape:
             raise WeightsError(f"{where}: {mapping.get(key, 'lm_head.weight')} has shape "
@@ -154,12 +161,18 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> 
 
 
 def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Our parameters -> the Hugging Face GPT-2 layout (a model without qkv bias gets zeros)."""
-    out = {theirs: weights[ours] for ours, theirs in _TOP.items()}
+    """Our parameters -> the Hugging Face GPT-2 layout. A bias the model has not (qkv_bias=false,
+    bias=false) is written as zeros, which computes the same: GPT-2's layout has no bias-free form."""
+    def get(ours: str) -> np.ndarray:
+        if ours in weights or not ours.endswith(".bias"):
+            return weights[ours]
+        width = {"attn.qkv.bias": 3, "mlp.fc.bias": 4}.get(ours.split(".", 2)[-1], 1)
+        return np.zeros(width * cfg.emb_dim, np.float32)
+
+    out = {theirs: get(ours) for ours, theirs in _TOP.items()}
     for i in range(cfg.n_layers):
         for ours, theirs in _BLOCK.items():
-            key = f"blocks.{i}.{ours}"
-            out[f"h.{i}.{theirs}"] = weights[key] if key in weights else np.zeros(3 * cfg.emb_dim, np.float32)
+            out[f"h.{i}.{theirs}"] = get(f"blocks.{i}.{ours}")
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = weights["head.kernel"].T
     return {k: np.ascontiguousarray(v) for k, v in out.items()}

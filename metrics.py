@@ -35,6 +35,8 @@ TAGS = {
     "perf/mfu": "model FLOPs utilisation: tokens/s x FLOPs per token / peak FLOP/s (mfu.py)",
     "val/loss": "validation loss, at each validation",
     "val/tokens": "tokens that validation scored",
+    "hellaswag/acc": "HellaSwag accuracy (summed ending loss), when train.json hellaswag_interval is set",
+    "hellaswag/acc_norm": "HellaSwag accuracy (mean ending loss), when train.json hellaswag_interval is set",
 }
 
 

@@ -49,8 +49,8 @@ def _zeros(*axes: str) -> nnx.Initializer:
     return nnx.with_partitioning(nnx.initializers.zeros_init(), axes)
 
 
-def _layer_norm(C: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(C, epsilon=_LN_EPS, rngs=rngs,
+def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(cfg.emb_dim, epsilon=_LN_EPS, use_bias=cfg.bias, rngs=rngs,
                          scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)),
                          bias_init=_zeros("norm"))
 
@@ -123,7 +123,7 @@ class CausalSelfAttention(nnx.Module):
         resid_std = _STD / math.sqrt(2 * cfg.n_layers)
         self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
                               bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
-        self.proj = nnx.Linear(C, C, kernel_init=_normal(resid_std, "heads", "embed"),
+        self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_normal(resid_std, "heads", "embed"),
                                bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
@@ -150,9 +150,10 @@ class CausalSelfAttention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
-        self.fc = nnx.Linear(C, 4 * C, kernel_init=_normal(_STD, "embed", "mlp"), bias_init=_zeros("mlp"),
-                             dot_general=ops.dot_general, rngs=rngs)
-        self.out = nnx.Linear(4 * C, C, kernel_init=_normal(_STD / math.sqrt(2 * cfg.n_layers), "mlp", "embed"),
+        self.fc = nnx.Linear(C, 4 * C, use_bias=cfg.bias, kernel_init=_normal(_STD, "embed", "mlp"),
+                             bias_init=_zeros("mlp"), dot_general=ops.dot_general, rngs=rngs)
+        self.out = nnx.Linear(4 * C, C, use_bias=cfg.bias,
+                              kernel_init=_normal(_STD / math.sqrt(2 * cfg.n_layers), "mlp", "embed"),
                               bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.drop = nnx.Dropout(cfg.drop_rate)
 
@@ -165,9 +166,9 @@ class Block(nnx.Module):
     """One pre-LayerNorm transformer block."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        self.ln1 = _layer_norm(cfg.emb_dim, rngs)
+        self.ln1 = _layer_norm(cfg, rngs)
         self.attn = CausalSelfAttention(cfg, ops, rngs=rngs)
-        self.ln2 = _layer_norm(cfg.emb_dim, rngs)
+        self.ln2 = _layer_norm(cfg, rngs)
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
@@ -190,7 +191,7 @@ class GPT(nnx.Module):
         # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
         blocks = [Block(cfg, ops, rngs=rngs) for _ in range(cfg.n_layers)]
         self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
-        self.ln_f = _layer_norm(cfg.emb_dim, rngs)
+        self.ln_f = _layer_norm(cfg, rngs)
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)

@@ -26,8 +26,9 @@ import numpy as np
 
 import checkpoint_files as ckpt
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from data import BatchSampler, Dataset, DataError, open_dataset
+from data import BatchSampler, Dataset, DataError, WholeSplit, open_dataset
 from download_dataset import prepare_dataset
+from hellaswag import Example, fetch_val, read_examples
 from tokenizer import TokenizerError
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
@@ -46,10 +47,11 @@ class Run:
     train_cfg: TrainConfig
     dataset: Dataset
     train_batches: BatchSampler
-    val_batches: BatchSampler
+    val_batches: BatchSampler | WholeSplit  # WholeSplit for validation_batches "all"
     total_steps: int
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
+    hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
 
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
@@ -73,7 +75,12 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
     train_batches = BatchSampler(dataset.train, shuffle=True, **common)
-    val_batches = BatchSampler(dataset.val, shuffle=False, **common)
+    val_batches: BatchSampler | WholeSplit
+    if train_cfg.validation_batches == "all":
+        val_batches = WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
+                                 targets=train_cfg.targets)
+    else:
+        val_batches = BatchSampler(dataset.val, shuffle=False, **common)
     if train_batches.n_windows < train_cfg.sequences_per_step:
         raise DataError(
             f"{ds_path}: train split has {train_batches.n_windows} sequences of {seq_len} tokens, "
@@ -86,8 +93,11 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     if resume_from is not None:
         _check_resume(resume_from, model_cfg, train_cfg, dataset)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
+    examples = None
+    if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
+        examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from)
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples)
 
 
 # ----------------------------------------------------------------------------- stop requests
@@ -232,7 +242,7 @@ def _resume_point(run_dir: Path) -> Path | None:
 
 # Keys that decide the parameters' shapes: init_from weights must agree on all of them.
 _SHAPE_KEYS = ("architecture", "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers",
-               "qkv_bias", "tie_embeddings")
+               "qkv_bias", "bias", "tie_embeddings")
 
 
 def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:

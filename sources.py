@@ -232,6 +232,16 @@ def split_tail(documents: list[str], fraction: float, where: str = "corpus") -> 
     return train, val
 
 
+def nanogpt_split(text: str, fraction: float, where: str = "corpus") -> tuple[str, str]:
+    """nanoGPT's data/shakespeare_char/prepare.py cut: `train = data[:int(n*0.9)]`, `val = data[int(n*0.9):]`
+    on the characters (for validation_fraction 0.1), so validation losses compare with its published ones."""
+    cut = int(len(text) * (1 - fraction))
+    if not 0 < cut < len(text):
+        raise DataError(f"{where}: cannot hold out {fraction:.0%} of {len(text):,} characters for validation "
+                        "and still train")
+    return text[:cut], text[cut:]
+
+
 def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
              ) -> tuple[Iterator[str], Iterator[str], str]:
     """(train, val, description): whole documents held out, or the text's tail when there are too few documents.

@@ -33,8 +33,21 @@ def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
     return losses.mean()
 
 
-def chunked_loss(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array) -> jax.Array:
-    """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time.
+def loss_sum(model: nnx.Module, inputs: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+    """Sum of the cross-entropy over every position, each times its weight (validation: 0 for the
+    padding of a split's last batch). inputs, targets: (B, T) int32; weights: (B, T) float32."""
+    if model.cfg.loss_chunk is not None:
+        x = model.features(inputs)  # (B, T, C)
+        return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]),
+                            targets.reshape(-1), weights.reshape(-1)) * weights.size
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(model(inputs).astype(jnp.float32), targets)
+    return (losses * weights).sum()
+
+
+def chunked_loss(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array,
+                 token_weights: jax.Array | None = None) -> jax.Array:
+    """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time
+    (each row times its weight in `token_weights`, if given: (N,); the mean still divides by N).
 
     The (N, V) logits are never whole: a scan runs the head and the loss chunk by chunk, and
     jax.checkpoint makes the backward pass recompute each chunk's logits instead of keeping
@@ -46,7 +59,8 @@ def chunked_loss(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets
     chunk = min(cfg.loss_chunk, N)
     n = -(-N // chunk)
     pad = n * chunk - N
-    weights = jnp.pad(jnp.ones(N, jnp.float32), (0, pad)).reshape(n, chunk)
+    weights = jnp.ones(N, jnp.float32) if token_weights is None else token_weights.astype(jnp.float32)
+    weights = jnp.pad(weights, (0, pad)).reshape(n, chunk)
     x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, chunk, C)
     targets = jnp.pad(targets, (0, pad)).reshape(n, chunk)
 
@@ -155,9 +169,29 @@ class StepRunner:
 
 
 @nnx.jit
-def eval_step(model: nnx.Module, inputs: jax.Array, targets: jax.Array) -> jax.Array:
-    """Validation loss of one (B, T) microbatch, dropout off."""
-    return loss_fn(model, inputs, targets)
+def eval_sums(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
+              weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of the weighted losses, sum of the weights) of one (B, T) microbatch, dropout off:
+    summed over batches, their ratio is the exact mean over every scored token (data.WholeSplit)."""
+    return loss_sum(model, inputs, targets, weights), weights.sum()
+
+
+@nnx.jit
+def ending_losses(model: nnx.Module, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """HellaSwag's per-row figures (hellaswag.py): (N, T) int32 rows and (N, T) float32 0/1 masks
+    of the tokens to score -> (N,) summed next-token losses of the masked tokens and (N,) their
+    counts. Position t predicts token t + 1, so the mask is read from position 1 on (llm.c's
+    shift_mask). The head runs one row at a time: (T, V) logits, never (N, T, V)."""
+    feats = model.features(tokens)[:, :-1]  # (N, T-1, C)
+    targets, weights = tokens[:, 1:], mask[:, 1:]  # (N, T-1)
+    w = head_weight(model)
+
+    def row(xs: tuple[jax.Array, ...]) -> jax.Array:
+        x, y, m = xs
+        logits = head_logits(model.ops, model.cfg, w, x)  # (T-1, V) float32
+        return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, y) * m).sum()
+
+    return jax.lax.map(row, (feats, targets, weights)), weights.sum(-1)
 
 
 def step_key(seed: int, step: int) -> jax.Array:

@@ -23,12 +23,13 @@ import checkpointing as ckpt
 import mfu
 import sharding
 from config import ConfigError, to_dict
+from data import WholeSplit
 from metrics import RunLog
 from run_setup import TrainingError
 import ops
 from model import build_model
 from optim import clip_flag, make_optimizer, make_schedule
-from step import StepRunner, eval_step, step_key
+from step import StepRunner, eval_sums, step_key
 
 if TYPE_CHECKING:
     from run_setup import Run, StopFlag
@@ -88,6 +89,9 @@ class Trainer:
             ops.select(self.mcfg)
         except ConfigError as e:
             raise ConfigError(f"{run.run_dir}/{e}") from None
+        if run.hellaswag is not None and jax.process_count() > 1:  # its batches are one process's arrays
+            raise ConfigError(f"{run.run_dir}/train.json: hellaswag_interval works in single-process runs only; "
+                              f"score checkpoints with evaluate.py --hellaswag instead")
 
         def build() -> tuple[Any, Any]:
             model = build_model(self.mcfg, seed=self.cfg.seed)
@@ -97,6 +101,8 @@ class Trainer:
             build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
+        self.val_tokens = 0  # tokens the last validation scored
+        self.hellaswag_results: list[dict[str, Any]] = []  # since the last checkpoint (meta.json)
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
@@ -120,14 +126,38 @@ class Trainer:
         B = self.cfg.microbatch_size
         return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
 
-    def validate(self) -> float:
+    def validate(self, done: int | None = None) -> float:
+        """The mean loss over every validation token scored; how many there were: self.val_tokens.
+        At step `done`, also HellaSwag when train.json hellaswag_interval asks for it."""
         self.step.sync()
-        total, B = 0.0, self.cfg.microbatch_size
-        for i in range(self.cfg.validation_batches):
-            x, y = self.run.val_batches.microbatch(i, rows=self.rows)
-            total += eval_step(self.model, sharding.put_batch(x, self.mesh, B),
-                               sharding.put_batch(y, self.mesh, B))
-        return float(total) / self.cfg.validation_batches
+        if done is not None:
+            self.hellaswag(done)
+        val, B = self.run.val_batches, self.cfg.microbatch_size
+        whole = isinstance(val, WholeSplit)  # validation_batches "all"
+        sums = []  # device scalars, read once at the end: no host round trip per batch
+        for i in range(val.n_batches if whole else self.cfg.validation_batches):
+            x, y, *w = val.microbatch(i, rows=self.rows)
+            w = w[0] if whole else np.ones(x.shape, np.float32)
+            sums.append(eval_sums(self.model, *(sharding.put_batch(a, self.mesh, B) for a in (x, y, w)))[0])
+        # Counted here, not on the device: exact at any size (the rows of every process together).
+        self.val_tokens = val.n_targets if whole else self.cfg.validation_batches * B * val.seq_len
+        return float(np.sum(np.asarray(jax.device_get(sums), np.float64))) / self.val_tokens
+
+    def hellaswag(self, done: int) -> None:
+        """train.json hellaswag_interval: score HellaSwag at this validation, if it is one of its steps."""
+        every = self.cfg.hellaswag_interval
+        if self.run.hellaswag is None or not (done % every == 0 or done == self.run.total_steps):
+            return
+        from evaluate import hellaswag_score
+        from tokenizer import get_tokenizer
+
+        r = hellaswag_score(self.model, self.run.hellaswag, get_tokenizer(self.cfg.tokenizer), progress=False)
+        self.hellaswag_results.append({"step": done, "acc": r["acc"], "acc_norm": r["acc_norm"],
+                                       "examples": r["examples"], "tokenizer": r["tokenizer"]})
+        self.records.scalars(done, {"hellaswag/acc": r["acc"], "hellaswag/acc_norm": r["acc_norm"]})
+        if self.is_main:
+            tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
+                       f"({r['examples']:,} examples)")
 
     def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
         self.step.sync()
@@ -195,8 +225,8 @@ class Trainer:
             if not at_eval:
                 continue
             self.stop.check_abort()
-            val = self.validate()
-            self.records.scalars(done, {"val/loss": val, "val/tokens": self.val_tokens()})
+            val = self.validate(done)
+            self.records.scalars(done, {"val/loss": val, "val/tokens": self.val_tokens})
             self.stop.check_abort()
             if at_ckpt and not self.postpone(done, stopping):
                 self.save(done, stats, val)
@@ -232,16 +262,13 @@ class Trainer:
         self.elapsed += time.perf_counter() - self.window.started
         self.records.flush()  # the record up to this step is as durable as the checkpoint
         path = self.checkpoint(done, self.window, stats, val)
+        self.hellaswag_results = []
         if self.is_main:
             self.bar.write(self.progress_line(done, self.window, stats, val) + f" | saved {path.name}")
         self.window = Window()
 
     def window_mfu(self) -> float:
         return mfu.mfu(self.window.tokens_per_s(self.tokens_per_step), self.flops_per_token, self.peak_flops)
-
-    def val_tokens(self) -> int:
-        """Targets one validation pass scores."""
-        return self.cfg.validation_batches * self.cfg.microbatch_size * self.cfg.seq_len(self.mcfg)
 
     def count_dropped(self, done: int, dropped: bool) -> None:
         """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
@@ -275,6 +302,8 @@ class Trainer:
             "train_loss": {"min": float(micro.min()), "max": float(micro.max()),
                            "mean": float(micro.mean()), "last": window.losses[-1]},
             "val_loss": val,
+            "val_tokens": self.val_tokens,  # target tokens that loss is the mean over
+            "hellaswag": self.hellaswag_results,  # [{"step", "acc", "acc_norm", ...}] since the last checkpoint
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
             "learning_rate": float(stats["learning_rate"]),  # used by the last applied step
@@ -311,8 +340,8 @@ class Trainer:
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
         gn = window.grad_norms[-1]
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
-        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | val {val:.4f} | "
-                f"lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
+        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
+                f"val {val:.4f} ({self.val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
                 f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s | MFU {100 * self.window_mfu():.1f}%")
 
     def summary(self, seconds: float, last_loss: float) -> None:

@@ -200,7 +200,7 @@ def test_defaults_resolved(tmp_path: Path) -> None:
     md, td = to_dict(model), to_dict(train)
     assert set(md) == {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(td) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert md == {**MODEL, "qkv_bias": False, "drop_rate": 0.0, "tie_embeddings": False, "compute_dtype": "float32",
+    assert md == {**MODEL, "qkv_bias": False, "bias": True, "drop_rate": 0.0, "tie_embeddings": False, "compute_dtype": "float32",
                   "attention": "auto", "remat": False, "scan_layers": False, "loss_chunk": None}
     assert td["dataset"] == {"source": "builtin", "options": {}}
     assert isinstance(train.dataset, DatasetConfig)

@@ -16,9 +16,10 @@ import checkpointing as ckpt
 import evaluate
 from config import ModelConfig
 from conftest import write_run
-from data import BatchSampler, open_dataset
+from data import BatchSampler, WholeSplit, open_dataset, write_dataset
 from download_dataset import dataset_dir
 from model import build_model
+from tokenizer import BytesTokenizer
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
          "n_layers": 1, "qkv_bias": True, "tie_embeddings": True}
@@ -74,7 +75,7 @@ def test_a_uniform_model_scores_log_vocab(tmp_path: Path, data_root: Path, capsy
     assert evaluate.main([str(run), "--data-dir", str(data_root), "--split", "train", "--max-batches", "2",
                           "--batch-size", "3", "--sequence-length", "16"]) == 0
     out = capsys.readouterr().out
-    assert "train split" in out and "2 batches x 3 x 16 = 96 tokens" in out
+    assert "train split" in out and "Scored 96 tokens (" in out and "2 batches x 3 x 16): the first 2 of" in out
     train = open_dataset(dataset_dir(data_root, "builtin", "bytes")).train
     r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), train, batch_size=3, seq_len=16, max_batches=2)
     assert r["loss"] == pytest.approx(math.log(257), rel=1e-6)
@@ -115,12 +116,12 @@ def test_errors_are_one_line_exit_2(tmp_path: Path, data_root: Path, capsys: pyt
 
 
 def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_root: Path) -> None:
-    """evaluate() runs validation's own program (step.eval_step), so a model.json loss_chunk runs
-    the chunked head there too: per batch exactly what eval_step returns, and the same loss as the
+    """evaluate() runs validation's own program (step.eval_sums), so a model.json loss_chunk runs
+    the chunked head there too: per batch exactly what eval_sums returns, and the same loss as the
     unchunked model within float32 rounding."""
     import jax
 
-    from step import eval_step
+    from step import eval_sums
 
     val = open_dataset(dataset_dir(data_root, "builtin", "bytes")).val
     figures = {}
@@ -128,7 +129,58 @@ def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_
         model = build_model(ModelConfig(**{**MODEL, "loss_chunk": chunk}), seed=1)
         figures[chunk] = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32,
                                            max_batches=2, progress=False)
-        sampler = BatchSampler(val, microbatch_size=4, seq_len=32, seed=0, shuffle=False)
-        want = sum(float(eval_step(model, *map(jax.device_put, sampler.microbatch(i)))) * 4 * 32 for i in range(2))
+        batches = WholeSplit(val, microbatch_size=4, seq_len=32)
+        want = sum(float(eval_sums(model, *map(jax.device_put, batches.microbatch(i)))[0]) for i in range(2))
         assert figures[chunk]["loss"] == want / (2 * 4 * 32)
     assert figures[24]["loss"] == pytest.approx(figures[None]["loss"], rel=1e-6)
+
+
+def np_loss_sum(model: nnx.Module, x: np.ndarray, y: np.ndarray) -> float:
+    """Summed cross-entropy of one unpadded window, in float64 numpy over the model's logits."""
+    logits = np.asarray(model(jnp.asarray(x[None], jnp.int32)), np.float64)[0]
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    return float(-np.take_along_axis(logp, y[:, None], -1).sum())
+
+
+@pytest.fixture
+def small_split(tmp_path: Path):
+    """A val split of 1,013 tokens: 1,012 targets = 31 windows of 32 + one of 20; batches of 5
+    windows leave the 7th batch two real rows (one of them short) and three padding rows."""
+    rng = np.random.default_rng(0)
+    val = rng.integers(0, 256, 1013)
+    write_dataset(tmp_path / "ds", source="test", options={}, fingerprint="x", tokenizer=BytesTokenizer(),
+                  splits={"train": [rng.integers(0, 256, 500)], "val": [val]}, shard_tokens=400)  # 3 shards
+    return open_dataset(tmp_path / "ds").val, val
+
+
+def test_whole_split_scores_every_token_but_the_first_once(small_split) -> None:
+    split, val = small_split
+    batches = WholeSplit(split, microbatch_size=5, seq_len=32)
+    assert (batches.n_targets, batches.n_windows, batches.n_batches) == (1012, 32, 7)
+    parts = [batches.microbatch(i) for i in range(7)]
+    assert all(x.shape == y.shape == w.shape == (5, 32) for x, y, w in parts)  # one shape: one compile
+    xs, ys = (np.concatenate([p[k][p[2] > 0] for p in parts]) for k in (0, 1))
+    assert np.array_equal(ys, val[1:]) and np.array_equal(xs, val[:-1])  # tiled in order, each once
+    w_last = parts[-1][2]
+    assert w_last[0].sum() == 32 and w_last[1].sum() == 20 and not w_last[2:].any()
+    same = WholeSplit(split, microbatch_size=5, seq_len=32, targets="same")
+    assert same.n_targets == 1013
+    assert np.array_equal(np.concatenate([b[1][b[2] > 0] for b in map(same.microbatch, range(same.n_batches))]), val)
+    with pytest.raises(Exception, match="microbatch 7 outside 0..6"):
+        batches.microbatch(7)
+
+
+def test_evaluate_scores_the_whole_split_exactly(small_split) -> None:
+    split, val = small_split
+    model = build_model(ModelConfig(**MODEL), seed=2)
+    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), split, batch_size=5, seq_len=32, progress=False)
+    assert r["tokens"] == split.n_tokens - 1 == 1012 and r["whole_split"] and r["bytes"] == 1012
+    nats = sum(np_loss_sum(model, val[j * 32:min(j * 32 + 32, 1012)], val[j * 32 + 1:min(j * 32 + 33, 1013)])
+               for j in range(32))
+    assert r["loss"] == pytest.approx(nats / 1012, rel=1e-5)
+    line = evaluate.report_line(r, "val", "next")
+    assert line.startswith("Scored 1,012 tokens (1,012 bytes; 7 batches x 5 x 32): the whole val split of 1,013")
+    part = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), split, batch_size=5, seq_len=32, max_batches=2,
+                             progress=False)
+    assert part["tokens"] == 320 and not part["whole_split"]

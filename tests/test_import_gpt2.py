@@ -112,7 +112,7 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     init = import_run(src, tmp_path / "run", n_heads=4)
     cfg = json.loads((tmp_path / "run" / "model.json").read_text())
     assert cfg == {"architecture": "gpt2", "vocab_size": 67, "context_length": 24, "emb_dim": 32, "n_heads": 4,
-                   "n_layers": 2, "qkv_bias": True, "drop_rate": 0.0, "tie_embeddings": not untied,
+                   "n_layers": 2, "qkv_bias": True, "bias": True, "drop_rate": 0.0, "tie_embeddings": not untied,
                    "compute_dtype": "float32", "attention": "auto", "remat": False, "scan_layers": False,
                    "loss_chunk": None}
     meta = ckpt.read_meta(init)
@@ -181,6 +181,32 @@ def test_export_of_a_model_without_qkv_bias_writes_zeros(tmp_path: Path) -> None
     hf = load_file(str(export_run(folder, tmp_path / "out")))
     assert np.array_equal(hf["h.0.attn.c_attn.bias"], np.zeros(48, np.float32))
     assert hf["lm_head.weight"].shape == (11, 16)  # untied: the head goes out as an nn.Linear weight
+
+
+def test_bias_free_model_exports_zeros_and_imports_back_bias_free(tmp_path: Path) -> None:
+    from config import ModelConfig, to_dict
+    from model import build_model
+
+    cfg = ModelConfig(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2, n_layers=2,
+                      bias=False)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    model = build_model(cfg, seed=1)
+    ckpt.save_weights(model, folder / ckpt.WEIGHTS)
+    (folder / "model.json").write_text(json.dumps(to_dict(cfg)))
+    (folder / ckpt.META).write_text(json.dumps({"step": 3}))
+    hf = load_file(str(export_run(folder, tmp_path / "out")))
+    biases = {k: v for k, v in hf.items() if k.endswith(".bias")}
+    assert len(biases) == 2 * 6 + 1  # per block: ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; and ln_f
+    assert all(not v.any() for v in biases.values()) and biases["h.1.mlp.c_fc.bias"].shape == (64,)
+    import_run(tmp_path / "out", tmp_path / "run")
+    back = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert back["bias"] is False and back["qkv_bias"] is False
+    ours = load_file(str(folder / ckpt.WEIGHTS))
+    again = load_file(str(tmp_path / "run" / "pretrained" / "model.safetensors"))
+    assert sorted(ours) == sorted(again) and all(np.array_equal(ours[k], again[k]) for k in ours)
+    idx = np.random.default_rng(0).integers(0, 11, size=(2, 8))
+    assert np.array_equal(model_logits(tmp_path / "run", idx), np.asarray(model(idx.astype(np.int32))))
 
 
 # ----------------------------------------------------------------------------- errors

@@ -140,6 +140,29 @@ def test_gpt2_matches_numpy_reference(qkv_bias: bool, tie: bool) -> None:
         np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_bias_false_has_no_bias_and_matches_numpy_with_zero_biases(scan: bool) -> None:
+    cfg = gpt_cfg(bias=False, scan_layers=scan)
+    model = build_model(cfg, seed=3)
+    randomise(model, seed=11)
+    p = flat_params(model)
+    assert p and not [n for n in p if "bias" in n], sorted(p)
+    if scan:  # stacked (L, ...) -> the reference's per-layer names
+        p = {k: v for k, v in p.items() if not k.startswith("blocks.")} | {
+            f"blocks.{i}.{k[7:]}": v[i] for k, v in p.items() if k.startswith("blocks.") for i in range(L)}
+    with_bias = flat_params(build_model(gpt_cfg(qkv_bias=True), seed=3))
+    # Every bias of GPT-2's layout (LayerNorms, qkv, proj, fc, out, ln_f) is gone, nothing else.
+    assert sorted(p) == sorted(n for n in with_bias if not n.endswith(".bias"))
+    zeros = {n: np.zeros_like(v) for n, v in with_bias.items() if n.endswith(".bias")}
+    assert len(zeros) == 6 * L + 1
+    idx = tokens(1)
+    want = np_gpt2(p | zeros, gpt_cfg(qkv_bias=True), np.asarray(idx))
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(np.asarray(model(idx)), want, atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="qkv_bias=true contradicts bias=false"):
+        gpt_cfg(bias=False, qkv_bias=True)
+
+
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_atoa_matches_numpy_reference(tie: bool) -> None:
     cfg = ModelConfig(architecture="a-to-a", vocab_size=V, context_length=T_CTX, emb_dim=C,

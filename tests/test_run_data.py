@@ -97,3 +97,31 @@ def test_shipped_shakespeare_prepares_from_the_shared_copy(tmp_path: Path) -> No
     run = run_setup.prepare_run(run_dir, data_root=data, restart=False)
     assert run.dataset.path == data / "tinyshakespeare-bytes"
     assert run.train_batches.n_windows == (run.dataset.train.n_tokens - 1) // 128 > 7000
+
+
+def test_shipped_shakespeare_char_is_nanogpts_cpu_recipe(tmp_path: Path) -> None:
+    """runs/shakespeare-char = nanoGPT README's CPU command: `train.py config/train_shakespeare_char.py
+    --device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
+    --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`."""
+    import optim
+
+    model, cfg = load_run_configs(ROOT / "runs" / "shakespeare-char")
+    assert (model.n_layers, model.n_heads, model.emb_dim, model.context_length) == (4, 4, 128, 64)
+    assert (model.bias, model.qkv_bias, model.drop_rate, model.tie_embeddings) == (False, False, 0.0, True)
+    assert (cfg.microbatch_size, cfg.gradient_accumulation_steps, cfg.seq_len(model)) == (12, 1, 64)
+    assert cfg.total_steps(model) == 2000 and cfg.validation_batches == 20  # eval_iters
+    assert (cfg.adam_b1, cfg.adam_b2, cfg.weight_decay, cfg.clipping_max_norm) == (0.9, 0.99, 0.1, 1.0)
+    assert cfg.dataset.source == "tinyshakespeare" and cfg.dataset.options["split"] == "nanogpt"
+    schedule = optim.make_schedule(cfg, 2000)
+    # nanoGPT's get_lr: warm-up to 1e-3 over 100 iterations, cosine to min_lr 1e-4 at lr_decay_iters.
+    assert float(schedule(100)) == pytest.approx(1e-3) and float(schedule(2000)) == pytest.approx(1e-4)
+    assert float(schedule(1050)) == pytest.approx(1e-4 + 0.5 * (1e-3 - 1e-4), rel=1e-5)
+    assert float(schedule(0)) == pytest.approx(1e-3 / 101, rel=0.02)  # lr * (it + 1) / (warmup + 1)
+    if SHAKESPEARE.is_file():  # the whole set-up, as train.py runs it, on the shared copy
+        run_dir = tmp_path / "shakespeare-char"
+        run_dir.mkdir()
+        for name in ("model.json", "train.json"):
+            shutil.copy(ROOT / "runs" / "shakespeare-char" / name, run_dir / name)
+        assert dd.main(["run", str(run_dir), "--from", str(SHAKESPEARE), "--data-dir", str(tmp_path / "data")]) == 0
+        run = run_setup.prepare_run(run_dir, data_root=tmp_path / "data", restart=False)
+        assert (run.dataset.train.n_tokens, run.dataset.val.n_tokens) == (1_003_854, 111_540)

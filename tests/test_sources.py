@@ -195,6 +195,23 @@ def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
         remote.name, "http://127.0.0.1:9/input.txt", remote.size, remote.sha256))
 
 
+def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on a stand-in file (runs without the shared copy): the pinned hash is the stand-in's."""
+    text = "".join(f"Line {i}: {'to be or not ' * (i % 7)}\n" for i in range(997))
+    (tmp_path / "input.txt").write_text(text)
+    monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
+        "tinyshakespeare.txt", "http://127.0.0.1:9/input.txt", len(text), sources._sha256(tmp_path / "input.txt")))
+    ds = open_dataset(dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
+                                         log=log_to([])))
+    n = len(text)
+    assert int(n * 0.9) != n - round(0.1 * n) or text[int(n * 0.9) - 1] != "\n"  # a cut a newline rule would move
+    assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == text[:int(n * 0.9)].encode()
+    assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == text[int(n * 0.9):].encode()
+    assert sources.nanogpt_split(text, 0.1) == (text[:int(n * 0.9)], text[int(n * 0.9):])
+    with pytest.raises(DataError, match="option 'split' must be one of 'nanogpt', 'newline', got 'lines'"):
+        dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"split": "lines"})
+
+
 def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, unreachable, capsys: pytest.CaptureFixture[str]) -> None:
     assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -220,10 +237,24 @@ def test_tinyshakespeare_from_local_copy(tmp_path: Path, unreachable) -> None:
     ds = open_dataset(path, verify=True)
     text = SHAKESPEARE.read_text()
     tok = BytesTokenizer()
-    train, val = tok.decode(ds.train.read(0, ds.train.n_tokens)), tok.decode(ds.val.read(0, ds.val.n_tokens))
-    assert train + val == text and train.startswith("First Citizen:") and train.endswith("\n")
-    assert abs(len(val) / len(text) - 0.1) < 0.001  # nanoGPT's last 10%
+    # nanoGPT's data/shakespeare_char/prepare.py, cut for cut: the splits are these characters
+    # (ASCII: one byte each), with no end-of-text anywhere.
+    with open(SHAKESPEARE) as f:
+        data = f.read()
+    n = len(data)
+    train_data, val_data = data[:int(n * 0.9)], data[int(n * 0.9):]
+    assert (len(train_data), len(val_data)) == (1_003_854, 111_540)
+    assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == train_data.encode("ascii")
+    assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == val_data.encode("ascii")
+    assert ds.train.n_tokens == 1_003_854 and ds.val.n_tokens == 111_540  # nothing else (no end-of-text)
     assert ds.manifest["fingerprint"] == f"sha256-{sources.TINYSHAKESPEARE.sha256}"
+    assert ds.manifest["options"] == {"validation_fraction": 0.1, "split": "nanogpt"}
+    # The older cut, still an option: moved to the next newline, end-of-text after each part.
+    old = open_dataset(dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path / "old", from_path=SHAKESPEARE,
+                                          options={"split": "newline"}, log=log_to([])))
+    train, val = tok.decode(old.train.read(0, old.train.n_tokens)), tok.decode(old.val.read(0, old.val.n_tokens))
+    assert train + val == text and train.endswith("\n") and len(train) != len(train_data)
+    assert old.val.read(old.val.n_tokens - 1, 1)[0] == tok.eot_id
     # Later calls need neither --from nor the network: reused, or rebuilt from the kept copy.
     lines = []
     dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, log=log_to(lines))

@@ -169,3 +169,46 @@ def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path:
     write_run(run, {**A_TO_A_MODEL, "scan_layers": True}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 2
     assert "scan_layers=True" in capsys.readouterr().err
+
+
+def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
+    """validation_batches "all": the validation loss is over every token of the split but the first
+    (data.WholeSplit), the count printed beside it and kept in meta.json, and equals evaluate.py's.
+    hellaswag_interval: HellaSwag at that validation, in meta.json, charts/hellaswag.png and metrics.jsonl."""
+    import evaluate
+    import hellaswag
+    from checkpointing import load_model
+    from data import open_dataset
+    from test_hellaswag import fixture_records
+
+    (tmp_path / "data" / "downloads").mkdir(parents=True)  # where train.py looks for the file offline
+    (tmp_path / "data" / "downloads" / "hellaswag_val.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in fixture_records()))
+
+    text = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(400))
+    (tmp_path / "corpus.txt").write_text(text)
+    train_cfg = {**GPT_TRAIN, "dataset": {"source": "text", "options": {"paths": [str(tmp_path / "corpus.txt")]}},
+                 "train_steps": 2, "checkpoint_interval": 2, "validation_batches": "all",
+                 "hellaswag_interval": 2, "hellaswag_examples": 5}
+    run = write_run(tmp_path / "run", GPT_MODEL, train_cfg)
+    assert run_main(run, tmp_path / "data") == 0
+    val = open_dataset(tmp_path / "data" / "text-corpus-bytes").val
+    assert val.n_tokens % 32 != 1  # the last window is a short one
+    meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
+    assert meta["val_tokens"] == val.n_tokens - 1
+    assert f"({val.n_tokens - 1:,} tokens)" in capsys.readouterr().out
+    model, *_ = load_model(ckpt.latest_checkpoint(run))
+    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, progress=False)
+    assert r["tokens"] == meta["val_tokens"] and r["loss"] == pytest.approx(meta["val_loss"], rel=1e-6)
+    examples = hellaswag.read_examples(tmp_path / "data" / "downloads" / "hellaswag_val.jsonl", 5)
+    h = evaluate.hellaswag_score(model, examples, evaluate.get_tokenizer("bytes"), progress=False)
+    assert meta["hellaswag"] == [{"step": 2, "acc": h["acc"], "acc_norm": h["acc_norm"], "examples": 5,
+                                  "tokenizer": "bytes"}]
+    assert (run / "charts" / "hellaswag.png").stat().st_size > 1000
+    # and in the run's records (metrics.jsonl; TensorBoard carries the same scalars)
+    import metrics
+
+    lines = metrics.read_metrics(run / metrics.METRICS_FILE)
+    assert [(r["hellaswag/acc"], r["hellaswag/acc_norm"]) for r in lines if "hellaswag/acc" in r] == [
+        (h["acc"], h["acc_norm"])]
+    assert [r["val/tokens"] for r in lines if "val/tokens" in r] == [val.n_tokens - 1]
