@@ -155,7 +155,8 @@ def _write_files(tmp: Path, weights: dict[str, np.ndarray], configs: dict[str, d
 @contextlib.contextmanager
 def _orbax_errors_held() -> Iterator[None]:
     """Hold back the error records Orbax's threads log (with a traceback each) while it saves:
-    if the save then raises, the one-line CheckpointError says it all; if not, they are logged."""
+    if the save then raises, the one-line CheckpointError says it all (and the run ends); if
+    not, they are logged."""
     held: list[logging.LogRecord] = []
 
     def hold(record: logging.LogRecord) -> bool:
@@ -166,10 +167,9 @@ def _orbax_errors_held() -> Iterator[None]:
 
     logger = logging.getLogger("absl")
     logger.addFilter(hold)
-    try:
-        yield
-    finally:
-        logger.removeFilter(hold)
+    yield  # a failed save raises here and leaves the filter on: Orbax's threads may go on logging
+    # errors of that save while the process ends, after the one line that says it all
+    logger.removeFilter(hold)
     for record in held:  # reached only when the save succeeded
         logger.handle(record)
 

@@ -190,6 +190,9 @@ def test_a_failed_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: P
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 40})
     proc = trainer(run, data_root)
     wait_for_step(run, proc, 10)
+    while not (run / "checkpoints" / "best").exists():  # latest is pointed first, best just after
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     good = cf.latest_checkpoint(run)
