@@ -81,9 +81,11 @@ class Trainer:
         self.schedule = make_schedule(self.cfg, run.total_steps)
 
         try:  # model.json's choices this backend cannot run, before anything is built
-            ops.select(self.mcfg)
+            self.compute_dtype = ops.select(self.mcfg).compute_dtype  # "auto" resolved, on this backend
         except ConfigError as e:
             raise ConfigError(f"{run.run_dir}/{e}") from None
+        if self.mcfg.compute_dtype == "auto":
+            self.log(f"compute_dtype auto -> {self.compute_dtype} on {jax.default_backend()}")
 
         def build() -> tuple[Any, Any]:
             model = build_model(self.mcfg, seed=self.cfg.seed)
@@ -242,6 +244,7 @@ class Trainer:
             "throughput_tokens_per_s": window.tokens_per_s(self.tokens_per_step),
             "elapsed_s": self.elapsed,
             "mesh": dict(self.mesh.shape) | {"processes": jax.process_count()},
+            "compute_dtype": self.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
             "data_position": {"next_step": done, "microbatches_consumed": done * self.k,
                               "sequences_consumed": done * self.k * cfg.microbatch_size,
                               "epoch": self.run.train_batches.epoch_of(done, self.k),

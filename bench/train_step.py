@@ -23,10 +23,12 @@ import numpy as np
 
 from config import ConfigError, ModelConfig, TrainConfig, to_dict
 
+# name: (vocab, context, layers, heads, dims, batch), as torch_reference.py's CONFIGS | EXTRA_CONFIGS
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "char-tiny": (65, 256, 6, 6, 384, 8),
     "cpu-small": (256, 128, 4, 4, 128, 16),
     "gpt2-vocab": (50304, 256, 4, 4, 256, 4),
+    "nano-cpu": (257, 64, 4, 4, 128, 12),  # nanoGPT's README CPU recipe on bytes (the reference's EXTRA_CONFIGS)
 }
 FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
                     "plus attention scores/values (PaLM appendix B, nanoGPT's estimate_mfu; biases, "
@@ -150,6 +152,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     result: dict[str, Any] = {
         **_environment(name),
         **to_dict(model_cfg),  # every model.json key, speed options included
+        # the matmuls' dtype as run ("auto" resolved on this backend), and as asked
+        "compute_dtype": model.ops.compute_dtype, "compute_dtype_requested": model_cfg.compute_dtype,
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
         "params": int(count_params(model)),
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
@@ -167,7 +171,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         result["breakdown"] = _step_breakdown(model, optimizer, x[0], y[0], steps, result["step_s_median"] / k)
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
-                           model_cfg.compute_dtype))
+                           result["compute_dtype"]))
     log(_train_report(result))
     return result
 
