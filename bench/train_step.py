@@ -151,11 +151,9 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     losses, stats = jax.device_get(out)
     result: dict[str, Any] = {
         **_environment(name),
-        **to_dict(model_cfg),  # every model.json key, speed options included
-        # the matmuls' dtype as run ("auto" resolved on this backend), and as asked
-        "compute_dtype": model.ops.compute_dtype, "compute_dtype_requested": model_cfg.compute_dtype,
+        **to_dict(model_cfg), "compute_dtype": model.ops.compute_dtype,  # model.json's keys; dtype as run ("auto" resolved)
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
-        "params": int(count_params(model)),
+        "params": int(count_params(model)), "compute_dtype_requested": model_cfg.compute_dtype,
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
         **_timings(first["first_step_s"], step_times, k * B * T),
         "loss_last": float(np.mean(losses)), "grad_norm_last": float(stats["grad_norm"]),
