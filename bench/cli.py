@@ -3,7 +3,7 @@
     uv run -m bench data                                  # runs/gpt2-small's batches, synthetic shards
     uv run -m bench data --run runs/shakespeare --seconds 10 --json data.json
     uv run -m bench data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
-    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab too)
+    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab, nano-cpu too)
     uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
     uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch: fp32/fp32, bf16/bf16
