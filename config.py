@@ -43,7 +43,8 @@ class ModelConfig:
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
     # How it runs (the same function whatever is chosen here; see README "Performance"):
     # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (ops.py).
+    compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     # "auto": cuDNN flash attention on GPU with bfloat16, XLA's on other accelerators, per_head on CPU.
     attention: Literal["auto", "xla", "cudnn", "per_head"] = "auto"
     remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
@@ -53,9 +54,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
         _positive(self, MODEL_FILE, "loss_chunk", optional=True)
-        if self.attention == "cudnn" and self.compute_dtype != "bfloat16":
+        if self.attention == "cudnn" and self.compute_dtype == "float32":
             raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs compute_dtype='bfloat16' "
-                              f"(got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel")
+                              f"(or 'auto'; got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel")
         if self.architecture == "gpt2":
             _positive(self, MODEL_FILE, "n_layers")
             if self.emb_dim % self.n_heads:

@@ -75,3 +75,56 @@ def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callabl
             att = dropout(att)
         heads.append(einsum("bts,bsd->btd", att, v[:, :, h]))  # (B, T, D)
     return jnp.concatenate(heads, axis=-1)  # (B, T, C)
+
+
+# /proc/cpuinfo flags that mean the CPU multiplies bfloat16 natively (a bf16 dot-product
+# instruction), which XLA:CPU's bf16 kernels then use: AVX512_BF16 (Intel Cooper Lake and later,
+# AMD Zen 4 and later) and AMX-BF16 (Intel Sapphire Rapids and later).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The first processor's /proc/cpuinfo flags (`cpuinfo`: that file's text, read here if not
+    given); none where there is no /proc/cpuinfo (macOS, Windows)."""
+    return frozenset(_first_processor(cpuinfo).get("flags", "").split())
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
+    """The CPU's model name and the flags that decide its matmul paths (what `bench compare`
+    states), from /proc/cpuinfo as `cpu_flags`; model None where it is not known."""
+    fields = _first_processor(cpuinfo)
+    flags = frozenset(fields.get("flags", "").split())
+    return {"model": fields.get("model name"), "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags, "amx_tile": "amx_tile" in flags, "native_bf16": native_bf16(flags)}
+
+
+def _first_processor(cpuinfo: str | None) -> dict[str, str]:
+    """The `key: value` fields of /proc/cpuinfo's first processor block: every core of one
+    machine is the same."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def native_bf16(flags: frozenset[str] | set[str]) -> bool:
+    """Whether a CPU with these /proc/cpuinfo flags has native bfloat16 dot products."""
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def auto_compute_dtype(flags: frozenset[str] | set[str]) -> str:
+    """model.json compute_dtype "auto" on a CPU with these flags: bfloat16 matmuls where the CPU
+    multiplies bfloat16 natively (faster at the same loss, README "Performance"), float32
+    elsewhere (a bfloat16 dot there has no native instruction to run on)."""
+    return "bfloat16" if native_bf16(flags) else "float32"

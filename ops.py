@@ -8,6 +8,10 @@ model.py calls three operations and nothing else that depends on the hardware:
 
 `select(cfg, backend)` decides, once per model config and backend, how they run:
 
+- compute_dtype "auto" resolves here, once, on the backend the model is built for
+  (`resolve_compute_dtype`): bfloat16 on GPU / TPU and on a CPU with native bfloat16 dot
+  products (cpu_kernels.auto_compute_dtype: the AVX512_BF16 or AMX-BF16 flags), float32 on
+  other CPUs. `Ops.compute_dtype` is the resolved one; the trainer records it in meta.json.
 - every backend: with compute_dtype "bfloat16" each matmul multiplies bfloat16 operands into a
   float32 result (float32 accumulation), in the forward pass and in both backward products, as
   torch.autocast does; parameters, activations, LayerNorm, softmax and the loss stay float32.
@@ -101,7 +105,7 @@ class Ops:
     """
 
     backend: str  # the JAX platform it was chosen for: "cpu", "gpu", "tpu", ...
-    compute_dtype: str  # model.json compute_dtype: the matmul operands' dtype
+    compute_dtype: str  # the matmul operands' dtype: model.json compute_dtype, "auto" resolved
     attention_kernel: str  # "cudnn", "xla" or "per_head" (model.json attention, resolved)
     product: Product = plain_product  # the backward products of a bfloat16 matmul
     rows_dense: bool = False  # dense layers on (N, K) rows: flatten the leading axes first
@@ -146,6 +150,17 @@ class Ops:
         return causal_attention(q, k, v, self.einsum, dropout)
 
 
+def resolve_compute_dtype(requested: str, backend: str, cpu_flags: frozenset[str] | None = None) -> str:
+    """model.json compute_dtype on `backend`: "auto" becomes bfloat16 on accelerators (their
+    matmul units are bfloat16 ones) and, on a CPU, what cpu_kernels.auto_compute_dtype says for
+    its flags (`cpu_flags`: default this machine's /proc/cpuinfo)."""
+    if requested != "auto":
+        return requested
+    if backend != "cpu":
+        return "bfloat16"
+    return cpu_kernels.auto_compute_dtype(cpu_kernels.cpu_flags() if cpu_flags is None else cpu_flags)
+
+
 def attention_kernel(cfg: ModelConfig, backend: str) -> str:
     """The kernel model.json's `attention` resolves to on `backend`; bad choices are ConfigErrors."""
     if cfg.attention == "per_head" and backend != "cpu":
@@ -163,7 +178,7 @@ def attention_kernel(cfg: ModelConfig, backend: str) -> str:
         return cfg.attention
     if backend == "cpu":
         return "per_head"
-    if backend == "gpu" and cfg.compute_dtype == "bfloat16":
+    if backend == "gpu" and resolve_compute_dtype(cfg.compute_dtype, backend) == "bfloat16":
         reason = _cudnn_unavailable(cfg)
         if not reason:
             return "cudnn"
@@ -201,6 +216,7 @@ def select(cfg: ModelConfig, backend: str | None = None) -> Ops:
     """
     backend = backend or jax.default_backend()
     kernel = attention_kernel(cfg, backend)
+    dtype = resolve_compute_dtype(cfg.compute_dtype, backend)
     if backend == "cpu":
-        return Ops(backend, cfg.compute_dtype, kernel, product=cpu_kernels.bf16_product, rows_dense=True)
-    return Ops(backend, cfg.compute_dtype, kernel)
+        return Ops(backend, dtype, kernel, product=cpu_kernels.bf16_product, rows_dense=True)
+    return Ops(backend, dtype, kernel)

@@ -86,12 +86,14 @@ class Trainer:
         self.schedule = make_schedule(self.cfg, run.total_steps)
 
         try:  # model.json's choices this backend cannot run, before anything is built
-            ops.select(self.mcfg)
+            self.compute_dtype = ops.select(self.mcfg).compute_dtype  # "auto" resolved, on this backend
         except ConfigError as e:
             raise ConfigError(f"{run.run_dir}/{e}") from None
         if run.hellaswag is not None and jax.process_count() > 1:  # its batches are one process's arrays
             raise ConfigError(f"{run.run_dir}/train.json: hellaswag_interval works in single-process runs only; "
                               f"score checkpoints with evaluate.py --hellaswag instead")
+        if self.mcfg.compute_dtype == "auto":
+            self.log(f"compute_dtype auto -> {self.compute_dtype} on {jax.default_backend()}")
 
         def build() -> tuple[Any, Any]:
             model = build_model(self.mcfg, seed=self.cfg.seed)
@@ -113,7 +115,7 @@ class Trainer:
             self.log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
         self.step = StepRunner(self.model, self.optimizer)  # self.model/optimizer are stale until step.sync()
         self.flops_per_token = mfu.flops_per_token(self.mcfg, self.cfg.seq_len(self.mcfg))
-        self.peak_flops, self.peak_source = mfu.peak_flops(self.mcfg.compute_dtype)
+        self.peak_flops, self.peak_source = mfu.peak_flops(self.compute_dtype)  # the dtype as run
         self.profile = Profile(run.run_dir, profile, self.start) if profile is not None else None
 
     def log(self, text: str) -> None:
@@ -323,6 +325,7 @@ class Trainer:
             "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
             "elapsed_s": self.elapsed,
             "mesh": dict(self.mesh.shape) | {"processes": jax.process_count()},
+            "compute_dtype": self.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
             "data_position": {"next_step": done, "microbatches_consumed": done * self.k,
                               "sequences_consumed": done * self.k * cfg.microbatch_size,
                               "epoch": self.run.train_batches.epoch_of(done, self.k),

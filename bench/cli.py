@@ -3,10 +3,10 @@
     uv run -m bench data                                  # runs/gpt2-small's batches, synthetic shards
     uv run -m bench data --run runs/shakespeare --seconds 10 --json data.json
     uv run -m bench data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
-    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab too)
+    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab, nano-cpu too)
     uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
-    uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch, per config
+    uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch: fp32/fp32, bf16/bf16
     uv run -m bench generate --batch-size 4                   # KV-cache sampling vs full forward (GPT-2 124M shape)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.compare import TORCH_PYTHON, TORCH_REFERENCE, bench_compare
+from bench.compare import DTYPES, TORCH_PYTHON, TORCH_REFERENCE, bench_compare
 from bench.loader import bench_data
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
@@ -139,8 +139,12 @@ def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows", type=int, default=5, help="timed windows, both sides (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="alternate ours/torch this many times per config; medians of the rounds (default: %(default)s)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES),
+                        help="the columns: our compute_dtype against torch without (float32) or with --bf16 "
+                             "(bfloat16: torch.autocast) (default: %(default)s)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a model.json key on our side, e.g. --model compute_dtype=bfloat16 (repeatable)")
+                        help="override a model.json key on our side, e.g. --model attention=xla (repeatable; "
+                             "compute_dtype is the column's)")
 
 
 def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,8 +152,13 @@ def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [c for c in configs if c not in REFERENCE_CONFIGS]
     if unknown or not configs:
         raise BenchError(f"--configs {args.configs!r}: known configs are {', '.join(sorted(REFERENCE_CONFIGS))}")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if not dtypes or any(d not in DTYPES for d in dtypes):
+        raise BenchError(f"--dtypes {args.dtypes!r}: expected some of {','.join(DTYPES)}")
+    if args.rounds < 1:
+        raise BenchError(f"--rounds {args.rounds}: expected >= 1")
     return bench_compare(configs, torch_python=args.torch_python, reference=args.reference, steps=args.steps,
-                         windows=args.windows, rounds=args.rounds, model=args.model)
+                         windows=args.windows, rounds=args.rounds, model=args.model, dtypes=dtypes)
 
 
 # ----------------------------------------------------------------------------- generate

@@ -1,9 +1,14 @@
-"""`uv run -m bench compare`: our training step against PyTorch's on the same shapes.
+"""`uv run -m bench compare`: our training step against PyTorch's, like for like, on the same shapes.
 
-Runs `uv run -m bench train --config X` and torch_reference.py --config X (eager PyTorch, in its
-own venv) in fresh processes, alternating --rounds times per config, and reports ours / torch
-of the medians with the 1-minute load average at each start. The reference script is not part
-of this repository: --reference names it (default: $JAXGPT_TORCH_REFERENCE, else
+Two columns per config: ours float32 vs torch float32, and ours bfloat16 (`compute_dtype:
+"bfloat16"`: bf16 matmul operands, float32 accumulation and master weights) vs torch
+`--bf16` (`torch.autocast("cpu", bfloat16)` over float32 weights). Each run is a fresh process
+(`uv run -m bench train --config X --model compute_dtype=D` against torch_reference.py
+--config X [--bf16], in its own venv), alternated ours, torch, ours, torch ... --rounds times per
+config, so a change in the machine's load hits both sides; each ratio is of the medians over the
+rounds, with the 1-minute load average at each start. The output names the CPU (model name and
+its AVX-512 / AVX512_BF16 / AMX flags from /proc/cpuinfo). The reference script is not part of
+this repository: --reference names it (default: $JAXGPT_TORCH_REFERENCE, else
 ../shared/bench/torch_reference.py beside the checkout), --torch-python its venv's python.
 """
 
@@ -20,79 +25,132 @@ from typing import Any
 
 import numpy as np
 
+import cpu_kernels
 from bench.train_step import BenchError
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_REFERENCE = Path(os.environ.get("JAXGPT_TORCH_REFERENCE", ROOT.parent / "shared" / "bench" / "torch_reference.py"))
 TORCH_PYTHON = Path.home() / "torchref" / "bin" / "python"
+DTYPES = ("float32", "bfloat16")  # the columns: our compute_dtype, and torch without / with --bf16
+SIDES = ("ours", "torch")
+
+# (side, config, dtype, json path) -> that run's figures (a bench train JSON, or the reference's row)
+Runner = Callable[[str, str, str, Path], dict[str, Any]]
+
+
+def plan(configs: list[str], dtypes: list[str], rounds: int) -> list[tuple[str, str, int, str]]:
+    """The runs in the order they are made: (config, dtype, round, side), the two sides of a
+    pair back to back, every dtype in each round, rounds in turn."""
+    return [(name, dtype, rnd, side) for name in configs for rnd in range(rounds) for dtype in dtypes for side in SIDES]
+
+
+def subprocess_runner(*, torch_python: Path, reference: Path, steps: int, windows: int,
+                      model: list[str]) -> Runner:
+    """Runs each side as a fresh process and reads its --json figures."""
+    def run(side: str, name: str, dtype: str, out: Path) -> dict[str, Any]:
+        if side == "ours":
+            cmd = [sys.executable, "-m", "bench", "train", "--config", name, "--steps", str(steps),
+                   "--windows", str(windows), "--json", str(out), f"--model=compute_dtype={dtype}",
+                   *[f"--model={m}" for m in model]]
+        else:
+            cmd = [str(torch_python), str(reference), "--config", name, "--windows", str(windows),
+                   "--steps-per-window", str(steps), "--json", str(out), *(["--bf16"] if dtype == "bfloat16" else [])]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+        if done.returncode != 0:
+            raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
+        figures = json.loads(out.read_text())
+        return figures[0] if side == "torch" else figures  # the reference writes a list of configs
+
+    return run
 
 
 def bench_compare(configs: list[str], *, torch_python: Path = TORCH_PYTHON, reference: Path = TORCH_REFERENCE,
                   steps: int = 10, windows: int = 5, rounds: int = 1, model: list[str] | None = None,
+                  dtypes: list[str] | None = None, runner: Runner | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Ours (with `model` KEY=VALUE overrides, as `train --model`) vs the torch reference per config, alternating fresh processes (ours, torch) `rounds`
-    times so that a change in the machine's load hits both; the ratio is of the medians."""
-    if not Path(torch_python).exists():
-        raise BenchError(f"{torch_python} not found: set up the reference once with `python3 -m venv "
-                         f"$HOME/torchref && $HOME/torchref/bin/pip install torch==2.13.0 numpy` "
-                         f"(or pass --torch-python)")
-    if not Path(reference).exists():
-        raise BenchError(f"{reference} not found (pass --reference)")
-    results = []
+    """Ours (with `model` KEY=VALUE overrides, as `train --model`) vs the torch reference, per
+    config and dtype, in the order of `plan`; the figures `--json` writes."""
+    dtypes = list(dtypes or DTYPES)
+    model = list(model or [])
+    if any(item.partition("=")[0] == "compute_dtype" for item in model):
+        raise BenchError("--model compute_dtype=...: compare sets it per column (float32 and bfloat16); use --dtypes")
+    if runner is None:
+        if not Path(torch_python).exists():
+            raise BenchError(f"{torch_python} not found: set up the reference once with `python3 -m venv "
+                             f"$HOME/torchref && $HOME/torchref/bin/pip install torch==2.13.0 numpy` "
+                             f"(or pass --torch-python)")
+        if not Path(reference).exists():
+            raise BenchError(f"{reference} not found (pass --reference)")
+        runner = subprocess_runner(torch_python=torch_python, reference=reference, steps=steps, windows=windows,
+                                   model=model)
+    cpu = cpu_kernels.cpu_info()
+    log(cpu_line(cpu))
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
-        for name in configs:
-            ours_runs, torch_runs = [], []
-            for rnd in range(rounds):
-                load = os.getloadavg()
-                out = Path(tmp) / f"ours-{name}-{rnd}.json"
-                cmd = [sys.executable, "-m", "bench", "train", "--config", name, "--steps", str(steps),
-                       "--windows", str(windows), "--json", str(out), *[f"--model={m}" for m in model or []]]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
-                if done.returncode != 0:
-                    raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
-                ours = json.loads(out.read_text())
-                ours["load_avg_at_start"] = list(load)
-                ours_runs.append(ours)
-                load = os.getloadavg()
-                out = Path(tmp) / f"torch-{name}-{rnd}.json"
-                cmd = [str(torch_python), str(reference), "--config", name, "--windows", str(windows),
-                       "--steps-per-window", str(steps), "--json", str(out)]
-                done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
-                theirs = json.loads(out.read_text())[0]
-                theirs["load_avg_at_start"] = list(load)
-                torch_runs.append(theirs)
-                log(f"{name} round {rnd + 1}/{rounds}: ours {ours['tokens_per_s_median']:,.0f} tokens/s "
-                    f"(load {ours['load_avg_at_start'][0]:.2f}), torch {theirs['tokens_per_s_median']:,.0f} "
-                    f"(load {theirs['load_avg_at_start'][0]:.2f})")
-            ours_med = float(np.median([r["tokens_per_s_median"] for r in ours_runs]))
-            torch_med = float(np.median([r["tokens_per_s_median"] for r in torch_runs]))
-            results.append({"config": name, "ours_tokens_per_s": ours_med, "torch_tokens_per_s": torch_med,
-                            "ratio": ours_med / torch_med,
-                            "ours_min": min(r["tokens_per_s_min"] for r in ours_runs),
-                            "ours_max": max(r["tokens_per_s_max"] for r in ours_runs),
-                            "torch_min": min(r["tokens_per_s_min"] for r in torch_runs),
-                            "torch_max": max(r["tokens_per_s_max"] for r in torch_runs),
-                            "ours_first_step_s": float(np.median([r["first_step_s"] for r in ours_runs])),
-                            "ours_mfu": float(np.median([r["mfu"] for r in ours_runs])),
-                            "ours_compute_dtype": ours_runs[0]["compute_dtype"],
-                            "ours_host_rss_peak_mib": max(r["host_rss_peak_mib"] for r in ours_runs),
-                            "load_avg": [r["load_avg_at_start"][0] for pair in zip(ours_runs, torch_runs)
-                                         for r in pair],
-                            "ours": ours_runs, "torch": torch_runs})
-    log(_compare_report(results, torch_runs[0] if results else {}))
-    return {"steps_per_window": steps, "windows": windows, "rounds": rounds, "results": results}
+        for name, dtype, rnd, side in plan(configs, dtypes, rounds):
+            load = os.getloadavg()
+            figures = runner(side, name, dtype, Path(tmp) / f"{side}-{name}-{dtype}-{rnd}.json")
+            figures["load_avg_at_start"] = list(load)
+            runs.setdefault((name, dtype, side), []).append(figures)
+            log(f"{name} {dtype} round {rnd + 1}/{rounds}: {side} {figures['tokens_per_s_median']:,.0f} tokens/s "
+                f"(load {load[0]:.2f})")
+    results = summarize(runs, configs, dtypes)
+    torch_info = next((r for rs in runs.values() for r in rs if "torch" in r), {})
+    log(compare_report(results, dtypes, cpu, torch_info, rounds))
+    return {"cpu": cpu, "torch": torch_info.get("torch"), "torch_threads": torch_info.get("threads"),
+            "steps_per_window": steps, "windows": windows, "rounds": rounds, "dtypes": dtypes, "model": model,
+            "results": results}
 
 
-def _compare_report(results: list[dict[str, Any]], torch_info: dict[str, Any]) -> str:
-    lines = [f"ours (JAX, this harness's train_step) vs torch {torch_info.get('torch', '?')} "
-             f"(eager, {torch_info.get('threads', '?')} threads); tokens/s medians [min-max]",
-             f"  {'config':>11} {'ours':>24} {'torch':>24} {'ratio':>6} {'1st step s':>10} {'MFU':>6}  load averages (1 min, at each start)"]
+def summarize(runs: dict[tuple[str, str, str], list[dict[str, Any]]], configs: list[str],
+              dtypes: list[str]) -> list[dict[str, Any]]:
+    """One row per config, one entry per dtype: the medians of the rounds and their ratio."""
+    results = []
+    for name in configs:
+        row: dict[str, Any] = {"config": name}
+        for dtype in dtypes:
+            ours, theirs = runs[(name, dtype, "ours")], runs[(name, dtype, "torch")]
+            ours_med = float(np.median([r["tokens_per_s_median"] for r in ours]))
+            torch_med = float(np.median([r["tokens_per_s_median"] for r in theirs]))
+            row[dtype] = {
+                "ours_tokens_per_s": ours_med, "torch_tokens_per_s": torch_med, "ratio": ours_med / torch_med,
+                "ours_min": min(r["tokens_per_s_min"] for r in ours), "ours_max": max(r["tokens_per_s_max"] for r in ours),
+                "torch_min": min(r["tokens_per_s_min"] for r in theirs),
+                "torch_max": max(r["tokens_per_s_max"] for r in theirs),
+                "ours_first_step_s": float(np.median([r["first_step_s"] for r in ours])),
+                "ours_mfu": float(np.median([r["mfu"] for r in ours])) if all("mfu" in r for r in ours) else None,
+                "ours_compute_dtype": ours[0].get("compute_dtype"),
+                "torch_autocast_bf16": theirs[0].get("autocast_bf16"),
+                "ours_host_rss_peak_mib": max(r.get("host_rss_peak_mib", 0.0) for r in ours),
+                # in the order the runs started: ours, torch, ours, torch, ...
+                "load_avg": [r["load_avg_at_start"][0] for pair in zip(ours, theirs) for r in pair],
+                "ours": ours, "torch": theirs}
+        results.append(row)
+    return results
+
+
+def cpu_line(cpu: dict[str, Any]) -> str:
+    yes = {True: "yes", False: "no"}
+    return (f"CPU: {cpu['model'] or 'unknown'} ({os.cpu_count()} CPUs; AVX-512 {yes[bool(cpu['avx512f'])]}, "
+            f"AVX512_BF16 {yes[bool(cpu['avx512_bf16'])]}, AMX-BF16 {yes[bool(cpu['amx_bf16'])]})")
+
+
+def compare_report(results: list[dict[str, Any]], dtypes: list[str], cpu: dict[str, Any],
+                   torch_info: dict[str, Any], rounds: int) -> str:
+    short = {"float32": "fp32", "bfloat16": "bf16"}
+    lines = [cpu_line(cpu),
+             f"ours (JAX, this harness's train_step) vs torch {torch_info.get('torch', '?')} (eager, "
+             f"{torch_info.get('threads', '?')} threads; bf16 = torch.autocast): tokens/s, medians of {rounds} "
+             f"round(s) [min-max over every window]",
+             f"  {'config':>11}" + "".join(f" {short[d] + ' ours':>24} {short[d] + ' torch':>24} {'ratio':>6}"
+                                           for d in dtypes) + "  load averages (1 min, at each start)"]
     for r in results:
-        lines.append(
-            f"  {r['config']:>11} {r['ours_tokens_per_s']:>9,.0f} [{r['ours_min']:,.0f}-{r['ours_max']:,.0f}]".ljust(38)
-            + f"{r['torch_tokens_per_s']:>9,.0f} [{r['torch_min']:,.0f}-{r['torch_max']:,.0f}]".rjust(24)
-            + f" {r['ratio']:>6.2f} {r['ours_first_step_s']:>10.1f} {100 * r['ours_mfu']:>5.1f}%  "
-            + " ".join(f"{v:.1f}" for v in r["load_avg"]))
+        cells = []
+        for d in dtypes:
+            c = r[d]
+            cells.append(f" {c['ours_tokens_per_s']:>8,.0f} [{c['ours_min']:,.0f}-{c['ours_max']:,.0f}]".rjust(25)
+                         + f" {c['torch_tokens_per_s']:>8,.0f} [{c['torch_min']:,.0f}-{c['torch_max']:,.0f}]".rjust(25)
+                         + f" {c['ratio']:>6.2f}")
+        loads = " | ".join(" ".join(f"{v:.1f}" for v in r[d]["load_avg"]) for d in dtypes)
+        lines.append(f"  {r['config']:>11}" + "".join(cells) + "  " + loads)
     return "\n".join(lines)

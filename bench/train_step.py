@@ -25,10 +25,12 @@ from config import ConfigError, ModelConfig, TrainConfig, to_dict
 from mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
 from mfu import flops_per_token as train_flops_per_token
 
+# name: (vocab, context, layers, heads, dims, batch), as torch_reference.py's CONFIGS | EXTRA_CONFIGS
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "char-tiny": (65, 256, 6, 6, 384, 8),
     "cpu-small": (256, 128, 4, 4, 128, 16),
     "gpt2-vocab": (50304, 256, 4, 4, 256, 4),
+    "nano-cpu": (257, 64, 4, 4, 128, 12),  # nanoGPT's README CPU recipe on bytes (the reference's EXTRA_CONFIGS)
 }
 
 
@@ -131,9 +133,9 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     losses, stats = jax.device_get(out)
     result: dict[str, Any] = {
         **_environment(name),
-        **to_dict(model_cfg),  # every model.json key, speed options included
+        **to_dict(model_cfg), "compute_dtype": model.ops.compute_dtype,  # model.json's keys; dtype as run ("auto" resolved)
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
-        "params": int(count_params(model)),
+        "params": int(count_params(model)), "compute_dtype_requested": model_cfg.compute_dtype,
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
         **_timings(first["first_step_s"], step_times, k * B * T),
         "loss_last": float(np.mean(losses)), "grad_norm_last": float(stats["grad_norm"]),
@@ -149,7 +151,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         result["breakdown"] = _step_breakdown(model, optimizer, x[0], y[0], steps, result["step_s_median"] / k)
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
-                           model_cfg.compute_dtype))
+                           result["compute_dtype"]))
     log(_train_report(result))
     return result
 

@@ -72,18 +72,82 @@ def test_bench_train_runs(tmp_path: Path) -> None:
 
 
 def test_reference_configs_match_torch_reference() -> None:
-    """--config shapes are torch_reference.py's CONFIGS, read from the file (torch is not imported)."""
+    """--config shapes are torch_reference.py's CONFIGS and EXTRA_CONFIGS, read from the file (torch is not imported)."""
     if not compare.TORCH_REFERENCE.exists():
         pytest.skip(f"{compare.TORCH_REFERENCE} not here")
     tree = ast.parse(compare.TORCH_REFERENCE.read_text())
-    configs = next(ast.literal_eval(node.value) for node in tree.body
-                   if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CONFIGS" for t in node.targets))
-    assert configs == train_step.REFERENCE_CONFIGS
-    model, train = train_step.reference_configs("gpt2-vocab")
-    assert (model.vocab_size, model.context_length, model.n_layers, model.n_heads, model.emb_dim,
-            train.microbatch_size) == configs["gpt2-vocab"]
+    configs = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("CONFIGS", "EXTRA_CONFIGS") for t in node.targets):
+            configs |= ast.literal_eval(node.value)
+    assert configs == train_step.REFERENCE_CONFIGS and "nano-cpu" in configs
+    for name in ("gpt2-vocab", "nano-cpu"):
+        model, train = train_step.reference_configs(name)
+        assert (model.vocab_size, model.context_length, model.n_layers, model.n_heads, model.emb_dim,
+                train.microbatch_size) == configs[name]
+        assert train.seq_len(model) == configs[name][1]
     assert model.tie_embeddings and model.qkv_bias and model.drop_rate == 0.0
     assert train.gradient_accumulation_steps == 1 and train.clipping_max_norm == 1.0
+
+
+def _fake_runner(calls: list[tuple[str, str, str]]) -> compare.Runner:
+    """Figures as the two sides write them: ours 100 + round tokens/s in float32 and 300 in bfloat16, torch 50 / 100."""
+    def run(side: str, name: str, dtype: str, out: Path) -> dict:
+        calls.append((side, name, dtype))
+        rate = {("ours", "float32"): 100.0, ("ours", "bfloat16"): 300.0,
+                ("torch", "float32"): 50.0, ("torch", "bfloat16"): 100.0}[side, dtype]
+        rate += sum(1 for c in calls if c == (side, name, dtype)) - 1  # rounds differ: 100, 101, 102
+        figures = {"tokens_per_s_median": rate, "tokens_per_s_min": rate - 1, "tokens_per_s_max": rate + 1}
+        if side == "ours":
+            return figures | {"first_step_s": 1.0, "mfu": 0.5, "compute_dtype": dtype, "host_rss_peak_mib": 10.0}
+        return figures | {"torch": "2.x", "threads": 2, "autocast_bf16": dtype == "bfloat16"}
+
+    return run
+
+
+def test_compare_pairs_like_with_like() -> None:
+    """Each ours run is followed by torch's of the same config and dtype; each column is a ratio of medians."""
+    calls: list[tuple[str, str, str]] = []
+    lines: list[str] = []
+    r = compare.bench_compare(["cpu-small", "nano-cpu"], rounds=3, runner=_fake_runner(calls), log=lines.append)
+    assert calls[:4] == [("ours", "cpu-small", "float32"), ("torch", "cpu-small", "float32"),
+                         ("ours", "cpu-small", "bfloat16"), ("torch", "cpu-small", "bfloat16")]
+    assert len(calls) == 2 * 3 * 2 * 2 and calls[-1] == ("torch", "nano-cpu", "bfloat16")
+    assert [row["config"] for row in r["results"]] == ["cpu-small", "nano-cpu"]
+    fp32, bf16 = r["results"][0]["float32"], r["results"][0]["bfloat16"]
+    assert fp32["ratio"] == pytest.approx(101 / 51) and bf16["ratio"] == pytest.approx(301 / 101)
+    assert (fp32["ours_min"], fp32["ours_max"], fp32["torch_max"]) == (99, 103, 53)
+    assert bf16["torch_autocast_bf16"] and not fp32["torch_autocast_bf16"] and bf16["ours_compute_dtype"] == "bfloat16"
+    assert len(fp32["load_avg"]) == 6 and r["rounds"] == 3 and r["dtypes"] == ["float32", "bfloat16"]
+    assert set(r["cpu"]) >= {"model", "avx512f", "avx512_bf16", "amx_bf16"}
+    report = lines[-1]
+    assert report.startswith("CPU: ") and "fp32 ours" in report and "bf16 torch" in report and "1.98" in report
+    assert "2.98" in report
+    json.dumps(r)  # what --json writes
+    one = compare.bench_compare(["cpu-small"], dtypes=["bfloat16"], runner=_fake_runner([]), log=lines.append)
+    assert set(one["results"][0]) == {"config", "bfloat16"}
+    with pytest.raises(train_step.BenchError, match="per column"):
+        compare.bench_compare(["cpu-small"], model=["compute_dtype=float32"], runner=_fake_runner([]))
+
+
+def test_compare_cli_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--configs, --rounds, --dtypes and --model reach bench_compare; --json writes its figures."""
+    seen: dict = {}
+
+    def fake(configs: list[str], **kwargs: object) -> dict:
+        seen.update(kwargs, configs=configs)
+        return {"results": [], "configs": configs}
+
+    monkeypatch.setattr(cli, "bench_compare", fake)
+    out = tmp_path / "c.json"
+    assert cli.main(["compare", "--configs", "nano-cpu,char-tiny", "--rounds", "3", "--dtypes", "bfloat16",
+                     "--model", "attention=xla", "--json", str(out)]) == 0
+    assert seen["configs"] == ["nano-cpu", "char-tiny"] and seen["rounds"] == 3 and seen["dtypes"] == ["bfloat16"]
+    assert seen["model"] == ["attention=xla"] and json.loads(out.read_text())["configs"] == ["nano-cpu", "char-tiny"]
+    assert cli.main(["compare"]) == 0 and seen["configs"] == sorted(train_step.REFERENCE_CONFIGS)
+    assert seen["dtypes"] == ["float32", "bfloat16"]
+    for bad in (["--dtypes", "float16"], ["--configs", "nano-cpu,nope"], ["--rounds", "0"]):
+        assert cli.main(["compare", *bad]) == 2, bad
 
 
 def test_train_and_compare_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

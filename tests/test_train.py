@@ -16,7 +16,9 @@ from safetensors.numpy import load_file
 import checkpointing as ckpt
 import test_a_to_a
 import test_generation
+import ops
 import train
+from config import ModelConfig
 from charts import load_history
 from conftest import ROOT, wait_for_step, write_run
 
@@ -165,8 +167,15 @@ def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path:
     assert run_main(run, data_root) == 0
     assert "compute_dtype='bfloat16'" in capsys.readouterr().out
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 3
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["compute_dtype"] == "bfloat16"
+    # "auto" resolves once, on this backend, and the run records what it resolved to.
+    write_run(run, {**A_TO_A_MODEL, "compute_dtype": "auto"}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    assert run_main(run, data_root) == 0
+    resolved = ops.select(ModelConfig(**A_TO_A_MODEL, compute_dtype="auto")).compute_dtype
+    assert resolved in ("float32", "bfloat16") and f"compute_dtype auto -> {resolved} on cpu" in capsys.readouterr().out
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["compute_dtype"] == resolved
     # scan_layers changes the optimiser state's layout: refused, in one line, before compiling.
-    write_run(run, {**A_TO_A_MODEL, "scan_layers": True}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    write_run(run, {**A_TO_A_MODEL, "scan_layers": True}, {**A_TO_A_TRAIN, "train_steps": 5, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 2
     assert "scan_layers=True" in capsys.readouterr().err
 
