@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
+import sources
 from data import DataError
 from tokenizer import Tokenizer
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILE = "hellaswag_val.jsonl"
 N_VAL = 10_042  # examples in the validation file: a download with any other count is refused
-_TIMEOUT_S = 30
 _MIN_BUCKET = 32
 
 
@@ -121,24 +118,15 @@ def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
                                  f"delete both to download it again")
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     log(f"downloading {VAL_URL} -> {dest}")
-    try:
-        with urllib.request.urlopen(VAL_URL, timeout=_TIMEOUT_S) as response, open(tmp, "wb") as f:
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
+
+    def check(tmp: Path) -> None:
         n = len(read_examples(tmp))
         if n != N_VAL:
             raise HellaSwagError(f"{VAL_URL}: {n} examples downloaded, expected {N_VAL}; the address may have changed")
         recorded.write_text(f"{_sha256(tmp)}  {VAL_FILE}\n")
-        os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError) as exc:  # HTTP errors, timeouts and DNS failures are OSErrors
-        reason = getattr(exc, "reason", None) or exc
-        raise HellaSwagError(f"cannot download {VAL_URL} ({type(exc).__name__}: {str(reason).splitlines()[0][:120]}); "
-                             f"fetch it where there is network access and put it at {dest}, "
-                             f"or pass --hellaswag-file <file>") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    sources.download(VAL_URL, dest, check=check, offline_hint="pass --hellaswag-file <file>", error=HellaSwagError)
     return dest
 
 

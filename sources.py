@@ -73,22 +73,32 @@ def _copy_atomic(source: Path, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _download(remote: RemoteFile, dest: Path) -> None:
+def download(url: str, dest: Path, *, check: Callable[[Path], None], offline_hint: str,
+             error: type[DataError] = DataError) -> None:
+    """url -> dest through a temporary name in dest's folder: `check(tmp)` raises on a wrong file
+    before the rename, so dest is the whole, checked file or absent. A network or file error is
+    one line naming the address and where to put the file by hand (`offline_hint`: what else works)."""
     tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     try:
-        with urllib.request.urlopen(remote.url, timeout=_DOWNLOAD_TIMEOUT_S) as response, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f, length=1 << 20)
-        if not _matches(tmp, remote):
-            raise DataError(f"{remote.url}: downloaded file is not the expected one (sha256 {_sha256(tmp)[:12]}..., "
-                            f"expected {remote.short_sha()}); the address may have changed")
+        check(tmp)
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError) as exc:  # URLError, HTTPError, timeouts and DNS failures are OSErrors
         reason = getattr(exc, "reason", None) or exc
-        raise DataError(f"cannot download {remote.url} ({type(exc).__name__}: {str(reason).splitlines()[0][:120]}); "
-                        f"fetch it where there is network access and put it at {dest}, or pass "
-                        f"--from <file> to download_dataset.py") from None
+        raise error(f"cannot download {url} ({type(exc).__name__}: {str(reason).splitlines()[0][:120]}); "
+                    f"fetch it where there is network access and put it at {dest}, or {offline_hint}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _download(remote: RemoteFile, dest: Path) -> None:
+    def check(tmp: Path) -> None:
+        if not _matches(tmp, remote):
+            raise DataError(f"{remote.url}: downloaded file is not the expected one (sha256 {_sha256(tmp)[:12]}..., "
+                            f"expected {remote.short_sha()}); the address may have changed")
+
+    download(remote.url, dest, check=check, offline_hint="pass --from <file> to download_dataset.py")
 
 
 def fetch_file(remote: RemoteFile, downloads: Path, *, from_path: Path | None,
