@@ -20,7 +20,6 @@ rename too. A kill at any instant therefore leaves the previous checkpoint compl
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
+from data import fsync, sha256  # noqa: F401 (checkpointing uses them from here)
 
 CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
@@ -222,11 +222,6 @@ def file_records(folder: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 # Hashed on every resume (the weights, and the small files); the optimiser state, three times the
 # weights' size, is checked by size only.
 _HASHED_ON_RESUME = (WEIGHTS, MODEL_FILE, TRAIN_FILE)
@@ -317,7 +312,7 @@ def point(root: Path, link_name: str, target: str) -> None:
         tmp.unlink()
     os.symlink(target, tmp)
     os.replace(tmp, root / link_name)
-    fsync_dir(root)
+    fsync(root)
 
 
 def remove_leftovers(root: Path) -> None:
@@ -329,19 +324,10 @@ def remove_leftovers(root: Path) -> None:
 
 
 def fsync_tree(path: Path) -> None:
+    """Every file and folder under path, so a checkpoint is on disk before `latest` points at it."""
     for dirpath, _dirs, files in os.walk(path):
         for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
+            fsync(Path(dirpath) / f)
+        fsync(Path(dirpath))
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

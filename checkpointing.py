@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 
 from checkpoint_files import (  # noqa: F401 - re-exported: the JAX-free half of this module's interface
     CHECKPOINTS, META, OPTIMIZER, WEIGHTS, CheckpointError, checkpoint_configs, checkpoints_dir, file_records,
-    fsync_dir, fsync_tree, latest_checkpoint, list_checkpoints, lowest_val_loss, move_aside, point, prune,
+    fsync, fsync_tree, latest_checkpoint, list_checkpoints, lowest_val_loss, move_aside, point, prune,
     read_configs, read_meta, remove_leftovers, repair_best, resolve_checkpoint, resolve_weights, set_aside,
     step_of, verify_checkpoint, write_json)
 from config import ModelConfig, TrainConfig
@@ -126,7 +126,7 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
             if final.exists():  # same step saved twice within one second: keep the newer one
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            fsync_dir(root)
+            fsync(root)
     except Exception as e:
         os_error = _os_error(e)
         if os_error is None:

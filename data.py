@@ -52,8 +52,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 # ----------------------------------------------------------------------------- writing
 
 
-def _fsync(path: Path) -> None:
-    # Without fsync a power cut after the rename could leave a manifest pointing at empty shards.
+def fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder: its entries, i.e. the renames into it). Without it a
+    power cut after a rename could leave a manifest (or a checkpoint's meta.json) pointing at
+    empty files."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -61,7 +63,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file (shards, checkpoints, downloads)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -160,8 +163,8 @@ class DatasetWriter:
         path = self.tmp / name
         save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype)}, str(path))
         os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
-        _fsync(path)
-        entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": _sha256(path), **extra}
+        fsync(path)
+        entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": sha256(path), **extra}
         if documents is not None:
             entry["documents"] = documents
         return self._record(split, entry, documents or 0)
@@ -178,8 +181,8 @@ class DatasetWriter:
     def commit(self) -> dict[str, Any]:
         manifest_path = self.tmp / MANIFEST
         manifest_path.write_text(json.dumps(self.manifest, indent=2) + "\n")
-        _fsync(manifest_path)
-        _fsync(self.tmp)
+        fsync(manifest_path)
+        fsync(self.tmp)
         old = None
         if self.path.exists():
             old = self.path.with_name(f"{self.path.name}.old-{os.getpid()}")
@@ -290,7 +293,7 @@ def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool) -> np.me
         raise DataError(f"{path}: tensor 'tokens' is {st_dtype}{shape}, manifest says {dtype.name}[{n}]")
     if size != 8 + header_len + end:
         raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
-    if verify and _sha256(path) != entry["sha256"]:
+    if verify and sha256(path) != entry["sha256"]:
         raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
     # Zero-copy: pages are read on demand and shared with the OS page cache.
     return np.memmap(path, dtype=dtype, mode="r", offset=8 + header_len + begin, shape=(n,))

@@ -24,7 +24,6 @@ device loop is evaluate.hellaswag_score, the compiled program step.ending_losses
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 import sources
-from data import DataError
+from data import DataError, sha256
 from tokenizer import Tokenizer
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -97,11 +96,6 @@ def read_examples(path: Path, limit: int | None = None) -> list[Example]:
     return examples
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
     """The validation file under `downloads`, downloaded once.
 
@@ -113,7 +107,7 @@ def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
     dest = Path(downloads) / VAL_FILE
     recorded = dest.with_name(dest.name + ".sha256")
     if dest.is_file():
-        if recorded.is_file() and recorded.read_text().split()[0] != _sha256(dest):
+        if recorded.is_file() and recorded.read_text().split()[0] != sha256(dest):
             raise HellaSwagError(f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
                                  f"delete both to download it again")
         return dest
@@ -124,7 +118,7 @@ def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
         n = len(read_examples(tmp))
         if n != N_VAL:
             raise HellaSwagError(f"{VAL_URL}: {n} examples downloaded, expected {N_VAL}; the address may have changed")
-        recorded.write_text(f"{_sha256(tmp)}  {VAL_FILE}\n")
+        recorded.write_text(f"{sha256(tmp)}  {VAL_FILE}\n")
 
     sources.download(VAL_URL, dest, check=check, offline_hint="pass --hellaswag-file <file>", error=HellaSwagError)
     return dest

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import DataError
+from data import DataError, sha256
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -54,14 +54,9 @@ TINYSHAKESPEARE = RemoteFile(
 )
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _matches(path: Path, remote: RemoteFile) -> bool:
     # The size check first: it is free and rejects partial copies without reading them.
-    return path.is_file() and path.stat().st_size == remote.size and _sha256(path) == remote.sha256
+    return path.is_file() and path.stat().st_size == remote.size and sha256(path) == remote.sha256
 
 
 def _copy_atomic(source: Path, dest: Path) -> None:
@@ -95,7 +90,7 @@ def download(url: str, dest: Path, *, check: Callable[[Path], None], offline_hin
 def _download(remote: RemoteFile, dest: Path) -> None:
     def check(tmp: Path) -> None:
         if not _matches(tmp, remote):
-            raise DataError(f"{remote.url}: downloaded file is not the expected one (sha256 {_sha256(tmp)[:12]}..., "
+            raise DataError(f"{remote.url}: downloaded file is not the expected one (sha256 {sha256(tmp)[:12]}..., "
                             f"expected {remote.short_sha()}); the address may have changed")
 
     download(remote.url, dest, check=check, offline_hint="pass --from <file> to download_dataset.py")

@@ -192,7 +192,7 @@ def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path,
     path = hellaswag.fetch_val(downloads, log=lambda _m: None)
     assert path.read_bytes() == jsonl.read_bytes()
     recorded = (downloads / "hellaswag_val.jsonl.sha256").read_text().split()[0]
-    assert recorded == hellaswag._sha256(jsonl)
+    assert recorded == hellaswag.sha256(jsonl)
     monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/x")
     assert hellaswag.fetch_val(downloads) == path  # downloaded once: no network the second time
     path.write_bytes(path.read_bytes()[:-10])  # truncated afterwards

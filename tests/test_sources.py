@@ -200,7 +200,7 @@ def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, mon
     text = "".join(f"Line {i}: {'to be or not ' * (i % 7)}\n" for i in range(997))
     (tmp_path / "input.txt").write_text(text)
     monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
-        "tinyshakespeare.txt", "http://127.0.0.1:9/input.txt", len(text), sources._sha256(tmp_path / "input.txt")))
+        "tinyshakespeare.txt", "http://127.0.0.1:9/input.txt", len(text), sources.sha256(tmp_path / "input.txt")))
     ds = open_dataset(dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
                                          log=log_to([])))
     n = len(text)
