@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.text.summary_v2 import text_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
 from checkpoint_files import METRICS_FILE, TENSORBOARD_DIR  # noqa: F401 (the run directory's layout)
 
 # tag: meaning. Per step unless said otherwise; the README's table is this one.
@@ -95,26 +99,18 @@ class TensorBoardLog:
     """Scalar and text events under runs/<name>/tensorboard/, one event file per session."""
 
     def __init__(self, logdir: Path, resume_step: int, flush_secs: float = 5.0) -> None:
-        from tensorboard.compat.proto import event_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        self.event_pb2 = event_pb2
         self.writer = EventFileWriter(str(logdir), flush_secs=flush_secs)
         # Whatever an interrupted session wrote past the checkpoint is discarded by the readers.
         self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=resume_step + 1,
                                               session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        from tensorboard.compat.proto import summary_pb2
-
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
                                              for tag, v in values.items() if v is not None])
-        self.writer.add_event(self.event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
     def text(self, step: int, tag: str, markdown: str) -> None:
-        from tensorboard.plugins.text.summary_v2 import text_pb
-
-        self.writer.add_event(self.event_pb2.Event(wall_time=time.time(), step=step, summary=text_pb(tag, markdown)))
+        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=text_pb(tag, markdown)))
 
     def flush(self) -> None:
         self.writer.flush()

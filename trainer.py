@@ -253,11 +253,11 @@ class Trainer:
             "train/loss": loss, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
             "optim/clipped": float(clip_flag(gn, self.cfg.clipping_max_norm)), "optim/skipped": float(dropped),
             "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_s,
-            "perf/mfu": mfu.mfu(tokens_per_s, self.flops_per_token, self.peak_flops)})
+            "perf/mfu": self.mfu_at(tokens_per_s)})
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(stats['learning_rate']):.2e}",
                              tok_s=f"{self.window.tokens_per_s(self.tokens_per_step):,.0f}",
-                             mfu=f"{100 * self.window_mfu():.1f}%", refresh=False)
+                             mfu=f"{100 * self.mfu_at(self.window.tokens_per_s(self.tokens_per_step)):.1f}%", refresh=False)
         return loss, stats
 
     def save(self, done: int, stats: dict[str, Any], val: float) -> None:
@@ -269,8 +269,9 @@ class Trainer:
             self.bar.write(self.progress_line(done, self.window, stats, val) + f" | saved {path.name}")
         self.window = Window()
 
-    def window_mfu(self) -> float:
-        return mfu.mfu(self.window.tokens_per_s(self.tokens_per_step), self.flops_per_token, self.peak_flops)
+    def mfu_at(self, tokens_per_s: float) -> float:
+        """Model FLOPs utilisation at this throughput (mfu.py: FLOPs per token and the peak)."""
+        return mfu.mfu(tokens_per_s, self.flops_per_token, self.peak_flops)
 
     def count_dropped(self, done: int, dropped: bool) -> None:
         """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
@@ -295,6 +296,7 @@ class Trainer:
 
     def meta(self, done: int, window: Window, stats: dict[str, Any], val: float, is_best: bool) -> dict[str, Any]:
         cfg, micro = self.cfg, np.asarray(window.micro_losses)
+        rates = [self.tokens_per_step / max(t, 1e-9) for t in window.step_times]  # per step, as logged
         return {
             "format": 1,
             "step": done,
@@ -320,7 +322,7 @@ class Trainer:
                                 "dropped_steps_total": self.dropped_total},
             "optimizer_steps_applied": int(stats["gradient_step"]),
             "throughput_tokens_per_s": window.tokens_per_s(self.tokens_per_step),
-            "mfu": mfu.mfu(window.tokens_per_s(self.tokens_per_step), self.flops_per_token, self.peak_flops),
+            "mfu": self.mfu_at(window.tokens_per_s(self.tokens_per_step)),
             "flops_per_token": self.flops_per_token,  # mfu.flops_per_token: 6N + 12 L T C
             "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
             "elapsed_s": self.elapsed,
@@ -336,8 +338,7 @@ class Trainer:
             "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
                        "grad_norm": window.grad_norms, "dropped": window.dropped,
                        "step_time_s": window.step_times,
-                       "tokens_per_s": (rates := [self.tokens_per_step / max(t, 1e-9) for t in window.step_times]),
-                       "mfu": [mfu.mfu(r, self.flops_per_token, self.peak_flops) for r in rates]},
+                       "tokens_per_s": rates, "mfu": [self.mfu_at(r) for r in rates]},
         }
 
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
@@ -345,7 +346,8 @@ class Trainer:
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clip_flag(gn, self.cfg.clipping_max_norm) else "")
         return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
                 f"val {val:.4f} ({self.val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | grad norm {gn_txt} | "
-                f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s | MFU {100 * self.window_mfu():.1f}%")
+                f"{window.tokens_per_s(self.tokens_per_step):,.0f} tok/s | "
+                f"MFU {100 * self.mfu_at(window.tokens_per_s(self.tokens_per_step)):.1f}%")
 
     def summary(self, seconds: float, last_loss: float) -> None:
         tokens = (self.run.total_steps - self.start) * self.tokens_per_step
