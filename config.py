@@ -50,6 +50,17 @@ class ModelConfig:
     remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
     scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
     loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
+    # The modern recipe's options (layers.py; README "Two recipes"), each on its own; the defaults are
+    # GPT-2's, and a model.json without these keys computes exactly what it always did:
+    positions: Literal["learned", "rotary"] = "learned"  # a learned (context, C) table, or rotary q/k
+    rope_base: float | None = None  # rotary's base; None = 10000 with positions "rotary" (refused with "learned")
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # every norm: blocks, final, embedding, QK
+    norm_scale: bool = True  # false: parameter-free norms (no learned scale)
+    embed_norm: bool = False  # a norm right after the token embedding
+    qk_norm: bool = False  # normalise queries and keys per head before their dot product
+    mlp: Literal["gelu", "relu2"] = "gelu"  # the MLP's activation: GPT-2's tanh GELU or ReLU squared
+    zero_init_proj: bool = False  # the attention and MLP output projections start at zero
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap), in float32; None = off
 
     def __post_init__(self) -> None:
         _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
@@ -70,6 +81,23 @@ class ModelConfig:
                               f"set qkv_bias to false")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
+        self._check_modern_options()
+
+    def _check_modern_options(self) -> None:
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ConfigError(f"{MODEL_FILE}: logit_softcap={self.logit_softcap} must be > 0 (or null: no cap)")
+        if self.positions == "learned" and self.rope_base is not None:
+            raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} is the rotary base, but positions='learned' "
+                              f"asks for a learned position table; set positions to 'rotary' or drop rope_base")
+        if self.positions == "rotary":
+            if self.rope_base is None:
+                object.__setattr__(self, "rope_base", 10000.0)  # the resolved config records the base used
+            if not self.rope_base > 0:
+                raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} must be > 0")
+            head = self.emb_dim // self.n_heads
+            if self.architecture == "gpt2" and head % 2:
+                raise ConfigError(f"{MODEL_FILE}: positions='rotary' rotates pairs of dimensions: the head size "
+                                  f"emb_dim / n_heads = {self.emb_dim} / {self.n_heads} = {head} must be even")
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,12 +160,30 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> 
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
+# model.json options whose function Hugging Face's GPT2LMHeadModel cannot compute, with the value
+# that it can (GPT-2's own); `norm_scale: false` and `bias: false` export as ones and zeros instead.
+_NOT_GPT2 = {"positions": "learned", "norm": "layernorm", "embed_norm": False, "qk_norm": False, "mlp": "gelu",
+             "logit_softcap": None}
+
+
+def gpt2_layout_problem(cfg: ModelConfig) -> str | None:
+    """Why `cfg` has no Hugging Face GPT-2 layout (the first option that has none), or None."""
+    for key, gpt2 in _NOT_GPT2.items():
+        if getattr(cfg, key) != gpt2:
+            return (f"model.json {key}={getattr(cfg, key)!r} has no Hugging Face GPT-2 layout (GPT-2's is "
+                    f"{gpt2!r}); export needs a GPT-2-shaped model")
+    return None
+
+
 def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Our parameters -> the Hugging Face GPT-2 layout. A bias the model has not (qkv_bias=false,
-    bias=false) is written as zeros, which computes the same: GPT-2's layout has no bias-free form."""
+    bias=false) is written as zeros and a LayerNorm scale it has not (norm_scale=false) as ones,
+    which compute the same: GPT-2's layout has no bias-free or scale-free form."""
     def get(ours: str) -> np.ndarray:
-        if ours in weights or not ours.endswith(".bias"):
+        if ours in weights or not ours.endswith((".bias", ".scale")):
             return weights[ours]
+        if ours.endswith(".scale"):
+            return np.ones(cfg.emb_dim, np.float32)
         width = {"attn.qkv.bias": 3, "mlp.fc.bias": 4}.get(ours.split(".", 2)[-1], 1)
         return np.zeros(width * cfg.emb_dim, np.float32)
 
@@ -279,6 +297,9 @@ def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
     ckpt_dir, cfg, train = ckpt.checkpoint_configs(Path(path))  # the same resolution test_generation.py uses
     if cfg.architecture != "gpt2":
         raise WeightsError(f"{ckpt_dir}: architecture {cfg.architecture!r} has no GPT-2 counterpart")
+    problem = gpt2_layout_problem(cfg)
+    if problem is not None:
+        raise WeightsError(f"{ckpt_dir}: {problem}")
     out_dir = Path(out_dir)
     target = out_dir / "model.safetensors"
     if target.exists() and not force:

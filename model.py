@@ -1,4 +1,4 @@
-"""GPT-2 and the A-to-A sanity-check model in Flax NNX.
+"""GPT-2 (and its modern variants) and the A-to-A sanity-check model in Flax NNX.
 
 Shape legend: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C // H (head size),
 V = vocab_size, L = n_layers.
@@ -10,6 +10,11 @@ caller's business. Dropout is active exactly when the caller passes `rngs` (trai
 it the model is deterministic, so evaluation and generation need no mode switch. Decoding runs
 the same forward pass with a `KVCache` (`cached_features`): the cache is an argument of the
 attention, as in Flax's gemma example, and training passes none.
+
+What the parts are is chosen in model.json, once, where each module is built (layers.py): GPT-2's
+learned positions, LayerNorm, GELU and plain logits by default; rotary positions, RMSNorm (scaled or
+parameter-free), a norm after the embedding, QK-norm, ReLU^2, zero-initialised output projections
+and a logit soft-cap as options. The blocks read the same whatever is chosen.
 
 How the model runs is chosen in model.json without changing what it computes (each option is
 tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:
@@ -31,28 +36,17 @@ import numpy as np
 from flax import nnx, struct
 
 from config import ModelConfig
+from layers import ACTIVATIONS, Identity, make_norm, positions_in_attention, qk_norm, softcap
+from layers import normal as _normal
+from layers import zeros as _zeros
 from ops import Ops
 from ops import select as select_ops
 
 _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
-_LN_EPS = 1e-5
 
-
-# Every parameter carries logical axis names; sharding.py maps them onto the device mesh
-# ("heads", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so this file
-# never names a device or a mesh axis.
-def _normal(std: float, *axes: str) -> nnx.Initializer:
-    return nnx.with_partitioning(nnx.initializers.normal(stddev=std), axes)
-
-
-def _zeros(*axes: str) -> nnx.Initializer:
-    return nnx.with_partitioning(nnx.initializers.zeros_init(), axes)
-
-
-def _layer_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(cfg.emb_dim, epsilon=_LN_EPS, use_bias=cfg.bias, rngs=rngs,
-                         scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",)),
-                         bias_init=_zeros("norm"))
+# Every parameter carries logical axis names (layers.normal/zeros/ones); sharding.py maps them onto
+# the device mesh ("heads", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so this
+# file never names a device or a mesh axis.
 
 
 def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Array:
@@ -118,13 +112,12 @@ class CausalSelfAttention(nnx.Module):
         self.n_heads = cfg.n_heads
         self.drop_rate = cfg.drop_rate
         self.ops = ops
-        # ... except the projections that write into the residual stream, scaled by
-        # 1/sqrt(2L) so the residual's variance does not grow with depth (GPT-2 paper, 2.3).
-        resid_std = _STD / math.sqrt(2 * cfg.n_layers)
         self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
                               bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
-        self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_normal(resid_std, "heads", "embed"),
+        self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "heads", "embed"),
                                bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
+        self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm
+        self.rotary = positions_in_attention(cfg)  # Identity unless positions "rotary"
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
 
@@ -135,6 +128,8 @@ class CausalSelfAttention(nnx.Module):
         H, D = self.n_heads, C // self.n_heads
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
         q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
+        positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
+        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)  # (B, T, H, D)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
             y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.einsum)
             return self.proj(y[:, None]), cache  # (B, 1, C)
@@ -152,23 +147,30 @@ class MLP(nnx.Module):
         C = cfg.emb_dim
         self.fc = nnx.Linear(C, 4 * C, use_bias=cfg.bias, kernel_init=_normal(_STD, "embed", "mlp"),
                              bias_init=_zeros("mlp"), dot_general=ops.dot_general, rngs=rngs)
-        self.out = nnx.Linear(4 * C, C, use_bias=cfg.bias,
-                              kernel_init=_normal(_STD / math.sqrt(2 * cfg.n_layers), "mlp", "embed"),
+        self.out = nnx.Linear(4 * C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "mlp", "embed"),
                               bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
+        self.act = ACTIVATIONS[cfg.mlp]  # GPT-2's tanh GELU, or ReLU squared
         self.drop = nnx.Dropout(cfg.drop_rate)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        h = jax.nn.gelu(self.fc(x), approximate=True)  # (B, T, 4C), GPT-2's tanh GELU
+        h = self.act(self.fc(x))  # (B, T, 4C)
         return _dropout(self.out(h), self.drop, rngs)  # (B, T, C)
 
 
+def _residual_init(cfg: ModelConfig, *axes: str) -> nnx.Initializer:
+    """The projections that write into the residual stream: N(0, 0.02 / sqrt(2L)), so the residual's
+    variance does not grow with depth (GPT-2 paper, 2.3); or zeros (model.json zero_init_proj: each
+    block starts as the identity, as in modded-nanogpt and nanochat)."""
+    return _zeros(*axes) if cfg.zero_init_proj else _normal(_STD / math.sqrt(2 * cfg.n_layers), *axes)
+
+
 class Block(nnx.Module):
-    """One pre-LayerNorm transformer block."""
+    """One pre-norm transformer block."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        self.ln1 = _layer_norm(cfg, rngs)
+        self.ln1 = make_norm(cfg, cfg.emb_dim, rngs)
         self.attn = CausalSelfAttention(cfg, ops, rngs=rngs)
-        self.ln2 = _layer_norm(cfg, rngs)
+        self.ln2 = make_norm(cfg, cfg.emb_dim, rngs)
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
@@ -179,19 +181,25 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    """GPT-2: learned token + position embeddings, L blocks, final LayerNorm, output head."""
+    """GPT-2: token embedding (+ a learned position table), L blocks, final norm, output head.
+
+    model.json's modern options (layers.py) change what the parts are, not how they are wired:
+    rotary positions live in the attention (no table here), `embed_norm` normalises the token
+    embedding, the logits may be soft-capped (head_logits)."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         self.cfg, self.ops = cfg, ops
         self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
                                  rngs=rngs)
-        self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim, embedding_init=_normal(_STD, "ctx", "embed"),
-                                 rngs=rngs)
+        if cfg.positions == "learned":
+            self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim,
+                                     embedding_init=_normal(_STD, "ctx", "embed"), rngs=rngs)
+        self.emb_norm = make_norm(cfg, cfg.emb_dim, rngs) if cfg.embed_norm else Identity()
         self.drop = nnx.Dropout(cfg.drop_rate)
         # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
         blocks = [Block(cfg, ops, rngs=rngs) for _ in range(cfg.n_layers)]
         self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
-        self.ln_f = _layer_norm(cfg, rngs)
+        self.ln_f = make_norm(cfg, cfg.emb_dim, rngs)
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
@@ -211,8 +219,10 @@ class GPT(nnx.Module):
     def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None,
                  cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
         B, T = idx.shape
-        positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
-        x = _dropout(self.tok_emb(idx) + self.pos_emb(positions), self.drop, rngs)  # (B, T, C)
+        x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
+        if self.cfg.positions == "learned":
+            x = x + self.pos_emb(jnp.arange(T) if cache is None else cache.positions(T))  # (T,) or (B, 1) positions
+        x = _dropout(x, self.drop, rngs)  # (B, T, C)
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
 
@@ -275,8 +285,9 @@ def head_weight(model: GPT | AToA) -> jax.Array:
 
 
 def head_logits(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
-    """(..., C) features and head_weight -> (..., V) float32 logits: a pure function, for the chunked loss."""
-    return ops.linear(x, w, transposed=cfg.tie_embeddings)  # tied: w is the (V, C) embedding
+    """(..., C) features and head_weight -> (..., V) float32 logits, soft-capped if model.json asks:
+    a pure function, for the chunked loss and HellaSwag's rows as for the full forward."""
+    return softcap(ops.linear(x, w, transposed=cfg.tie_embeddings), cfg.logit_softcap)  # tied: w is (V, C)
 
 
 def _stack(blocks: list[Block]) -> Block:

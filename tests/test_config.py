@@ -201,7 +201,11 @@ def test_defaults_resolved(tmp_path: Path) -> None:
     assert set(md) == {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(td) == {f.name for f in dataclasses.fields(TrainConfig)}
     assert md == {**MODEL, "qkv_bias": False, "bias": True, "drop_rate": 0.0, "tie_embeddings": False, "compute_dtype": "float32",
-                  "attention": "auto", "remat": False, "scan_layers": False, "loss_chunk": None}
+                  "attention": "auto", "remat": False, "scan_layers": False, "loss_chunk": None,
+                  # the modern recipe's options, off: GPT-2's layout
+                  "positions": "learned", "rope_base": None, "norm": "layernorm", "norm_scale": True,
+                  "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
+                  "logit_softcap": None}
     assert td["dataset"] == {"source": "builtin", "options": {}}
     assert isinstance(train.dataset, DatasetConfig)
     assert (td["tokenizer"], td["targets"], td["sequence_length"], td["train_tokens"]) == ("bytes", "next", None, None)

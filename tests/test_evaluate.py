@@ -26,9 +26,14 @@ MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_d
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 1}
 
 
-def make_run(tmp_path: Path, *, zero: bool = False) -> tuple[Path, nnx.Module]:
-    run = write_run(tmp_path / "run", MODEL, TRAIN)
-    model = build_model(ModelConfig(**MODEL), seed=1)
+# The modern recipe's options (model.json); the soft-cap is in the scored logits too.
+MODERN = {**MODEL, "positions": "rotary", "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2",
+          "logit_softcap": 3.0, "tie_embeddings": False, "qkv_bias": False, "bias": False, "loss_chunk": 40}
+
+
+def make_run(tmp_path: Path, *, zero: bool = False, model_json: dict = MODEL) -> tuple[Path, nnx.Module]:
+    run = write_run(tmp_path / "run", model_json, TRAIN)
+    model = build_model(ModelConfig(**model_json), seed=1)
     if zero:  # every parameter 0: logits are all 0, the model is uniform over the vocabulary
         nnx.update(model, jax_tree_zeros(nnx.state(model, nnx.Param)))
     folder = run / "checkpoints" / "20260101T000000Z-step-1"
@@ -44,8 +49,10 @@ def jax_tree_zeros(state: nnx.State) -> nnx.State:
     return jax.tree.map(jnp.zeros_like, state)
 
 
-def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
-    run, model = make_run(tmp_path)
+@pytest.mark.parametrize("model_json", [MODEL, MODERN], ids=["gpt2", "modern"])
+def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture,
+                                           model_json: dict) -> None:
+    run, model = make_run(tmp_path, model_json=model_json)
     assert evaluate.main([str(run), "--data-dir", str(data_root), "--max-batches", "3"]) == 0
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if l.startswith("loss "))

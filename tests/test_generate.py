@@ -74,9 +74,17 @@ def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
 # ----------------------------------------------------------------------------- cache = full forward
 
 
+# Every modern option on (model.json, layers.py): rotary positions of cached and new tokens included.
+MODERN = dict(positions="rotary", rope_base=100.0, norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2",
+              logit_softcap=5.0, tie_embeddings=False, bias=False, qkv_bias=False)
+
+
 @pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "qkv_bias": False}, {"scan_layers": True},
-                                {"scan_layers": True, "remat": True}, {"compute_dtype": "bfloat16"}],
-                         ids=["tied", "untied-nobias", "scan-layers", "scan-remat", "bfloat16"])
+                                {"scan_layers": True, "remat": True}, {"compute_dtype": "bfloat16"},
+                                MODERN, {**MODERN, "scan_layers": True, "remat": True},
+                                {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False}],
+                         ids=["tied", "untied-nobias", "scan-layers", "scan-remat", "bfloat16",
+                              "modern", "modern-scan-remat", "modern-bfloat16-no-scale"])
 def test_cached_logits_match_full_forward_at_every_position(kw: dict) -> None:
     model = tiny(1, **kw)
     rng = np.random.default_rng(2)

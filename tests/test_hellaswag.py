@@ -102,11 +102,17 @@ def assert_same(got: dict, want: dict) -> None:
     assert 0 < want["acc"] < 1 or 0 < want["acc_norm"] < 1  # the fixture is not trivially all right or wrong
 
 
-@pytest.mark.parametrize("tok_name,context", [("gpt2", 128), ("bytes", 160)])
-def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, context: int) -> None:
+# The modern recipe's options (model.json): the soft-cap in the head, rotary positions in each row.
+MODERN = dict(positions="rotary", norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2", logit_softcap=4.0,
+              tie_embeddings=False, qkv_bias=False, bias=False)
+
+
+@pytest.mark.parametrize("tok_name,context,options", [("gpt2", 128, {}), ("bytes", 160, {}),
+                                                      ("bytes", 160, MODERN)], ids=["gpt2", "bytes", "bytes-modern"])
+def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, context: int, options: dict) -> None:
     tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
-    cfg = ModelConfig(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32, n_heads=4,
-                      n_layers=2, qkv_bias=True, tie_embeddings=True)
+    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32,
+                                n_heads=4, n_layers=2, qkv_bias=True, tie_embeddings=True), **options})
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every ending alike
     examples = hellaswag.read_examples(jsonl)

@@ -114,7 +114,9 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     assert cfg == {"architecture": "gpt2", "vocab_size": 67, "context_length": 24, "emb_dim": 32, "n_heads": 4,
                    "n_layers": 2, "qkv_bias": True, "bias": True, "drop_rate": 0.0, "tie_embeddings": not untied,
                    "compute_dtype": "float32", "attention": "auto", "remat": False, "scan_layers": False,
-                   "loss_chunk": None}
+                   "loss_chunk": None, "positions": "learned", "rope_base": None, "norm": "layernorm",
+                   "norm_scale": True, "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
+                   "logit_softcap": None}
     meta = ckpt.read_meta(init)
     assert meta["step"] == 0 and meta["weights_only"] is True
     idx = np.random.default_rng(2).integers(0, 67, size=(2, 24))
@@ -207,6 +209,48 @@ def test_bias_free_model_exports_zeros_and_imports_back_bias_free(tmp_path: Path
     assert sorted(ours) == sorted(again) and all(np.array_equal(ours[k], again[k]) for k in ours)
     idx = np.random.default_rng(0).integers(0, 11, size=(2, 8))
     assert np.array_equal(model_logits(tmp_path / "run", idx), np.asarray(model(idx.astype(np.int32))))
+
+
+def _checkpoint_of(tmp_path: Path, **kw) -> tuple[Path, object]:
+    from config import ModelConfig, to_dict
+    from model import build_model
+
+    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2,
+                                n_layers=2), **kw})
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    model = build_model(cfg, seed=1)
+    ckpt.save_weights(model, folder / ckpt.WEIGHTS)
+    (folder / "model.json").write_text(json.dumps(to_dict(cfg)))
+    (folder / ckpt.META).write_text(json.dumps({"step": 3}))
+    return folder, model
+
+
+def test_parameter_free_layernorm_exports_ones_and_computes_the_same(tmp_path: Path) -> None:
+    folder, model = _checkpoint_of(tmp_path, norm_scale=False, bias=False, zero_init_proj=True)
+    hf = load_file(str(export_run(folder, tmp_path / "out")))
+    assert all(np.array_equal(v, np.ones(16, np.float32)) for k, v in hf.items() if k.endswith("ln_1.weight"))
+    # zero_init_proj is an initialisation only: the layout is GPT-2's. Zero projections would
+    # hide a wrong scale, so give them values first (through the file, as a trained model would).
+    weights = {k: v if not k.endswith("proj.kernel") else np.full_like(v, 0.05)
+               for k, v in ckpt.weights_to_numpy(model).items()}
+    from safetensors.numpy import save_file as save_ours
+    save_ours(weights, str(folder / ckpt.WEIGHTS))
+    ckpt.load_weights(model, folder / ckpt.WEIGHTS)
+    hf = load_file(str(export_run(folder, tmp_path / "out", force=True)))
+    idx = np.random.default_rng(0).integers(0, 11, size=(2, 8))
+    np.testing.assert_allclose(hf_forward(hf, 2, idx), np.asarray(model(idx.astype(np.int32))), atol=TOL)
+
+
+@pytest.mark.parametrize("kw, key", [({"positions": "rotary"}, "positions"), ({"norm": "rmsnorm"}, "norm"),
+                                     ({"embed_norm": True}, "embed_norm"), ({"qk_norm": True}, "qk_norm"),
+                                     ({"mlp": "relu2"}, "mlp"), ({"logit_softcap": 30.0}, "logit_softcap")])
+def test_export_of_a_modern_option_is_one_line_naming_it(tmp_path: Path, capsys, kw: dict, key: str) -> None:
+    folder, _ = _checkpoint_of(tmp_path, **kw)
+    assert import_gpt2.main(["export", str(folder), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"model.json {key}=" in err and "no Hugging Face GPT-2 layout" in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
 # ----------------------------------------------------------------------------- errors
