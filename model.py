@@ -39,8 +39,8 @@ _LN_EPS = 1e-5
 
 
 # Every parameter carries logical axis names; sharding.py maps them onto the device mesh
-# ("heads", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so this file
-# never names a device or a mesh axis.
+# ("heads", "qkv", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so this file
+# never names a device or a mesh axis. The optimiser routes parameters by the same names (muon.py).
 def _normal(std: float, *axes: str) -> nnx.Initializer:
     return nnx.with_partitioning(nnx.initializers.normal(stddev=std), axes)
 
@@ -121,8 +121,10 @@ class CausalSelfAttention(nnx.Module):
         # ... except the projections that write into the residual stream, scaled by
         # 1/sqrt(2L) so the residual's variance does not grow with depth (GPT-2 paper, 2.3).
         resid_std = _STD / math.sqrt(2 * cfg.n_layers)
-        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
-                              bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
+        # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
+        # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
+        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
+                              bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
         self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_normal(resid_std, "heads", "embed"),
                                bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
