@@ -91,6 +91,9 @@ class MeshConfig:
         _positive(self, TRAIN_FILE, "data", optional=True)
 
 
+DEFAULT_COOLDOWN_PERCENT = 20.0  # nanochat's warmdown
+
+
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
     microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
@@ -103,9 +106,11 @@ class TrainConfig:
     train_steps: int | None = None  # training length in optimiser steps ...
     train_tokens: int | None = None  # ... or in tokens (exactly one of the two)
     learning_rate: float = 6e-4  # peak learning rate
+    schedule: Literal["cosine", "wsd"] = "cosine"  # after the warm-up: cosine decay, or warmup-stable-decay
     warmup_percent: float = 5.0  # linear warm-up, percent of the total steps
+    cooldown_percent: float | None = None  # wsd: linear decay over this last percent of the steps; None = 20
     lr_init_factor: float = 1e-5  # warm-up starts at learning_rate * this
-    lr_end_factor: float = 0.1  # cosine decay ends at learning_rate * this
+    lr_end_factor: float = 0.1  # the decay (cosine or wsd) ends at learning_rate * this
     weight_decay: float = 0.1  # AdamW decoupled weight decay, 2-D params only
     adam_b1: float = 0.9
     adam_b2: float = 0.95
@@ -133,6 +138,7 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        self._resolve()
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
                   "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
         if self.validation_batches != "all":
@@ -155,9 +161,12 @@ class TrainConfig:
         if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
             raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
                               f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
-        for key in ("warmup_percent",):
-            if not 0.0 <= getattr(self, key) <= 100.0:
+        for key in ("warmup_percent", "cooldown_percent"):
+            if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
+        if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
+            raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
+                              f"{self.cooldown_percent} exceed 100 (percent of the steps)")
         if self.init_from is not None and not self.init_from.strip():
             raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
         for key in ("lr_end_factor", "weight_decay", "seed"):
@@ -166,6 +175,14 @@ class TrainConfig:
         for key in ("adam_b1", "adam_b2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+
+    def _resolve(self) -> None:
+        """Fill in the defaults that depend on other keys (once: to_dict writes the resolved values)."""
+        if self.cooldown_percent is not None and self.schedule != "wsd":
+            raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
+                              f"only (schedule={self.schedule!r})")
+        if self.cooldown_percent is None and self.schedule == "wsd":
+            object.__setattr__(self, "cooldown_percent", DEFAULT_COOLDOWN_PERCENT)  # frozen: set once, here
 
     @property
     def sequences_per_step(self) -> int:

@@ -39,18 +39,35 @@ _STAT_NAMES = {
 }
 
 
-def make_schedule(train: TrainConfig, total_steps: int) -> optax.Schedule:
-    """Linear warm-up from lr * lr_init_factor to lr, then cosine decay to lr * lr_end_factor."""
+def make_schedule(train: TrainConfig, total_steps: int, peak: float | None = None) -> optax.Schedule:
+    """Linear warm-up from peak * lr_init_factor to peak (default: train.json learning_rate), then
+    "cosine": cosine decay to peak * lr_end_factor at the last step; "wsd": constant at the peak,
+    then a linear cool-down over the last cooldown_percent of the steps to peak * lr_end_factor."""
+    peak = train.learning_rate if peak is None else peak
     warmup = int(total_steps * train.warmup_percent / 100)
+    if train.schedule == "wsd":
+        return _wsd(peak * train.lr_init_factor, peak, peak * train.lr_end_factor, warmup,
+                    int(total_steps * train.cooldown_percent / 100), total_steps)
     return optax.warmup_cosine_decay_schedule(
-        init_value=train.learning_rate * train.lr_init_factor,
-        peak_value=train.learning_rate,
+        init_value=peak * train.lr_init_factor,
+        peak_value=peak,
         warmup_steps=warmup,
         # optax's decay_steps counts the warm-up too (the seed's "!!"); keep one decay step so a
         # 100% warm-up still gives a valid schedule.
         decay_steps=max(total_steps, warmup + 1),
-        end_value=train.learning_rate * train.lr_end_factor,
+        end_value=peak * train.lr_end_factor,
     )
+
+
+def _wsd(init: float, peak: float, end: float, warmup: int, cooldown: int, total: int) -> optax.Schedule:
+    """Warmup-stable-decay: the pieces of non-zero length, joined at their step boundaries (config.py
+    keeps warmup + cooldown <= total)."""
+    pieces = [(warmup, optax.linear_schedule(init, peak, warmup))] if warmup else []
+    pieces.append((total - warmup - cooldown, optax.constant_schedule(peak)))
+    if cooldown:
+        pieces.append((cooldown, optax.linear_schedule(peak, end, cooldown)))  # end from step `total` on
+    boundaries = [sum(n for n, _ in pieces[:i + 1]) for i in range(len(pieces) - 1)]
+    return optax.join_schedules([f for _, f in pieces], boundaries)
 
 
 class GradNormState(NamedTuple):

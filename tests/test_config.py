@@ -120,6 +120,14 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("mesh-unknown-key", t(mesh={"modle": 2}), "train.json", ["mesh", "unknown key", "'modle'"]),
     ("mesh-fsdp-string", t(mesh={"fsdp": "yes"}), "train.json", ["mesh", "fsdp", "'yes'"]),
     ("init-from-blank", t(init_from="  "), "train.json", ["init_from", "'  '"]),
+    # --- schedule
+    ("unknown-schedule", t(schedule="linear"), "train.json", ["schedule", "'linear'", "'wsd'"]),
+    ("wsd-over-100-percent", t(schedule="wsd", warmup_percent=30, cooldown_percent=80), "train.json",
+     ["warmup_percent=30", "cooldown_percent=80", "100"]),
+    ("wsd-default-cooldown-over-100", t(schedule="wsd", warmup_percent=90), "train.json",
+     ["warmup_percent=90", "cooldown_percent=20"]),
+    ("cooldown-for-cosine", t(cooldown_percent=10), "train.json", ["cooldown_percent=10", "'wsd'"]),
+    ("cooldown-negative", t(schedule="wsd", cooldown_percent=-5), "train.json", ["cooldown_percent=-5"]),
     # --- across the two files
     ("train-tokens-below-one-step", t(train_steps=DROP, train_tokens=100), "train.json",
      ["train_tokens=100", "128"]),
