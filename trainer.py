@@ -21,6 +21,7 @@ from tqdm import tqdm
 import charts
 import checkpointing as ckpt
 import mfu
+import muon
 import sharding
 from config import ConfigError, to_dict
 from data import WholeSplit
@@ -28,7 +29,7 @@ from metrics import RunLog
 from run_setup import TrainingError
 import ops
 from model import build_model
-from optim import clip_flag, make_optimizer, make_schedule
+from optim import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
 from step import StepRunner, eval_sums, step_key
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ class Trainer:
 
         self.model, self.optimizer = sharding.create_sharded(
             build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
+        self.routing = None  # optimizer "muon": which parameters each part trains (muon.py)
+        if self.cfg.optimizer == "muon":
+            self.routing = muon.routing_table(self.model, muon.routes(self.model))
+            self.log(muon.format_table(self.routing, peak_rates(self.cfg)))
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         self.val_tokens = 0  # tokens the last validation scored
@@ -249,7 +254,10 @@ class Trainer:
         tokens_per_s = self.tokens_per_step / max(step_time, 1e-9)
         gn, dropped = self.window.grad_norms[-1], self.window.dropped[-1]
         loss = float(np.mean(losses))
-        self.records.scalars(done, {
+        rates = {f"optim/lr_{part}": v for part, v in part_rates(stats).items() if part not in ("adamw", "muon")}
+        if "momentum" in stats:
+            rates["optim/muon_momentum"] = float(stats["momentum"])
+        self.records.scalars(done, rates | {
             "train/loss": loss, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
             "optim/clipped": float(clip_flag(gn, self.cfg.clipping_max_norm)), "optim/skipped": float(dropped),
             "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_s,
@@ -310,7 +318,10 @@ class Trainer:
             "hellaswag": self.hellaswag_results,  # [{"step", "acc", "acc_norm", ...}] since the last checkpoint
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
-            "learning_rate": float(stats["learning_rate"]),  # used by the last applied step
+            "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')
+            "learning_rates": part_rates(stats),  # each part's, by name (adamw: one)
+            "optimizer": cfg.optimizer,
+            "routing": self.routing,  # muon: each part's tensors and params (muon.routing_table)
             # The schedule counts applied optimiser steps: a dropped step does not advance it.
             "next_learning_rate": float(self.schedule(int(stats["gradient_step"]))),
             "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
