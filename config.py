@@ -171,6 +171,9 @@ class TrainConfig:
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
     muon: MuonConfig | None = None  # optimizer "muon" only; None there = every default of MuonConfig
+    # Stop at the first validation whose loss is at or below this (saving a checkpoint there): tokens
+    # to target. None: train every step.
+    target_val_loss: float | None = None
     # Weights to start from when the run has no checkpoint yet (fine-tuning): a checkpoint folder,
     # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
     init_from: str | None = None
@@ -185,6 +188,7 @@ class TrainConfig:
                   "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
+        _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
         if (self.train_steps is None) == (self.train_tokens is None):
             raise ConfigError(
                 f"{TRAIN_FILE}: give exactly one of train_steps or train_tokens "

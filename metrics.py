@@ -43,6 +43,9 @@ TAGS = {
     "perf/mfu": "model FLOPs utilisation: tokens/s x FLOPs per token / peak FLOP/s (mfu.py)",
     "val/loss": "validation loss, at each validation",
     "val/tokens": "tokens that validation scored",
+    "target/steps": "train.json target_val_loss: optimiser steps to reach it (once, at that validation)",
+    "target/tokens": "training tokens to reach it",
+    "target/seconds": "training seconds to reach it (every session; validation and checkpoints excluded)",
     "hellaswag/acc": "HellaSwag accuracy (summed ending loss), when train.json hellaswag_interval is set",
     "hellaswag/acc_norm": "HellaSwag accuracy (mean ending loss), when train.json hellaswag_interval is set",
 }

@@ -120,7 +120,7 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("mesh-unknown-key", t(mesh={"modle": 2}), "train.json", ["mesh", "unknown key", "'modle'"]),
     ("mesh-fsdp-string", t(mesh={"fsdp": "yes"}), "train.json", ["mesh", "fsdp", "'yes'"]),
     ("init-from-blank", t(init_from="  "), "train.json", ["init_from", "'  '"]),
-    # --- optimizer, schedule
+    # --- optimizer, schedule, target
     ("unknown-optimizer", t(optimizer="sgd"), "train.json", ["optimizer", "'sgd'", "'muon'"]),
     ("muon-section-for-adamw", t(muon={"momentum": 0.9}), "train.json", ["muon", "optimizer='adamw'"]),
     ("muon-momentum-one", t(optimizer="muon", muon={"momentum": 1.0}), "train.json", ["muon", "momentum=1.0"]),
@@ -138,6 +138,8 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
      ["warmup_percent=90", "cooldown_percent=20"]),
     ("cooldown-for-cosine", t(cooldown_percent=10), "train.json", ["cooldown_percent=10", "'wsd'"]),
     ("cooldown-negative", t(schedule="wsd", cooldown_percent=-5), "train.json", ["cooldown_percent=-5"]),
+    ("zero-target", t(target_val_loss=0), "train.json", ["target_val_loss=0"]),
+    ("string-target", t(target_val_loss="low"), "train.json", ["target_val_loss", "'low'"]),
     # --- across the two files
     ("muon-without-matrices", {"model": edit(MODEL, architecture="a-to-a", n_layers=0), "train": edit(TRAIN, optimizer="muon")},
      "train.json", ["optimizer='muon'", "a-to-a", "adamw"]),
