@@ -120,6 +120,45 @@ class MeshConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MuonConfig:
+    """train.json "muon": Muon (optax.contrib.scale_by_muon) for the blocks' weight matrices, AdamW for
+    the rest (optim.py, muon.py). The matrices' peak rate is train.json learning_rate; each other part
+    has its own peak here, on the same schedule (warm-up, cosine or WSD) as every part."""
+
+    momentum: float = 0.95  # Muon's momentum after the warm-up
+    momentum_init: float = 0.85  # ... and at step 0, rising linearly (modded-nanogpt, nanochat)
+    momentum_warmup_steps: int = 300  # optimiser steps of that rise; 0 = momentum from the start
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations of the orthogonalisation
+    weight_decay: float = 0.0  # Muon's own decoupled decay of the matrices (times its learning rate)
+    # AdamW's peak rates (its b1/b2/eps/weight_decay: train.json adam_b1, adam_b2, adam_eps, weight_decay).
+    # nanochat's 0.2-0.3 for embeddings assumes N(0, 1) ones; model.py's are N(0, 0.02), so 20x lower
+    # here (README "Muon" has the sweep these come from).
+    embed_learning_rate: float = 0.01  # token embedding (and a tied head) and the position table
+    head_learning_rate: float = 0.004  # the untied output head (nanochat's)
+    scalar_learning_rate: float = 0.004  # every norm scale and bias (never decayed)
+
+    def __post_init__(self) -> None:
+        _positive(self, TRAIN_FILE, "ns_steps", "embed_learning_rate", "head_learning_rate",
+                  "scalar_learning_rate")
+        for key in ("momentum", "momentum_init"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+        for key in ("momentum_warmup_steps", "weight_decay"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
+
+
+# What `learning_rate` and `weight_decay` mean when train.json leaves them out, per optimizer: Muon's
+# rate is that of orthogonalised (spectral-norm) updates, ~30x AdamW's; the embeddings' AdamW rate
+# under Muon (muon.embed_learning_rate) is so much higher than 6e-4 that GPT-2's decay of 0.1 would
+# shrink them by a few percent a step: nanochat and modded-nanogpt do not decay them.
+DEFAULT_LEARNING_RATE = {"adamw": 6e-4, "muon": 0.02}
+DEFAULT_WEIGHT_DECAY = {"adamw": 0.1, "muon": 0.0}
+DEFAULT_COOLDOWN_PERCENT = 20.0  # nanochat's warmdown
+
+
+@dataclass(frozen=True, slots=True)
 class TrainConfig:
     microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -130,11 +169,16 @@ class TrainConfig:
     batch_size: int | None = None  # optional check: sequences per optimiser step
     train_steps: int | None = None  # training length in optimiser steps ...
     train_tokens: int | None = None  # ... or in tokens (exactly one of the two)
-    learning_rate: float = 6e-4  # peak learning rate
+    # "adamw": AdamW for every parameter; "muon": Muon for the blocks' matrices, AdamW for the rest
+    # (the "muon" section below). Fixed for a run: its optimiser state has that optimizer's layout.
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    learning_rate: float | None = None  # peak learning rate (muon: the matrices'); None = 6e-4 adamw, 0.02 muon
+    schedule: Literal["cosine", "wsd"] = "cosine"  # after the warm-up: cosine decay, or warmup-stable-decay
     warmup_percent: float = 5.0  # linear warm-up, percent of the total steps
+    cooldown_percent: float | None = None  # wsd: linear decay over this last percent of the steps; None = 20
     lr_init_factor: float = 1e-5  # warm-up starts at learning_rate * this
-    lr_end_factor: float = 0.1  # cosine decay ends at learning_rate * this
-    weight_decay: float = 0.1  # AdamW decoupled weight decay, 2-D params only
+    lr_end_factor: float = 0.1  # the decay (cosine or wsd) ends at learning_rate * this
+    weight_decay: float | None = None  # AdamW decoupled weight decay, 2-D params only; None = 0.1 adamw, 0.0 muon
     adam_b1: float = 0.9
     adam_b2: float = 0.95
     adam_eps: float = 1e-8
@@ -156,11 +200,16 @@ class TrainConfig:
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
+    muon: MuonConfig | None = None  # optimizer "muon" only; None there = every default of MuonConfig
+    # Stop at the first validation whose loss is at or below this (saving a checkpoint there): tokens
+    # to target. None: train every step.
+    target_val_loss: float | None = None
     # Weights to start from when the run has no checkpoint yet (fine-tuning): a checkpoint folder,
     # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
     init_from: str | None = None
 
     def __post_init__(self) -> None:
+        self._resolve()
         _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
                   "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
         if self.validation_batches != "all":
@@ -169,6 +218,7 @@ class TrainConfig:
                   "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
+        _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
         if (self.train_steps is None) == (self.train_tokens is None):
             raise ConfigError(
                 f"{TRAIN_FILE}: give exactly one of train_steps or train_tokens "
@@ -183,9 +233,12 @@ class TrainConfig:
         if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
             raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
                               f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
-        for key in ("warmup_percent",):
-            if not 0.0 <= getattr(self, key) <= 100.0:
+        for key in ("warmup_percent", "cooldown_percent"):
+            if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
+        if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
+            raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
+                              f"{self.cooldown_percent} exceed 100 (percent of the steps)")
         if self.init_from is not None and not self.init_from.strip():
             raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
         for key in ("lr_end_factor", "weight_decay", "seed"):
@@ -194,6 +247,22 @@ class TrainConfig:
         for key in ("adam_b1", "adam_b2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+
+    def _resolve(self) -> None:
+        """Fill in the defaults that depend on other keys (once: to_dict writes the resolved values)."""
+        if self.muon is not None and self.optimizer != "muon":
+            raise ConfigError(f"{TRAIN_FILE}: muon settings given but optimizer={self.optimizer!r}; "
+                              f"set optimizer to 'muon' or remove the muon section")
+        if self.cooldown_percent is not None and self.schedule != "wsd":
+            raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
+                              f"only (schedule={self.schedule!r})")
+        resolved = {"learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
+                    "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
+                    "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
+                    "muon": MuonConfig() if self.optimizer == "muon" else None}
+        for key, value in resolved.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)  # frozen: set once, here
 
     @property
     def sequences_per_step(self) -> int:
@@ -223,6 +292,10 @@ def check_combination(model: ModelConfig, train: TrainConfig) -> None:
             f"{TRAIN_FILE}: sequence_length={seq_len} exceeds {MODEL_FILE} "
             f"context_length={model.context_length}"
         )
+    if train.optimizer == "muon" and (model.architecture != "gpt2" or model.n_layers < 1):
+        raise ConfigError(f"{TRAIN_FILE}: optimizer='muon' has no matrix to train in {MODEL_FILE} "
+                          f"architecture={model.architecture!r} (n_layers={model.n_layers}): Muon trains the "
+                          f"blocks' weight matrices; use optimizer 'adamw'")
     if train.total_steps(model) < 1:
         raise ConfigError(
             f"{TRAIN_FILE}: train_tokens={train.train_tokens} is less than one optimiser step of "

@@ -30,7 +30,11 @@ from checkpoint_files import METRICS_FILE, TENSORBOARD_DIR  # noqa: F401 (the ru
 # tag: meaning. Per step unless said otherwise; the README's table is this one.
 TAGS = {
     "train/loss": "training loss of the step (mean over its microbatches)",
-    "optim/lr": "learning rate the step's update used",
+    "optim/lr": "learning rate the step's update used (optimizer muon: the Muon matrices')",
+    "optim/lr_embed": "optimizer muon: the embeddings' AdamW learning rate (token embedding, positions)",
+    "optim/lr_head": "optimizer muon: the untied output head's AdamW learning rate",
+    "optim/lr_scalar": "optimizer muon: the norm scales' and biases' Adam learning rate",
+    "optim/muon_momentum": "optimizer muon: Muon's momentum (warming up from muon.momentum_init)",
     "optim/grad_norm": "global L2 norm of the accumulated gradient before clipping (absent: step dropped)",
     "optim/clipped": "1 when that norm exceeded clipping_max_norm (the update was scaled down)",
     "optim/skipped": "1 when the step was dropped (a non-finite gradient; no update applied)",
@@ -39,6 +43,9 @@ TAGS = {
     "perf/mfu": "model FLOPs utilisation: tokens/s x FLOPs per token / peak FLOP/s (mfu.py)",
     "val/loss": "validation loss, at each validation",
     "val/tokens": "tokens that validation scored",
+    "target/steps": "train.json target_val_loss: optimiser steps to reach it (once, at that validation)",
+    "target/tokens": "training tokens to reach it",
+    "target/seconds": "training seconds to reach it (every session; validation and checkpoints excluded)",
     "hellaswag/acc": "HellaSwag accuracy (summed ending loss), when train.json hellaswag_interval is set",
     "hellaswag/acc_norm": "HellaSwag accuracy (mean ending loss), when train.json hellaswag_interval is set",
 }

@@ -45,8 +45,9 @@ from ops import select as select_ops
 _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
 
 # Every parameter carries logical axis names (layers.normal/zeros/ones); sharding.py maps them onto
-# the device mesh ("heads", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so this
-# file never names a device or a mesh axis.
+# the device mesh ("heads", "qkv", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so
+# this file never names a device or a mesh axis. The optimiser routes parameters by the same names
+# (muon.py).
 
 
 def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Array:
@@ -112,8 +113,10 @@ class CausalSelfAttention(nnx.Module):
         self.n_heads = cfg.n_heads
         self.drop_rate = cfg.drop_rate
         self.ops = ops
-        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
-                              bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
+        # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
+        # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
+        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
+                              bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
         self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "heads", "embed"),
                                bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm

@@ -1,17 +1,23 @@
-"""The optimiser, its learning-rate schedule, and the one place that reads its statistics.
+"""The optimiser, its learning-rate schedules, and the one place that reads its statistics.
 
     nnx.Optimizer(model,
         apply_if_finite(                              # skip (and count) non-finite microbatches
             MultiSteps(                               # accumulate k microbatch gradients
                 chain(record_grad_norm(),             # pre-clip norm of the accumulated gradient
                       clip_by_global_norm(max_norm),
-                      inject_hyperparams(adamw)(learning_rate=warmup-cosine, ...)),
+                      inject_hyperparams(adamw)(learning_rate=schedule, ...)),      # "adamw"
+                   or inject_hyperparams(muon_adamw)(learning_rate=schedule,        # "muon"
+                          embed_learning_rate=..., head_learning_rate=..., scalar_learning_rate=...,
+                          momentum=warm-up schedule, ...)),
                 every_k_schedule=k),
             max_consecutive_errors=inf),
         wrt=nnx.Param)
 
 The norm recorder sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
-exactly what the clip sees: the number the seed's author wanted and gave up on.
+exactly what the clip sees: the number the seed's author wanted and gave up on. `muon_adamw` is one
+optax.partition: Muon for the blocks' matrices, AdamW for the embeddings and the head, Adam for
+norms and biases (muon.py routes them); every part's rate follows the same schedule shape
+(warm-up, then cosine or warmup-stable-decay) to its own peak.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+import muon
 from config import TrainConfig
 from model import matrix_mask
 
@@ -37,20 +44,58 @@ _STAT_NAMES = {
     "notfinite_count": "notfinite_count",  # apply_if_finite: consecutive skipped microbatches
     "total_notfinite": "total_notfinite",  # apply_if_finite: skipped microbatches, ever
 }
+# optimizer "muon" only: the other parts' rates and Muon's momentum (inject_hyperparams' names).
+_MUON_STAT_NAMES = ("embed_learning_rate", "head_learning_rate", "scalar_learning_rate", "momentum")
+# Each part's peak learning rate in the stats (and meta.json "learning_rates") by part name.
+RATE_STATS = {"muon": "learning_rate", "embed": "embed_learning_rate", "head": "head_learning_rate",
+              "scalar": "scalar_learning_rate"}
 
 
-def make_schedule(train: TrainConfig, total_steps: int) -> optax.Schedule:
-    """Linear warm-up from lr * lr_init_factor to lr, then cosine decay to lr * lr_end_factor."""
+def peak_rates(train: TrainConfig) -> dict[str, float]:
+    """Each part's peak learning rate: {"adamw": lr}, or Muon's four parts."""
+    if train.optimizer == "adamw":
+        return {"adamw": train.learning_rate}
+    m = train.muon
+    return {"muon": train.learning_rate, "embed": m.embed_learning_rate, "head": m.head_learning_rate,
+            "scalar": m.scalar_learning_rate}
+
+
+def part_rates(stats: dict[str, Any]) -> dict[str, float]:
+    """The learning rate each part's last update used, by part name ({"adamw": lr} for adamw)."""
+    if "embed_learning_rate" not in stats:
+        return {"adamw": float(stats["learning_rate"])}
+    return {part: float(stats[name]) for part, name in RATE_STATS.items()}
+
+
+def make_schedule(train: TrainConfig, total_steps: int, peak: float | None = None) -> optax.Schedule:
+    """Linear warm-up from peak * lr_init_factor to peak (default: train.json learning_rate), then
+    "cosine": cosine decay to peak * lr_end_factor at the last step; "wsd": constant at the peak,
+    then a linear cool-down over the last cooldown_percent of the steps to peak * lr_end_factor."""
+    peak = train.learning_rate if peak is None else peak
     warmup = int(total_steps * train.warmup_percent / 100)
+    if train.schedule == "wsd":
+        return _wsd(peak * train.lr_init_factor, peak, peak * train.lr_end_factor, warmup,
+                    int(total_steps * train.cooldown_percent / 100), total_steps)
     return optax.warmup_cosine_decay_schedule(
-        init_value=train.learning_rate * train.lr_init_factor,
-        peak_value=train.learning_rate,
+        init_value=peak * train.lr_init_factor,
+        peak_value=peak,
         warmup_steps=warmup,
         # optax's decay_steps counts the warm-up too (the seed's "!!"); keep one decay step so a
         # 100% warm-up still gives a valid schedule.
         decay_steps=max(total_steps, warmup + 1),
-        end_value=train.learning_rate * train.lr_end_factor,
+        end_value=peak * train.lr_end_factor,
     )
+
+
+def _wsd(init: float, peak: float, end: float, warmup: int, cooldown: int, total: int) -> optax.Schedule:
+    """Warmup-stable-decay: the pieces of non-zero length, joined at their step boundaries (config.py
+    keeps warmup + cooldown <= total)."""
+    pieces = [(warmup, optax.linear_schedule(init, peak, warmup))] if warmup else []
+    pieces.append((total - warmup - cooldown, optax.constant_schedule(peak)))
+    if cooldown:
+        pieces.append((cooldown, optax.linear_schedule(peak, end, cooldown)))  # end from step `total` on
+    boundaries = [sum(n for n, _ in pieces[:i + 1]) for i in range(len(pieces) - 1)]
+    return optax.join_schedules([f for _, f in pieces], boundaries)
 
 
 class GradNormState(NamedTuple):
@@ -74,19 +119,25 @@ def record_grad_norm() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
-        learning_rate=make_schedule(train, total_steps),
-        b1=train.adam_b1,
-        b2=train.adam_b2,
-        eps=train.adam_eps,
-        weight_decay=train.weight_decay,
-        mask=matrix_mask,  # matrices only: biases and LayerNorm vectors are not decayed, as in GPT-2
-    )
+def make_transform(train: TrainConfig, total_steps: int,
+                   routing: nnx.State | None = None) -> optax.GradientTransformation:
+    """The whole optimiser; `routing` (muon.routes(model)) is needed for optimizer "muon"."""
+    if train.optimizer == "muon":
+        assert routing is not None, "optimizer 'muon' routes parameters by the model's axis names"
+        update = _muon_adamw(train, total_steps, routing)
+    else:
+        update = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+            learning_rate=make_schedule(train, total_steps),
+            b1=train.adam_b1,
+            b2=train.adam_b2,
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+            mask=matrix_mask,  # matrices only: biases and LayerNorm vectors are not decayed, as in GPT-2
+        )
     inner = optax.chain(
         record_grad_norm(),
         optax.clip_by_global_norm(train.clipping_max_norm),
-        adamw,
+        update,
     )
     return optax.apply_if_finite(
         optax.MultiSteps(inner, every_k_schedule=train.gradient_accumulation_steps),
@@ -94,20 +145,54 @@ def make_transform(train: TrainConfig, total_steps: int) -> optax.GradientTransf
     )
 
 
+def _muon_adamw(train: TrainConfig, total_steps: int, routing: nnx.State) -> optax.GradientTransformation:
+    """One inject_hyperparams over the partition, so every rate (and the momentum) is a named,
+    logged hyperparameter: "learning_rate" is the Muon matrices' alone (what optim/lr shows)."""
+    m = train.muon
+    labels = muon.labels(routing)
+
+    def muon_adamw(learning_rate: Any, embed_learning_rate: Any, head_learning_rate: Any,
+                   scalar_learning_rate: Any, momentum: Any, muon_weight_decay: Any, b1: Any, b2: Any,
+                   eps: Any, weight_decay: Any) -> optax.GradientTransformation:
+        def adamw(lr: Any) -> optax.GradientTransformation:  # embeddings and head: all matrices
+            return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+
+        return optax.partition({
+            "muon": muon.scale_by_muon_viewed(routing, momentum=momentum, nesterov=m.nesterov, ns_steps=m.ns_steps,
+                                              weight_decay=muon_weight_decay, learning_rate=learning_rate),
+            "embed": adamw(embed_learning_rate),
+            "head": adamw(head_learning_rate),
+            "scalar": optax.adam(scalar_learning_rate, b1=b1, b2=b2, eps=eps),  # norms, biases: never decayed
+        }, labels)
+
+    rates = peak_rates(train)
+    return optax.inject_hyperparams(muon_adamw)(
+        **{RATE_STATS[part]: make_schedule(train, total_steps, peak) for part, peak in rates.items()},
+        momentum=optax.linear_schedule(m.momentum_init, m.momentum, m.momentum_warmup_steps)
+        if m.momentum_warmup_steps else m.momentum,
+        muon_weight_decay=m.weight_decay,
+        b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps, weight_decay=train.weight_decay,
+    )
+
+
 def make_optimizer(model: nnx.Module, train: TrainConfig, total_steps: int) -> nnx.Optimizer:
-    return nnx.Optimizer(model, make_transform(train, total_steps), wrt=nnx.Param)
+    routing = muon.routes(model) if train.optimizer == "muon" else None
+    return nnx.Optimizer(model, make_transform(train, total_steps, routing), wrt=nnx.Param)
 
 
 def optimizer_stats(optimizer: nnx.Optimizer) -> dict[str, jax.Array]:
-    """Learning rate, pre-clip grad norm, step counters and skip counts, looked up by name.
+    """Learning rate, pre-clip grad norm, step counters and skip counts, looked up by name; with
+    Muon also the other parts' learning rates and the momentum (_MUON_STAT_NAMES).
 
     Works inside jit (returns traced scalars) and outside (concrete arrays).
     """
     state = nnx.as_pure(optimizer.opt_state)
-    stats = {
-        key: optax.tree.get(state, name, filtering=lambda _path, v: isinstance(v, jax.Array))
-        for key, name in _STAT_NAMES.items()
-    }
+    arrays = lambda _path, v: isinstance(v, jax.Array)  # noqa: E731 - not the schedules' states of the same name
+    stats = {key: optax.tree.get(state, name, filtering=arrays) for key, name in _STAT_NAMES.items()}
+    for name in _MUON_STAT_NAMES:
+        value = optax.tree.get(state, name, filtering=arrays)
+        if value is not None:
+            stats[name] = value
     return stats
 
 

@@ -315,6 +315,14 @@ def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, datase
             print(f"Note: model.json's {', '.join(f'{k}={v[1]!r}' for k, v in diff.items())} "
                   f"differ from {ckpt_dir.name}; same weights, run differently")
     if old_train is not None:
+        try:  # through today's loader too: keys added since take their defaults (optimizer "adamw", ...)
+            old_train = to_dict(from_dict(TrainConfig, old_train, f"{ckpt_dir}/train.json"))
+        except ConfigError:
+            pass  # a key since removed: compare what is there
+        if old_train.get("optimizer", "adamw") != train.optimizer:
+            raise ConfigError(f"train.json: optimizer={train.optimizer!r} differs from checkpoint {ckpt_dir.name} "
+                              f"(optimizer={old_train.get('optimizer', 'adamw')!r}), whose optimiser state has "
+                              f"the other's layout; use --restart (or init_from its weights in a new run)")
         for key in _DATA_ORDER_KEYS:
             if old_train.get(key) != to_dict(train)[key]:
                 raise ConfigError(f"train.json: {key}={to_dict(train)[key]!r} differs from checkpoint "

@@ -5,7 +5,8 @@ onto the two mesh axes:
 
     data   batch rows (data parallelism); with fsdp also the "embed" axis of every parameter,
            which shards parameters and optimiser state FSDP-style
-    model  tensor parallelism: attention heads ("heads"), MLP hidden units ("mlp"), vocabulary
+    model  tensor parallelism: attention heads ("heads", and "qkv": the fused q/k/v projection),
+           MLP hidden units ("mlp"), vocabulary
 
 JAX's SPMD partitioner does the rest: no hand-written collectives. The same code runs on one
 CPU, on 8 forced host devices and on several processes joined by `jax.distributed`.
@@ -34,6 +35,7 @@ def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
     return (
         ("vocab", MODEL),
         ("heads", MODEL),
+        ("qkv", MODEL),  # the fused (C, 3C) query/key/value projection: sharded as "heads" always was
         ("mlp", MODEL),
         ("embed", DATA if fsdp else None),
         ("ctx", None),

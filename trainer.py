@@ -21,6 +21,7 @@ from tqdm import tqdm
 import charts
 import checkpointing as ckpt
 import mfu
+import muon
 import sharding
 from config import ConfigError, to_dict
 from data import WholeSplit
@@ -28,7 +29,7 @@ from metrics import RunLog
 from run_setup import TrainingError
 import ops
 from model import build_model
-from optim import clip_flag, make_optimizer, make_schedule
+from optim import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
 from step import StepRunner, eval_sums, step_key
 
 if TYPE_CHECKING:
@@ -68,6 +69,42 @@ class Window:
         return len(self.steps) * tokens_per_step / max(time.perf_counter() - self.started, 1e-9)
 
 
+@dataclass
+class Target:
+    """train.json target_val_loss: the run stops at the first validation at or below it.
+
+    Training seconds (`seconds` below, meta.json training_s) are the sum of every step's
+    perf/step_time_s over every session: from the previous step's result (or the end of the
+    validation or checkpoint before it) to this step's result, so the data, the host's work and
+    each session's first compile are in; validation, HellaSwag, checkpoint writing and charts are not.
+    """
+
+    value: float
+    best: float | None = None  # lowest validation loss so far, at every validation (not only checkpoints)
+    reached: dict[str, Any] | None = None  # {"step", "tokens", "training_seconds"} where it was reached
+
+    def check(self, val: float, step: int, tokens: int, seconds: float) -> bool:
+        """Whether this validation reaches the target (for the first time)."""
+        self.best = val if self.best is None else min(self.best, val)
+        if self.reached is not None or not val <= self.value:
+            return False
+        self.reached = {"step": step, "tokens": tokens, "training_seconds": seconds}
+        return True
+
+    def record(self, step: int, tokens: int, seconds: float) -> dict[str, Any]:
+        """meta.json "target": where it was reached, or (not reached) how far the run got."""
+        where = self.reached or {"step": step, "tokens": tokens, "training_seconds": seconds}
+        return {"value": self.value, "reached": self.reached is not None, **where, "best_loss": self.best}
+
+    def line(self, step: int, tokens: int, seconds: float) -> str:
+        r = self.record(step, tokens, seconds)
+        if r["reached"]:
+            return (f"Target validation loss {self.value:g} reached at step {r['step']}: {r['step']:,} steps, "
+                    f"{r['tokens']:,} tokens, {r['training_seconds']:,.3f} training seconds")
+        best = "n/a" if self.best is None else f"{self.best:.4f}"
+        return f"Target validation loss {self.value:g} not reached in {step:,} steps (best {best})"
+
+
 def stop_agreed(stop: StopFlag) -> bool:
     """In a multi-process run a signal may reach one process only: stop if any got one."""
     if jax.process_count() == 1:
@@ -101,7 +138,13 @@ class Trainer:
 
         self.model, self.optimizer = sharding.create_sharded(
             build, self.mesh, self.cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
+        self.routing = None  # optimizer "muon": which parameters each part trains (muon.py)
+        if self.cfg.optimizer == "muon":
+            self.routing = muon.routing_table(self.model, muon.routes(self.model))
+            self.log(muon.format_table(self.routing, peak_rates(self.cfg)))
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
+        self.trained_s = 0.0  # training seconds (Target) up to the last checkpoint, every session
+        self.resumed: dict[str, Any] = {}  # meta.json of the checkpoint this session resumed from
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         self.val_tokens = 0  # tokens the last validation scored
         self.hellaswag_results: list[dict[str, Any]] = []  # since the last checkpoint (meta.json)
@@ -109,14 +152,19 @@ class Trainer:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
             self.dropped_total = meta.get("skipped_updates", {}).get("dropped_steps_total", 0)
+            # Checkpoints from before training seconds were counted: their elapsed time (validation included).
+            self.trained_s, self.resumed = meta.get("training_s", self.elapsed), meta
             self.log(f"Resuming {run.run_dir} from {run.resume_from.name} (step {self.start})")
         elif run.init_from is not None:  # fine-tuning: these weights, step 0, fresh optimiser
             ckpt.load_weights(self.model, run.init_from / ckpt.WEIGHTS)
             self.log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
+        self.done = self.start
         self.step = StepRunner(self.model, self.optimizer)  # self.model/optimizer are stale until step.sync()
         self.flops_per_token = mfu.flops_per_token(self.mcfg, self.cfg.seq_len(self.mcfg))
         self.peak_flops, self.peak_source = mfu.peak_flops(self.compute_dtype)  # the dtype as run
         self.profile = Profile(run.run_dir, profile, self.start) if profile is not None else None
+        self.target = None if self.cfg.target_val_loss is None else Target(
+            self.cfg.target_val_loss, best=(self.resumed.get("target") or {}).get("best_loss", self.best))
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -173,8 +221,23 @@ class Trainer:
             charts.draw_charts(self.run.run_dir, log_y=self.cfg.charts_log_y)
         return path
 
+    def training_seconds(self) -> float:
+        """Training seconds so far (Target's docstring says what they count)."""
+        return self.trained_s + sum(self.window.step_times)
+
+    def already_reached(self) -> bool:
+        """The checkpoint this session resumed from is at or below the target: say so, train nothing."""
+        val = self.resumed.get("val_loss")
+        if self.target is None or not isinstance(val, (int, float)) or not val <= self.target.value:
+            return False
+        self.log(f"Nothing to do: {self.run.resume_from.name} (step {self.start}) has validation loss {val:.4f}, "
+                 f"at or below target_val_loss {self.target.value:g}.")
+        return True
+
     def fit(self) -> int:
         run = self.run
+        if self.already_reached():
+            return 0
         if self.start >= run.total_steps:
             self.log(f"Nothing to do: {run.run_dir} already trained {self.start}/{run.total_steps} steps.")
             return 0
@@ -186,6 +249,7 @@ class Trainer:
         self.bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                         disable=None if self.is_main else True)
         t0 = time.perf_counter()
+        self.window = Window()
         try:
             code, last_loss = self.loop()
         finally:
@@ -197,10 +261,19 @@ class Trainer:
             self.summary(time.perf_counter() - t0, last_loss)
         return code
 
+    def check_target(self, done: int, val: float) -> bool:
+        """Whether this validation reaches train.json target_val_loss (recorded, and logged, if so)."""
+        tokens = done * self.tokens_per_step
+        if self.target is None or not self.target.check(val, done, tokens, self.training_seconds()):
+            return False
+        self.records.scalars(done, {"target/steps": done, "target/tokens": tokens,
+                                    "target/seconds": self.target.reached["training_seconds"]})
+        return True
+
     def loop(self) -> tuple[int, float]:
         """The steps of this session; (exit code, last training loss)."""
         run, cfg, profile = self.run, self.cfg, self.profile
-        self.window, last_loss, self.clock = Window(), float("nan"), time.perf_counter()
+        last_loss, self.clock = float("nan"), time.perf_counter()
         x, y = self.batch(self.start)
         # Each step's results are read after the next step is dispatched, so the device never
         # waits for the host between steps; a step that ends at a validation, a checkpoint or
@@ -230,9 +303,13 @@ class Trainer:
             val = self.validate(done)
             self.records.scalars(done, {"val/loss": val, "val/tokens": self.val_tokens})
             self.stop.check_abort()
-            if at_ckpt and not self.postpone(done, stopping):
+            reached = self.check_target(done, val)  # saved here, whatever the interval: the run ends
+            if reached or (at_ckpt and not self.postpone(done, stopping)):
                 self.save(done, stats, val)
             self.clock = time.perf_counter()  # the next step's time starts now, not at this result
+            self.done = done
+            if reached:
+                return 0, last_loss
             if stopping:
                 self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
                          f"Resume with: uv run train.py {run.run_dir}")
@@ -249,7 +326,10 @@ class Trainer:
         tokens_per_s = self.tokens_per_step / max(step_time, 1e-9)
         gn, dropped = self.window.grad_norms[-1], self.window.dropped[-1]
         loss = float(np.mean(losses))
-        self.records.scalars(done, {
+        rates = {f"optim/lr_{part}": v for part, v in part_rates(stats).items() if part not in ("adamw", "muon")}
+        if "momentum" in stats:
+            rates["optim/muon_momentum"] = float(stats["momentum"])
+        self.records.scalars(done, rates | {
             "train/loss": loss, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
             "optim/clipped": float(clip_flag(gn, self.cfg.clipping_max_norm)), "optim/skipped": float(dropped),
             "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_s,
@@ -264,6 +344,7 @@ class Trainer:
         self.elapsed += time.perf_counter() - self.window.started
         self.records.flush()  # the record up to this step is as durable as the checkpoint
         path = self.checkpoint(done, self.window, stats, val)
+        self.trained_s = self.training_seconds()
         self.hellaswag_results = []
         if self.is_main:
             self.bar.write(self.progress_line(done, self.window, stats, val) + f" | saved {path.name}")
@@ -310,7 +391,10 @@ class Trainer:
             "hellaswag": self.hellaswag_results,  # [{"step", "acc", "acc_norm", ...}] since the last checkpoint
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
-            "learning_rate": float(stats["learning_rate"]),  # used by the last applied step
+            "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')
+            "learning_rates": part_rates(stats),  # each part's, by name (adamw: one)
+            "optimizer": cfg.optimizer,
+            "routing": self.routing,  # muon: each part's tensors and params (muon.routing_table)
             # The schedule counts applied optimiser steps: a dropped step does not advance it.
             "next_learning_rate": float(self.schedule(int(stats["gradient_step"]))),
             "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
@@ -326,6 +410,9 @@ class Trainer:
             "flops_per_token": self.flops_per_token,  # mfu.flops_per_token: 6N + 12 L T C
             "peak_flops": self.peak_flops, "peak_flops_source": self.peak_source,
             "elapsed_s": self.elapsed,
+            "training_s": self.training_seconds(),  # Target's docstring says what is counted
+            "target": None if self.target is None else self.target.record(
+                done, done * self.tokens_per_step, self.training_seconds()),
             "mesh": dict(self.mesh.shape) | {"processes": jax.process_count()},
             "compute_dtype": self.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
             "data_position": {"next_step": done, "microbatches_consumed": done * self.k,
@@ -350,12 +437,14 @@ class Trainer:
                 f"MFU {100 * self.mfu_at(window.tokens_per_s(self.tokens_per_step)):.1f}%")
 
     def summary(self, seconds: float, last_loss: float) -> None:
-        tokens = (self.run.total_steps - self.start) * self.tokens_per_step
+        tokens = (self.done - self.start) * self.tokens_per_step
+        target = "" if self.target is None else "\n" + self.target.line(
+            self.done, self.done * self.tokens_per_step, self.trained_s)
         self.log(f"Training complete in {seconds:,.3f} seconds\n"
-                 f"Tokens seen: {self.run.total_steps * self.tokens_per_step:,} ({tokens:,} in this session)\n"
+                 f"Tokens seen: {self.done * self.tokens_per_step:,} ({tokens:,} in this session)\n"
                  f"Throughput: {tokens / seconds:,.0f} tokens/second\n"
                  f"Final train loss: {last_loss:.4f}\n"
-                 f"Best validation loss: {self.best:.4f}")
+                 f"Best validation loss: {self.best:.4f}" + target)
 
 
 class Profile:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from config import (ConfigError, DatasetConfig, ModelConfig, TrainConfig, load_run_configs,
+from config import (ConfigError, DatasetConfig, ModelConfig, MuonConfig, TrainConfig, load_run_configs,
                     to_dict)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,29 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("mesh-unknown-key", t(mesh={"modle": 2}), "train.json", ["mesh", "unknown key", "'modle'"]),
     ("mesh-fsdp-string", t(mesh={"fsdp": "yes"}), "train.json", ["mesh", "fsdp", "'yes'"]),
     ("init-from-blank", t(init_from="  "), "train.json", ["init_from", "'  '"]),
+    # --- optimizer, schedule, target
+    ("unknown-optimizer", t(optimizer="sgd"), "train.json", ["optimizer", "'sgd'", "'muon'"]),
+    ("muon-section-for-adamw", t(muon={"momentum": 0.9}), "train.json", ["muon", "optimizer='adamw'"]),
+    ("muon-momentum-one", t(optimizer="muon", muon={"momentum": 1.0}), "train.json", ["muon", "momentum=1.0"]),
+    ("muon-unknown-key", t(optimizer="muon", muon={"lr": 0.1}), "train.json", ["muon", "unknown key", "'lr'"]),
+    ("muon-zero-ns-steps", t(optimizer="muon", muon={"ns_steps": 0}), "train.json", ["muon", "ns_steps=0"]),
+    ("muon-zero-embed-lr", t(optimizer="muon", muon={"embed_learning_rate": 0}), "train.json",
+     ["muon", "embed_learning_rate=0"]),
+    ("muon-negative-warmup", t(optimizer="muon", muon={"momentum_warmup_steps": -1}), "train.json",
+     ["muon", "momentum_warmup_steps=-1"]),
+    ("muon-negative-decay", t(optimizer="muon", muon={"weight_decay": -0.1}), "train.json", ["muon", "weight_decay=-0.1"]),
+    ("unknown-schedule", t(schedule="linear"), "train.json", ["schedule", "'linear'", "'wsd'"]),
+    ("wsd-over-100-percent", t(schedule="wsd", warmup_percent=30, cooldown_percent=80), "train.json",
+     ["warmup_percent=30", "cooldown_percent=80", "100"]),
+    ("wsd-default-cooldown-over-100", t(schedule="wsd", warmup_percent=90), "train.json",
+     ["warmup_percent=90", "cooldown_percent=20"]),
+    ("cooldown-for-cosine", t(cooldown_percent=10), "train.json", ["cooldown_percent=10", "'wsd'"]),
+    ("cooldown-negative", t(schedule="wsd", cooldown_percent=-5), "train.json", ["cooldown_percent=-5"]),
+    ("zero-target", t(target_val_loss=0), "train.json", ["target_val_loss=0"]),
+    ("string-target", t(target_val_loss="low"), "train.json", ["target_val_loss", "'low'"]),
     # --- across the two files
+    ("muon-without-matrices", {"model": edit(MODEL, architecture="a-to-a", n_layers=0), "train": edit(TRAIN, optimizer="muon")},
+     "train.json", ["optimizer='muon'", "a-to-a", "adamw"]),
     ("train-tokens-below-one-step", t(train_steps=DROP, train_tokens=100), "train.json",
      ["train_tokens=100", "128"]),
     ("sequence-longer-than-context", t(sequence_length=32), "train.json",
@@ -216,6 +238,22 @@ def test_defaults_resolved(tmp_path: Path) -> None:
     json.dumps(td)  # serialisable as written beside the checkpoints
     with pytest.raises(dataclasses.FrozenInstanceError):
         train.learning_rate = 1.0  # type: ignore[misc]
+
+
+def test_defaults_depend_on_the_optimizer_and_schedule(tmp_path: Path) -> None:
+    """learning_rate / weight_decay left out: AdamW's or Muon's own; set: kept as given. The resolved
+    values are what to_dict writes beside the checkpoints, and load back the same."""
+    _, adamw = load_run_configs(write_run(tmp_path / "a"))
+    assert (adamw.learning_rate, adamw.weight_decay, adamw.muon, adamw.cooldown_percent) == (6e-4, 0.1, None, None)
+    _, muon = load_run_configs(write_run(tmp_path / "m", **t(optimizer="muon", schedule="wsd")))
+    assert (muon.learning_rate, muon.weight_decay, muon.cooldown_percent) == (0.02, 0.0, 20.0)
+    assert muon.muon == MuonConfig() and to_dict(muon)["muon"] == dataclasses.asdict(MuonConfig())
+    _, given = load_run_configs(write_run(tmp_path / "g", **t(optimizer="muon", learning_rate=0.05, weight_decay=0.01,
+                                                              muon={"momentum": 0.9})))
+    assert (given.learning_rate, given.weight_decay, given.muon.momentum, given.muon.ns_steps) == (0.05, 0.01, 0.9, 5)
+    for cfg, name in ((muon, "m2"), (given, "g2")):
+        again = load_run_configs(write_run(tmp_path / name, train=to_dict(cfg)))[1]
+        assert again == cfg
 
 
 def test_resolved_dict_round_trips(tmp_path: Path) -> None:

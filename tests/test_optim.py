@@ -131,6 +131,41 @@ def test_schedule_warmup_rounds_down() -> None:
     assert float(s(1)) == pytest.approx(1e-3, rel=1e-6)
 
 
+def test_schedule_wsd_values() -> None:
+    """Warmup-stable-decay: cosine's own warm-up, the peak until the last cooldown_percent of the
+    steps, then a straight line to peak x lr_end_factor at the last step."""
+    tr = TrainConfig(microbatch_size=1, train_steps=100, learning_rate=1e-3, warmup_percent=10,
+                     lr_init_factor=0.01, lr_end_factor=0.1, schedule="wsd", cooldown_percent=20)
+    s, cosine = make_schedule(tr, 100), make_schedule(replace(tr, schedule="cosine", cooldown_percent=None), 100)
+    peak, init, end = 1e-3, 1e-5, 1e-4
+    for t in range(11):  # the same warm-up, to the bit
+        assert float(s(t)) == float(cosine(t)), t
+    assert float(s(5)) == pytest.approx((init + peak) / 2, rel=1e-5)
+    assert all(float(s(t)) == pytest.approx(peak, rel=1e-7) for t in range(10, 81))  # stable to step 80
+    checks = {81: peak + (end - peak) / 20, 90: (peak + end) / 2, 99: end + (peak - end) / 20, 100: end, 500: end}
+    for t, value in checks.items():
+        assert float(s(t)) == pytest.approx(value, rel=1e-5), t
+    values = np.array([float(s(t)) for t in range(101)])
+    assert np.all(np.diff(values[:11]) > 0) and np.all(np.diff(values[80:]) < 0)
+    # Each part's peak (optimizer muon) scales the whole curve.
+    assert float(make_schedule(tr, 100, peak=0.02)(90)) == pytest.approx(20 * (peak + end) / 2, rel=1e-5)
+
+
+def test_schedule_wsd_edges() -> None:
+    base = dict(microbatch_size=1, train_steps=50, learning_rate=2e-3, lr_end_factor=0.0, schedule="wsd")
+    flat = make_schedule(TrainConfig(**base, warmup_percent=0, cooldown_percent=0), 50)
+    assert [float(flat(t)) for t in (0, 1, 25, 49, 50, 99)] == [pytest.approx(2e-3, rel=1e-7)] * 6  # constant
+    decay = make_schedule(TrainConfig(**base, warmup_percent=0, cooldown_percent=100), 50)
+    assert float(decay(0)) == pytest.approx(2e-3) and float(decay(25)) == pytest.approx(1e-3, rel=1e-5)
+    assert abs(float(decay(50))) < 1e-9
+    both = make_schedule(TrainConfig(**base, warmup_percent=40, cooldown_percent=60), 50)  # no stable phase
+    assert float(both(20)) == pytest.approx(2e-3, rel=1e-6) and float(both(35)) == pytest.approx(1e-3, rel=1e-5)
+    # 20% of 7 steps = 1.4 -> one cool-down step, as the warm-up rounds down
+    short = make_schedule(TrainConfig(**{**base, "train_steps": 7}, warmup_percent=0, cooldown_percent=20), 7)
+    assert float(short(5)) == pytest.approx(2e-3, rel=1e-6) and abs(float(short(7))) < 1e-9
+    assert float(short(6)) == pytest.approx(2e-3, rel=1e-6)
+
+
 # ----------------------------------------------------------------------------- MultiSteps == big batch
 
 

@@ -117,6 +117,7 @@ BAD_INPUTS = [
     ("sequence too long", {}, {"sequence_length": 65}, ["train.json", "sequence_length=65"]),
     ("cudnn without a GPU", {"attention": "cudnn", "compute_dtype": "bfloat16"}, {}, ["model.json", "cudnn", "GPU"]),
     ("zero loss chunk", {"loss_chunk": 0}, {}, ["model.json", "loss_chunk=0"]),
+    ("muon without matrices", {}, {"optimizer": "muon"}, ["train.json", "optimizer='muon'", "a-to-a"]),
 ]
 
 
