@@ -1,14 +1,16 @@
-"""Draw training charts for a run from its checkpoint metadata.
+"""Draw training charts for a run from its checkpoint metadata, or compare runs on one chart.
 
 Usage:
     uv run charts.py runs/<name> [runs/<other> ...] [--log-y]
+    uv run charts.py runs/a runs/b [...] --compare out.png [--log-x] [--log-y] [--target 1.71]
 
-This writes, for each run, run_dir/charts/loss.png (every step's training loss, raw and
+The first form writes, for each run, run_dir/charts/loss.png (every step's training loss, raw and
 smoothed, the min-max band of each checkpoint window over the steps it covers, and every
 validation), lr.png, grad_norm.png (log scale, with the clip threshold and dropped steps),
 throughput.png (tokens/s per step and its running median; MFU is the right axis' scale) and, when
 the run scores HellaSwag, hellaswag.png. It reads run_dir/checkpoints (run_history.py) and
-run_dir/metrics.jsonl. From Python:
+run_dir/metrics.jsonl. The second form draws validation loss against tokens seen for each run
+(charts_compare.py). From Python:
 
     from charts import draw_charts, load_history
     paths = draw_charts(Path("runs/demo"), log_y=True)
@@ -25,7 +27,8 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from figures import SIZE, legend, plain_log_y, plt, save
+from charts_compare import draw_compare
+from figures import FORMATS, SIZE, legend, plain_log_y, plt, save
 from run_history import (flagged_steps, is_number, load_history, median_window, per_step, rolling_median, smooth,
                          smoothing_span, validation, windows)
 
@@ -205,12 +208,23 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Draw a run's loss, learning-rate, gradient-norm and throughput charts into <run>/charts.")
+        description="Draw a run's loss, learning-rate, gradient-norm and throughput charts into <run>/charts, "
+                    "or, with --compare, the validation loss of several runs against tokens seen on one chart.")
     parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir", help="run folder, e.g. runs/<name>")
     parser.add_argument("--log-y", action="store_true", help="use a logarithmic loss axis")
+    parser.add_argument("--compare", type=Path, metavar="OUT",
+                        help=f"draw the runs on one chart into OUT ({', '.join('.' + f for f in FORMATS)})")
+    parser.add_argument("--log-x", action="store_true", help="with --compare: a logarithmic tokens axis")
+    parser.add_argument("--target", type=float, metavar="LOSS",
+                        help="with --compare: draw this validation loss as a line and say when each run reached it")
     args = parser.parse_args(argv)
+    if args.compare is None and (args.log_x or args.target is not None):
+        parser.error("--log-x and --target apply to --compare OUT")
     try:
-        paths = [p for run_dir in args.run_dirs for p in draw_charts(run_dir, log_y=args.log_y)]
+        if args.compare is not None:
+            paths = [draw_compare(args.run_dirs, args.compare, log_x=args.log_x, log_y=args.log_y, target=args.target)]
+        else:
+            paths = [p for run_dir in args.run_dirs for p in draw_charts(run_dir, log_y=args.log_y)]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
