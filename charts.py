@@ -1,12 +1,16 @@
-"""Draw training charts for a run from its checkpoint metadata.
+"""Draw training charts for a run from its checkpoint metadata, or compare runs on one chart.
 
 Usage:
-    uv run charts.py runs/<name> [--log-y]
+    uv run charts.py runs/<name> [runs/<other> ...] [--log-y]
+    uv run charts.py runs/a runs/b [...] --compare out.png [--log-x] [--log-y] [--target 1.71]
 
-Reads run_dir/checkpoints/<time>-step-<N>/meta.json and run_dir/checkpoints/history/*.json (metadata kept from
-pruned checkpoints), and writes run_dir/charts/loss.png (every step's training loss, smoothed,
-under the per-checkpoint band, and the validation points), lr.png, grad_norm.png and
-throughput.png (tokens/s and MFU per step). From Python:
+The first form writes, for each run, run_dir/charts/loss.png (every step's training loss, raw and
+smoothed, the min-max band of each checkpoint window over the steps it covers, and every
+validation), lr.png, grad_norm.png (log scale, with the clip threshold and dropped steps),
+throughput.png (tokens/s per step and its running median; MFU is the right axis' scale) and, when
+the run scores HellaSwag, hellaswag.png. It reads run_dir/checkpoints (run_history.py) and
+run_dir/metrics.jsonl. The second form draws validation loss against tokens seen for each run
+(charts_compare.py). From Python:
 
     from charts import draw_charts, load_history
     paths = draw_charts(Path("runs/demo"), log_y=True)
@@ -15,192 +19,166 @@ throughput.png (tokens/s and MFU per step). From Python:
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-# Select the file-only backend before pyplot is imported, so charts work on headless machines.
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from charts_compare import draw_compare
+from figures import FORMATS, SIZE, legend, plain_log_y, plt, save
+from run_history import (flagged_steps, is_number, load_history, median_window, per_step, rolling_median, smooth,
+                         smoothing_span, validation, windows)
 
-# Symlinks that point at a real checkpoint folder; reading them would count that checkpoint twice.
-_ALIASES = {"latest", "best"}
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    """Parse one meta.json and check the fields the charts need, naming the file on any problem."""
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed checkpoint metadata {path}: {exc}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"malformed checkpoint metadata {path}: expected a JSON object, got {type(meta).__name__}")
-    step, train = meta.get("step"), meta.get("train_loss")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise ValueError(f"malformed checkpoint metadata {path}: step={step!r} is not an integer")
-    if not isinstance(train, dict) or not all(_is_number(train.get(k)) for k in ("min", "max", "mean")):
-        raise ValueError(f"malformed checkpoint metadata {path}: train_loss={train!r} lacks numeric min/max/mean")
-    series = meta.get("series") or {}
-    if not isinstance(series, dict):
-        raise ValueError(f"malformed checkpoint metadata {path}: series={series!r} is not an object")
-    n = len(series.get("step") or [])
-    for key, values in series.items():
-        # Per-step lists are zipped with series["step"]; a length mismatch would silently misalign the curves.
-        if not isinstance(values, list) or len(values) != n:
-            raise ValueError(f"malformed checkpoint metadata {path}: series[{key!r}] does not match series['step']")
-    return meta
+__all__ = ["draw_charts", "load_history", "main"]
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    """Return the run's checkpoint meta records, one per step, sorted by step.
-
-    Live checkpoints win over history/ copies of the same step, since history only keeps pruned ones.
-    Raises ValueError when the run has no readable checkpoints or a meta file is malformed.
-    """
-    run_dir = Path(run_dir)
-    root = run_dir / "checkpoints"
-    if not root.is_dir():
-        raise ValueError(f"no checkpoints folder at {root} (is {run_dir} a run directory?)")
-    by_step: dict[int, dict[str, Any]] = {}
-    history = root / "history"
-    if history.is_dir():
-        for path in sorted(history.glob("*.json")):
-            meta = _read_meta(path)
-            by_step[meta["step"]] = meta
-    for ckpt in sorted(root.iterdir()):
-        # Dot folders are checkpoints still being written (".tmp-..."), aliases duplicate real folders,
-        # "corrupt-..." ones were found damaged on resume and set aside (their steps were trained again).
-        if (ckpt.name.startswith((".", "corrupt-")) or ckpt.name in _ALIASES or ckpt.is_symlink()
-                or ckpt == history):
-            continue
-        meta_path = ckpt / "meta.json"
-        if ckpt.is_dir() and meta_path.is_file():
-            meta = _read_meta(meta_path)
-            by_step[meta["step"]] = meta
-    if not by_step:
-        raise ValueError(f"no checkpoints with meta.json under {root}")
-    return [by_step[step] for step in sorted(by_step)]
-
-
-def _per_step(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """Concatenate a per-step series over records, falling back to the checkpoint's own value when absent."""
-    points: dict[int, float] = {}
-    for rec in records:
-        series = rec.get("series") or {}
-        values = series.get(key) or []
-        if values:
-            points.update((s, v) for s, v in zip(series["step"], values) if _is_number(v))
-        elif _is_number(rec.get(key)):
-            points[rec["step"]] = rec[key]
-    steps = sorted(points)
-    return steps, [points[s] for s in steps]
-
-
-def _save(fig: plt.Figure, path: Path) -> None:
-    """Write the figure to path atomically, so a viewer or a killed process never sees a half-written PNG."""
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.stem}-", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        plt.close(fig)
-
-
-def smooth(values: list[float], span: int) -> list[float]:
-    """Exponential moving average over `span` steps, bias-corrected so the start is not pulled to 0."""
-    alpha, avg, out = 2 / (span + 1), 0.0, []
-    for i, v in enumerate(values):
-        avg = (1 - alpha) * avg + alpha * v
-        out.append(avg / (1 - (1 - alpha) ** (i + 1)))
-    return out
-
-
-def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    steps = [r["step"] for r in records]
-    lo, hi = [r["train_loss"]["min"] for r in records], [r["train_loss"]["max"] for r in records]
-    ax.fill_between(steps, lo, hi, alpha=0.15, color="tab:blue", label="train min-max per checkpoint")
-    per_step, losses = _per_step(records, "loss")
-    if per_step:  # every step's loss (meta.json series), raw and lightly smoothed
-        ax.plot(per_step, losses, color="tab:blue", alpha=0.3, linewidth=0.6)
-        ax.plot(per_step, smooth(losses, max(1, len(losses) // 50)), color="tab:blue", label="train (per step, smoothed)")
+def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool,
+                val: tuple[list[int], list[float]]) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=SIZE)
+    # Each window's band spans the steps it covers (from the previous checkpoint to its own), so
+    # the first window's range, which holds the untrained step 1, stays over the first steps.
+    for i, (first, last, lo, hi) in enumerate(windows(records)):
+        ax.fill_between([first - 1, last], [lo, lo], [hi, hi], color="tab:blue", alpha=0.12, linewidth=0,
+                        label="train min-max of each checkpoint window" if i == 0 else None)
+    steps, losses = per_step(records, "loss")
+    if steps:  # every step's loss (meta.json series), raw and smoothed
+        span = smoothing_span(len(losses))
+        ax.plot(steps, losses, color="tab:blue", alpha=0.35, linewidth=0.6, label="train, each step")
+        ax.plot(steps, smooth(losses, span), color="tab:blue", linewidth=1.8,
+                label=f"train, smoothed ({span}-step EMA)" if span > 1 else "train")
     else:
-        ax.plot(steps, [r["train_loss"]["mean"] for r in records], marker=".", label="train mean")
-    val = [(r["step"], r["val_loss"]) for r in records if _is_number(r.get("val_loss"))]
-    if val:
-        ax.plot(*zip(*val), marker="o", color="tab:orange", label="validation")
+        ax.plot([r["step"] for r in records], [r["train_loss"]["mean"] for r in records], marker=".",
+                color="tab:blue", label="train, mean of each window")
+    if val[0]:
+        ax.plot(*val, marker="o", markersize=4, color="tab:orange", linewidth=1.5, label="validation")
     if log_y:
-        ax.set_yscale("log")
+        plain_log_y(ax)
     ax.set(title=f"Loss: {title}", xlabel="optimiser step", ylabel="cross-entropy loss")
+    ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    legend(ax)
     return fig
 
 
+def _mfu_per_token_rate(records: list[dict[str, Any]]) -> float | None:
+    """MFU / (tokens/s) when it is one number over the run (one model, one peak), else None: a run
+    resumed on another chip or dtype has a different peak, and one right-axis scale would lie."""
+    ratios = []
+    for rec in records:
+        series = rec.get("series") or {}
+        pairs = zip(series.get("tokens_per_s") or [], series.get("mfu") or [])
+        ratios += [m / t for t, m in pairs if is_number(t) and is_number(m) and t > 0]
+        rate = rec.get("throughput_tokens_per_s")
+        if not series.get("mfu") and is_number(rec.get("mfu")) and is_number(rate) and rate > 0:
+            ratios.append(rec["mfu"] / rec["throughput_tokens_per_s"])
+    if ratios and max(ratios) - min(ratios) <= 1e-6 * max(ratios):
+        return ratios[0]
+    return None
+
+
+def _rate_lines(ax: plt.Axes, steps: list[int], values: list[float], color: str, unit: str) -> None:
+    """Each step faint, its running median bold; the y range set by the bulk of the steps, so one
+    spike (a fast read after a slow validation) does not flatten the rest."""
+    window = median_window(len(values))
+    at, median = rolling_median(values, window)
+    top = 1.15 * max(float(np.percentile(values, 99, method="lower")), max(median))
+    above = sum(v > top for v in values)
+    ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.7,
+            label=f"{unit}, each step" + (f" ({above} above the top of the axis)" if above else ""))
+    ax.plot([steps[i] for i in at], median, color=color, linewidth=2,
+            label=f"{unit}, median of the last {window} steps")
+    ax.set_ylim(0, top if top > 0 else None)
+
+
 def _throughput_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    steps, rates = _per_step(records, "tokens_per_s")
-    ax.plot(steps, rates, color="tab:green", linewidth=0.8, label="tokens/s")
-    ax.set(title=f"Throughput: {title}", xlabel="optimiser step", ylabel="tokens / second")
-    ax.grid(True, alpha=0.3)
-    mfu_steps, mfu = _per_step(records, "mfu")
-    if mfu_steps:
-        right = ax.twinx()
-        right.plot(mfu_steps, [100 * v for v in mfu], color="tab:purple", linewidth=0.8, alpha=0.7, label="MFU")
+    steps, rates = per_step(records, "tokens_per_s")
+    mfu_steps, mfu = per_step(records, "mfu")
+    ratio = _mfu_per_token_rate(records)
+    # tokens/s and MFU are proportional: on twin axes their lines coincide. One line then, with MFU
+    # as the right axis' scale; only a run whose peak changed (resumed elsewhere) gets its own panel.
+    own_panel = bool(mfu_steps) and ratio is None
+    fig, axes = plt.subplots(2 if own_panel else 1, 1, sharex=True, squeeze=False,
+                             figsize=(SIZE[0], SIZE[1] * (1.4 if own_panel else 1)),
+                             gridspec_kw={"height_ratios": [2, 1]} if own_panel else None)
+    ax = axes[0][0]
+    if steps:
+        _rate_lines(ax, steps, rates, "tab:green", "tokens/s")
+    ax.set(title=f"Throughput: {title}", ylabel="tokens / second")
+    if ratio is not None:
+        right = ax.secondary_yaxis("right", functions=(lambda t: 100 * ratio * t, lambda m: m / (100 * ratio)))
         right.set_ylabel("MFU (%)")
-        right.set_ylim(bottom=0)
-        fig.legend(loc="lower right")
-    ax.set_ylim(bottom=0)
+    if own_panel:
+        low = axes[1][0]
+        _rate_lines(low, mfu_steps, [100 * v for v in mfu], "tab:purple", "MFU %")
+        low.set(ylabel="MFU (%)", title="MFU (the peak changed during the run)")
+        low.grid(True, alpha=0.3)
+        legend(low)
+    axes[-1][0].set_xlabel("optimiser step")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
     return fig
 
 
 def _lr_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(*_per_step(records, "learning_rate"))
+    fig, ax = plt.subplots(figsize=SIZE)
+    steps, lrs = per_step(records, "learning_rate")
+    if steps:
+        ax.plot(steps, lrs, label=f"peak {max(lrs):.3g}, last {lrs[-1]:.3g}")
     ax.set(title=f"Learning rate: {title}", xlabel="optimiser step", ylabel="learning rate")
-    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    # Each tick as a number (0.0015), not an offset printed above the axis (1e-3) to multiply in.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
+    legend(ax)
     return fig
 
 
 def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(*_per_step(records, "grad_norm"), linewidth=0.8, label="grad norm (pre-clip)")
+    fig, ax = plt.subplots(figsize=SIZE)
+    steps, norms = per_step(records, "grad_norm")
+    if steps:
+        window = median_window(len(norms))
+        at, median = rolling_median(norms, window)
+        ax.plot(steps, norms, color="tab:blue", alpha=0.4, linewidth=0.7, label="pre-clip norm, each step")
+        ax.plot([steps[i] for i in at], median, color="tab:blue", linewidth=1.8,
+                label=f"median of the last {window} steps")
     # The latest record holds the clip threshold currently in force (it may change when a run is resumed).
-    clip = next((r["clip_max_norm"] for r in reversed(records) if _is_number(r.get("clip_max_norm"))), None)
+    clip = next((r["clip_max_norm"] for r in reversed(records) if is_number(r.get("clip_max_norm"))), None)
     if clip is not None and math.isfinite(clip):
-        ax.axhline(clip, color="tab:red", linestyle="--", label="clip")
+        above = sum(n > clip for n in norms)
+        ax.axhline(clip, color="tab:red", linestyle="--",
+                   label=f"clip at {clip:g}: {above} of {len(norms)} steps above")
+    dropped = flagged_steps(records, "dropped")
+    for i, s in enumerate(dropped):  # no norm for these: their gradient was not finite
+        ax.axvline(s, color="tab:red", alpha=0.4, linewidth=0.8,
+                   label=f"dropped step (non-finite gradient): {len(dropped)}" if i == 0 else None)
+    if norms and min(norms) > 0:  # log: a spike does not flatten the steps near the threshold
+        plain_log_y(ax)  # after the clip line, so its limits include it
     ax.set(title=f"Gradient norm: {title}", xlabel="optimiser step", ylabel="global L2 norm")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.set_xlim(left=0)
+    ax.grid(True, which="both", alpha=0.3)
+    legend(ax)
     return fig
 
 
 def _hellaswag_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
     points = sorted((h["step"], h["acc"], h["acc_norm"]) for r in records for h in r.get("hellaswag") or []
-                    if isinstance(h, dict) and all(_is_number(h.get(k)) for k in ("step", "acc", "acc_norm")))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+                    if isinstance(h, dict) and all(is_number(h.get(k)) for k in ("step", "acc", "acc_norm")))
+    fig, ax = plt.subplots(figsize=SIZE)
     steps, acc, acc_norm = zip(*points)
-    ax.plot(steps, acc, marker="o", label="acc")
-    ax.plot(steps, acc_norm, marker="o", label="acc_norm")
-    ax.axhline(0.25, color="grey", linestyle=":", label="chance")
+    ax.plot(steps, acc, marker="o", label="acc (summed ending loss)")
+    ax.plot(steps, acc_norm, marker="o", label="acc_norm (mean ending loss)")
+    ax.axhline(0.25, color="grey", linestyle=":", label="chance (1 in 4)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set(title=f"HellaSwag: {title}", xlabel="optimiser step", ylabel="accuracy")
+    ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    legend(ax)
     return fig
 
 
@@ -209,11 +187,12 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
     has HellaSwag results: train.json hellaswag_interval) into run_dir/charts; their paths."""
     run_dir = Path(run_dir)
     records = load_history(run_dir)
+    val = validation(run_dir, records)
     out = run_dir / "charts"
     out.mkdir(parents=True, exist_ok=True)
     title = run_dir.resolve().name
     figures = {
-        "loss.png": lambda: _loss_chart(records, title, log_y),
+        "loss.png": lambda: _loss_chart(records, title, log_y, val),
         "lr.png": lambda: _lr_chart(records, title),
         "grad_norm.png": lambda: _grad_norm_chart(records, title),
         "throughput.png": lambda: _throughput_chart(records, title),
@@ -222,18 +201,30 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
         figures["hellaswag.png"] = lambda: _hellaswag_chart(records, title)
     paths = []
     for name, build in figures.items():
-        _save(build(), out / name)
+        save(build(), out / name)
         paths.append(out / name)
     return paths
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Draw loss, learning-rate and gradient-norm charts for a run.")
-    parser.add_argument("run_dir", type=Path, help="run folder, e.g. runs/<name>")
+    parser = argparse.ArgumentParser(
+        description="Draw a run's loss, learning-rate, gradient-norm and throughput charts into <run>/charts, "
+                    "or, with --compare, the validation loss of several runs against tokens seen on one chart.")
+    parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir", help="run folder, e.g. runs/<name>")
     parser.add_argument("--log-y", action="store_true", help="use a logarithmic loss axis")
+    parser.add_argument("--compare", type=Path, metavar="OUT",
+                        help=f"draw the runs on one chart into OUT ({', '.join('.' + f for f in FORMATS)})")
+    parser.add_argument("--log-x", action="store_true", help="with --compare: a logarithmic tokens axis")
+    parser.add_argument("--target", type=float, metavar="LOSS",
+                        help="with --compare: draw this validation loss as a line and say when each run reached it")
     args = parser.parse_args(argv)
+    if args.compare is None and (args.log_x or args.target is not None):
+        parser.error("--log-x and --target apply to --compare OUT")
     try:
-        paths = draw_charts(args.run_dir, log_y=args.log_y)
+        if args.compare is not None:
+            paths = [draw_compare(args.run_dirs, args.compare, log_x=args.log_x, log_y=args.log_y, target=args.target)]
+        else:
+            paths = [p for run_dir in args.run_dirs for p in draw_charts(run_dir, log_y=args.log_y)]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

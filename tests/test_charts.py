@@ -1,4 +1,5 @@
-"""Tests for charts.py: history loading rules, the three PNGs, error cases and the CLI."""
+"""Tests for charts.py: history loading rules, what each chart draws (its data, its legend), error
+cases and the CLI. The data behind the charts: test_run_history.py; --compare: test_charts_compare.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import matplotlib.image  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 
 import charts  # noqa: E402
+import run_history  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -37,7 +40,8 @@ def meta(step: int, *, val: float | None = None, series: bool = True, **extra) -
             # None marks a step whose norm was not recorded; it must be skipped, not crash the plot.
             "grad_norm": [None if s == step - 5 else 0.5 + s / 100 for s in steps],
             "tokens_per_s": [1000.0 + s for s in steps],
-            "mfu": [0.001 * s for s in steps],
+            "mfu": [1e-4 * (1000.0 + s) for s in steps],  # one model, one peak: MFU / tokens/s is constant
+            "dropped": [s == step - 5 for s in steps],
         }
         if series
         else {},
@@ -96,35 +100,132 @@ def test_draw_charts_writes_four_valid_pngs(run_dir: Path) -> None:
                                                                      "throughput.png"]
 
 
-def test_loss_chart_draws_every_step_and_throughput_draws_tokens_and_mfu(run_dir: Path) -> None:
+def legend_inside(fig: plt.Figure, ax: plt.Axes) -> bool:
+    """The axes' legend lies within the axes (not over the tick labels), and the figure has no other."""
+    fig.canvas.draw()
+    box, legend = ax.get_window_extent(), ax.get_legend().get_window_extent()
+    return (not fig.legends and box.x0 <= legend.x0 and legend.x1 <= box.x1
+            and box.y0 <= legend.y0 and legend.y1 <= box.y1)
+
+
+def trailing_median(values: list[float], i: int, window: int) -> float:
+    """The reference: the median of the `window` values up to index i, sorted by hand."""
+    part = sorted(values[max(0, i + 1 - window):i + 1])
+    mid = len(part) // 2
+    return part[mid] if len(part) % 2 else (part[mid - 1] + part[mid]) / 2
+
+
+def test_loss_chart_bands_span_their_windows(run_dir: Path) -> None:
     records = charts.load_history(run_dir)
-    fig = charts._loss_chart(records, "demo", log_y=False)
-    raw, smoothed, val = fig.axes[0].get_lines()
+    fig = charts._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
+    ax = fig.axes[0]
+    bands = [band.get_datalim(ax.transData) for band in ax.collections]
+    # Each window from the previous checkpoint to its own: step 20 has no series (steps 11-20).
+    assert [(b.x0, b.x1) for b in bands] == [(0, 10), (10, 20), (20, 30)]
+    assert [v for b in bands for v in (b.y0, b.y1)] == pytest.approx([5 / 10, 9 / 10, 5 / 20, 9 / 20, 5 / 30, 9 / 30])
+    raw, smoothed, val = ax.get_lines()
     # Steps 1-10 (history) and 21-30 (step 20's live copy has no series: its band only).
     assert list(raw.get_xdata()) == list(smoothed.get_xdata()) == [*range(1, 11), *range(21, 31)]
     assert list(raw.get_ydata()) == [7.0 / s for s in [*range(1, 11), *range(21, 31)]]
+    assert list(smoothed.get_ydata()) == run_history.smooth(list(raw.get_ydata()), 1)  # 20 steps: span 1
     assert list(val.get_xdata()) == [10, 20]  # step 30 has no validation loss
+    assert legend_inside(fig, ax)
+    plt.close("all")
+
+
+def test_loss_chart_draws_every_validation_of_metrics_jsonl(run_dir: Path) -> None:
+    lines = [{"step": 5, "val/loss": 1.5, "val/tokens": 64}, {"step": 6, "train/loss": 2.0},
+             {"step": 15, "val/loss": 0.6, "val/tokens": 64}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = charts.load_history(run_dir)
+    fig = charts._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
+    val = fig.axes[0].get_lines()[-1]
+    assert list(val.get_xdata()) == [5, 10, 15, 20] and list(val.get_ydata()) == [1.5, 0.9, 0.6, 0.4]
+    plt.close("all")
+
+
+def test_throughput_draws_one_line_and_its_median_with_mfu_as_the_scale(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
     fig = charts._throughput_chart(records, "demo")
-    (rate,), (share,) = fig.axes[0].get_lines(), fig.axes[1].get_lines()
-    assert list(rate.get_ydata()) == [1000.0 + s for s in [*range(1, 11), *range(21, 31)]]
-    assert list(share.get_ydata()) == pytest.approx([0.1 * s for s in [*range(1, 11), *range(21, 31)]])
-    matplotlib.pyplot.close("all")
+    assert len(fig.axes) == 1  # no twin axes: MFU is a second scale, not a second line
+    ax = fig.axes[0]
+    rate, median = ax.get_lines()
+    steps = [*range(1, 11), *range(21, 31)]
+    assert list(rate.get_xdata()) == steps and list(rate.get_ydata()) == [1000.0 + s for s in steps]
+    rates = [1000.0 + s for s in steps]
+    window = run_history.median_window(len(rates))
+    assert list(median.get_xdata()) == steps  # under 1000 steps: a median at every step
+    assert list(median.get_ydata()) == [trailing_median(rates, i, window) for i in range(len(rates))]
+    (mfu_scale,) = ax.child_axes
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    assert low == 0 and mfu_scale.get_ylabel() == "MFU (%)"
+    assert mfu_scale.get_ylim() == pytest.approx((0, 100 * 1e-4 * high))  # meta: mfu = 1e-4 x tokens/s
+    assert legend_inside(fig, ax)
+    plt.close("all")
 
 
-def test_smoothing_is_a_bias_corrected_moving_average() -> None:
-    assert charts.smooth([3.0, 3.0, 3.0], span=5) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0
-    assert charts.smooth([1.0, 2.0, 3.0], span=1) == [1.0, 2.0, 3.0]  # span 1: the raw values
-    out = charts.smooth([0.0] * 10 + [1.0] * 10, span=4)
-    assert out[9] == 0.0 and 0.3 < out[10] < 0.5 and 0.99 < out[-1] < 1.0
+def test_throughput_axis_is_set_by_the_bulk_not_a_spike(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    records[0]["series"]["tokens_per_s"][3] = 1e6  # one fast read after a slow one
+    records[0]["series"]["mfu"][3] = 1e-4 * 1e6
+    fig = charts._throughput_chart(records, "demo")
+    ax = fig.axes[0]
+    rate, median = ax.get_lines()
+    assert 1e6 in list(rate.get_ydata())  # drawn, but above the top
+    assert 1030 < ax.get_ylim()[1] < 2000 and "1 above the top of the axis" in rate.get_label()
+    assert max(median.get_ydata()) < 1100
+    plt.close("all")
 
+
+def test_throughput_of_a_run_whose_peak_changed_draws_mfu_on_its_own_panel(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    records[-1]["series"]["mfu"] = [2 * v for v in records[-1]["series"]["mfu"]]  # resumed on a slower chip
+    fig = charts._throughput_chart(records, "demo")
+    top, low = fig.axes
+    assert not top.child_axes  # no single MFU scale could be right
+    mfu = low.get_lines()[0]
+    want = [100 * 1e-4 * (1000 + s) for s in range(1, 11)] + [200 * 1e-4 * (1000 + s) for s in range(21, 31)]
+    assert list(mfu.get_ydata()) == pytest.approx(want)
+    assert legend_inside(fig, top) and legend_inside(fig, low)
+    plt.close("all")
+
+
+def test_grad_norm_chart_is_log_scaled_with_clip_count_and_dropped_steps(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    fig = charts._grad_norm_chart(records, "demo")
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    steps, norms = run_history.per_step(records, "grad_norm")
+    raw, median, clip, *dropped = ax.get_lines()
+    assert list(raw.get_xdata()) == steps and list(raw.get_ydata()) == norms
+    assert list(clip.get_ydata()) == [1.0, 1.0]
+    above = sum(n > 1.0 for n in norms)  # step 20's own value, 2.0
+    assert above == 1 and clip.get_label() == f"clip at 1: 1 of {len(norms)} steps above"
+    assert [line.get_xdata()[0] for line in dropped] == [5, 25]  # the series' dropped steps
+    assert legend_inside(fig, ax)
+    plt.close("all")
+
+
+def test_hellaswag_chart(run_dir: Path) -> None:
+    records = charts.load_history(run_dir)
+    records[0]["hellaswag"] = [{"step": 10, "acc": 0.26, "acc_norm": 0.27}]
+    records[2]["hellaswag"] = [{"step": 30, "acc": 0.3, "acc_norm": 0.32}]
+    fig = charts._hellaswag_chart(records, "demo")
+    ax = fig.axes[0]
+    acc, acc_norm, chance = ax.get_lines()
+    assert list(acc.get_xdata()) == [10, 30] and list(acc.get_ydata()) == [0.26, 0.3]
+    assert list(acc_norm.get_ydata()) == [0.27, 0.32] and list(chance.get_ydata()) == [0.25, 0.25]
+    assert legend_inside(fig, ax)
+    plt.close("all")
 
 def test_per_step_series_with_fallback_and_none(run_dir: Path) -> None:
     records = charts.load_history(run_dir)
-    steps, lrs = charts._per_step(records, "learning_rate")
+    steps, lrs = run_history.per_step(records, "learning_rate")
     # Step 20 has no series, so its per-checkpoint value stands in for those ten steps.
     assert steps == list(range(1, 11)) + [20] + list(range(21, 31))
     assert lrs[10] == 1e-3
-    steps, norms = charts._per_step(records, "grad_norm")
+    steps, norms = run_history.per_step(records, "grad_norm")
     assert 5 not in steps and 25 not in steps and None not in norms
 
 
