@@ -234,8 +234,10 @@ class Trainer:
                 self.save(done, stats, val)
             self.clock = time.perf_counter()  # the next step's time starts now, not at this result
             if stopping:
+                again = (f"uv run train.py {run.run_dir}" if jax.process_count() == 1 else
+                         f"the same command on all {jax.process_count()} processes")
                 self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
-                         f"Resume with: uv run train.py {run.run_dir}")
+                         f"Resume with: {again}")
                 return 130, last_loss
         return 0, last_loss
 
