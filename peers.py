@@ -14,6 +14,7 @@ JAX's own handler and ignored. Here:
   service declares a missing one dead, `peer_timeout` after its last heartbeat). A process missing
   from a round makes every survivor print one line naming it, `latest` and the command to resume,
   and exit PEER_LOST at once, without JAX's shutdown barrier.
+- `StopVotes` agrees on stop requests through the devices without stalling the loop.
 - `Peers.leave` ends a finished run in order: the other processes first, process 0 (which hosts
   the coordination service) last, so that none of them finds the service gone while leaving.
 
@@ -32,11 +33,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import checkpoint_files as cf
+
+if TYPE_CHECKING:
+    from run_setup import StopFlag
 
 PEER_LOST = 75  # sysexits' EX_TEMPFAIL: a temporary failure; rerunning every process resumes
 ROUND_S = 1.0  # pause between two liveness rounds
@@ -169,3 +177,42 @@ class Peers:
                 self.changed.wait_for(lambda: self.live <= {0}, timeout=max(60, 2 * self.timeout))
         jax.distributed.shutdown()
         self.watch.join(self.timeout)  # its last round returns once this process has disconnected
+
+
+class StopVotes:
+    """Whether any process has a stop request, agreed without stalling the loop.
+
+    One process reads its own flag. Several vote through the devices: `cast` dispatches, right
+    after a step, a max over one flag per device (each process's request on its own devices), and
+    `count` reads that vote one step later, with the step's results. Every process thus reads the
+    same value for the same step and they stop at the same step, while no host waits for a step to
+    finish before dispatching the next (a blocking all-gather of the flags every step did).
+    """
+
+    def __init__(self, stop: StopFlag, mesh: Mesh) -> None:
+        self.stop, self.several, self.any = stop, jax.process_count() > 1, False
+        if self.several:
+            flat = NamedSharding(mesh, P(mesh.axis_names))  # (devices,): one flag on each device
+            self.flags = [jax.make_array_from_callback((mesh.size,), flat, lambda _, v=v: np.array([v], np.int32))
+                          for v in (0, 1)]
+            self.vote = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
+
+    def cast(self) -> jax.Array | None:
+        """This process's vote on the step just dispatched (None for one process)."""
+        return self.vote(self.flags[int(self.stop.requested)]) if self.several else None
+
+    def count(self, vote: jax.Array | None) -> None:
+        """Read a vote cast earlier (waits for it; it ran right after its step)."""
+        if vote is not None:
+            self.any = self.any or bool(np.asarray(vote.addressable_data(0)))
+
+    @property
+    def agreed(self) -> bool:
+        """Stop after the step just dispatched: the votes counted so far say so (all processes
+        have counted the same ones), or, for one process, its own flag."""
+        return self.any if self.several else self.stop.requested
+
+    def now(self) -> bool:
+        """Vote and wait for the result: once, before the first step."""
+        self.count(self.cast())
+        return self.agreed

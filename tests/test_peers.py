@@ -246,3 +246,62 @@ def test_a_peer_timeout_below_five_seconds_is_refused(capsys) -> None:
         train.main(["runs/a-to-a", "--peer-timeout", "2"])
     assert exit_.value.code == 2
     assert "--peer-timeout: '2': expected whole seconds >= 5" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- stop votes
+
+VOTES = """
+import json, os, signal, sys
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+import peers
+from run_setup import StopFlag
+from sharding import DATA, MODEL
+
+me = int(sys.argv[1])
+with StopFlag() as stop:
+    watch = peers.join(dict(coordinator_address=sys.argv[2], num_processes=2, process_id=me),
+                       peer_timeout=10, run_dir=Path(sys.argv[3]), command="votes")
+    mesh = jax.make_mesh((2, 1), (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    votes = peers.StopVotes(stop, mesh)
+    x = jax.device_put(np.eye(512, dtype=np.float32), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    # A step the host must not wait for: long enough that its result is not ready when the vote is cast.
+    step = jax.jit(lambda a: jax.lax.fori_loop(0, 300, lambda i, b: jnp.tanh(b @ a + 1.0), a))
+    step(x).block_until_ready()  # both compiled before the loop, as the trainer does (votes.now())
+    assert not votes.now()
+    seen, pending = [], None
+    for s in range(8):
+        if s == 3 and me == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # a stop request to this process only
+        out = step(x)
+        vote = votes.cast()
+        ready_at_cast = out.is_ready()
+        votes.count(pending)
+        pending = vote
+        seen.append({"step": s, "agreed": votes.agreed, "requested": stop.requested, "ready": ready_at_cast})
+        out.block_until_ready()
+    print(json.dumps(seen), flush=True)
+    watch.leave()
+os._exit(0)
+"""
+
+
+def test_stop_votes_agree_across_processes_without_waiting_for_the_step(tmp_path: Path) -> None:
+    """One process gets a stop request: both read the same votes, step for step, and both agree
+    to stop from the same step on; casting a vote never waits for the step before it (its result
+    is not ready yet), where the all-gather it replaces waited for every step."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", VOTES, str(i), address, str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=WAIT) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    seen = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert [r["requested"] for r in seen[0]] == [False] * 8  # process 0 was never asked ...
+    assert [r["requested"] for r in seen[1]] == [False] * 3 + [True] * 5
+    agreed = [[r["agreed"] for r in rows] for rows in seen]
+    assert agreed[0] == agreed[1]  # ... and agrees with process 1 step for step
+    assert agreed[0] == [False] * 4 + [True] * 4  # step 3's vote, read with step 4's dispatch
+    assert not any(r["ready"] for rows in seen for r in rows), seen
