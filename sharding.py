@@ -44,13 +44,6 @@ def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
     )
 
 
-def initialize_distributed(cluster: dict[str, Any]) -> None:
-    """Join a multi-process run before JAX touches a device: `cluster` holds
-    jax.distributed.initialize's arguments (train.py resolves them from flags and the
-    environment; empty: JAX's own cluster detection)."""
-    jax.distributed.initialize(**cluster)
-
-
 def make_mesh(cfg: MeshConfig, microbatch_size: int) -> Mesh:
     """A (data, model) mesh over every device of every process; sizes checked before compiling."""
     n = jax.device_count()

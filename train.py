@@ -8,25 +8,32 @@
 The first Ctrl-C (or SIGTERM, to the process or its group) finishes the current step, writes a
 checkpoint and exits 130; a second Ctrl-C, seconds later, aborts at once. Rerunning resumes from
 the latest checkpoint with the same step, learning rate, next batch and dropout keys as if never
-interrupted.
+interrupted. In a multi-process run a stop request to any process stops all of them at the same
+step, and a process that stops answering for --peer-timeout seconds ends the others with one
+line and exit code 75 (peers.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fast_malloc
 from config import ConfigError
 from download_dataset import default_data_root
 from run_setup import INPUT_ERRORS, Run, StopFlag, TrainingError, prepare_run
 
-# JAX is imported by `train` (and, for a multi-process run, by `_join_cluster`), only after
-# prepare_run has validated everything: no input error waits for a backend start-up.
+if TYPE_CHECKING:
+    from peers import Peers
+
+# JAX is imported by `train` (and, for a multi-process run, by `_join`), only after prepare_run
+# has validated everything: no input error waits for a backend start-up.
 
 
 def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
@@ -74,12 +81,33 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any] | None:
     return dict(coordinator_address=coordinator, num_processes=n, process_id=pid)
 
 
-def _prepare_in_cluster(args: argparse.Namespace, cluster: dict[str, Any]) -> Run:
-    """Join the cluster, then process 0 alone prepares the dataset and moves old checkpoints
-    aside; the others then find both ready."""
+MIN_PEER_TIMEOUT = 5  # seconds: JAX sends heartbeats at a fraction of the timeout; less is noise
+
+
+def peer_timeout(text: str) -> int:
+    """--peer-timeout SECONDS: jax.distributed's heartbeat timeout, whole seconds."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = -1
+    if seconds < MIN_PEER_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole seconds >= {MIN_PEER_TIMEOUT}")
+    return seconds
+
+
+def _join(args: argparse.Namespace, cluster: dict[str, Any], argv: list[str]) -> Peers:
+    """Join the other processes (jax.distributed) and watch them from here on (peers.py)."""
+    import peers  # JAX
+
+    command = " ".join(["uv run train.py", *map(shlex.quote, argv)])
+    return peers.join(cluster, peer_timeout=args.peer_timeout, run_dir=args.run_dir, command=command)
+
+
+def _prepare_in_cluster(args: argparse.Namespace) -> Run:
+    """Process 0 alone prepares the dataset and moves old checkpoints aside; the others then
+    find both ready."""
     import sharding  # JAX
 
-    sharding.initialize_distributed(cluster)
     with sharding.main_process_first():
         main = sharding.is_main_process()
         return prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
@@ -107,40 +135,58 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--process-id", type=int, default=None, help="(or $JAX_PROCESS_ID)")
     group.add_argument("--distributed-auto", action="store_true",
                        help="let JAX detect the cluster (SLURM, Open MPI, TPU pods, ...)")
+    group.add_argument("--peer-timeout", type=peer_timeout, default=30, metavar="SECONDS",
+                       help="a process silent this long (no heartbeat) is dead: every other one stops "
+                            "with one line naming it and exit code 75 (default 30)")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    peers: Peers | None = None
     with StopFlag() as stop:  # from the start: a stop request during set-up or compiling counts
         try:
             cluster = _cluster(args)
             if cluster is None:
                 run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(), restart=args.restart)
             else:
-                run = _prepare_in_cluster(args, cluster)
+                peers = _join(args, cluster, argv)
+                run = _prepare_in_cluster(args)
             check_profile(run, args.profile)
-            return train(run, stop, args.profile)  # may still raise CheckpointError while loading, before compiling
+            code = train(run, stop, args.profile)  # may still raise CheckpointError while loading, before compiling
         except INPUT_ERRORS as e:
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            code = 2
         except TrainingError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 1
+            code = 1
         except (KeyboardInterrupt, Exception) as e:  # a deliberate second Ctrl-C, possibly re-wrapped by native code
+            global exit_at_once
             if not (isinstance(e, KeyboardInterrupt) or stop.aborted):
-                raise
-            global aborted
-            aborted = True
+                if peers is None:
+                    raise
+                peers.settle(e)  # a dead peer explains most errors here: then this ends with its line
+                traceback.print_exc()
+                exit_at_once = True
+                return 1
+            exit_at_once = True
             print(f"Aborted without saving; {args.run_dir}/checkpoints/latest is the last checkpoint.",
                   file=sys.stderr, flush=True)
             return 130
+        if peers is not None:
+            peers.leave()
+            exit_at_once = True
+        return code
 
 
-aborted = False  # set when a second Ctrl-C aborted the run
+# Set after a second Ctrl-C (Orbax's and XLA's threads would each print a traceback on the way
+# out) and after a multi-process run (its peer watch may sit in a C++ call, which the
+# interpreter's shutdown would unwind into an abort): then the process ends with os._exit.
+exit_at_once = False
 
 
 if __name__ == "__main__":
     fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: a late Ctrl-C must not print a traceback
-    if aborted:  # leave at once: Orbax's and XLA's threads would each print a traceback on the way out
+    if exit_at_once:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

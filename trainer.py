@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 import charts
@@ -30,6 +29,7 @@ from run_setup import TrainingError
 import ops
 from model import build_model
 from optim import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
+from peers import StopVotes
 from step import StepRunner, eval_sums, step_key
 
 if TYPE_CHECKING:
@@ -105,13 +105,6 @@ class Target:
         return f"Target validation loss {self.value:g} not reached in {step:,} steps (best {best})"
 
 
-def stop_agreed(stop: StopFlag) -> bool:
-    """In a multi-process run a signal may reach one process only: stop if any got one."""
-    if jax.process_count() == 1:
-        return stop.requested
-    return bool(multihost_utils.process_allgather(np.int32(stop.requested)).any())
-
-
 class Trainer:
     def __init__(self, run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> None:
         self.run, self.cfg, self.mcfg, self.stop = run, run.train_cfg, run.model_cfg, stop
@@ -119,6 +112,7 @@ class Trainer:
         self.tokens_per_step = self.cfg.tokens_per_step(self.mcfg)
         self.is_main = jax.process_index() == 0
         self.mesh = sharding.make_mesh(self.cfg.mesh, self.cfg.microbatch_size)
+        self.stops = StopVotes(stop, self.mesh)  # a signal may reach one process only: stop if any got one
         self.rows = sharding.local_rows(self.mesh, self.cfg.microbatch_size)
         self.schedule = make_schedule(self.cfg, run.total_steps)
 
@@ -241,7 +235,7 @@ class Trainer:
         if self.start >= run.total_steps:
             self.log(f"Nothing to do: {run.run_dir} already trained {self.start}/{run.total_steps} steps.")
             return 0
-        if stop_agreed(self.stop):
+        if self.stops.now():
             self.log(f"Stopped before the first step of this session; nothing new to save in {run.run_dir}.")
             return 130
         self.records = RunLog(run.run_dir, self.start, enabled=self.is_main)
@@ -278,22 +272,28 @@ class Trainer:
         # Each step's results are read after the next step is dispatched, so the device never
         # waits for the host between steps; a step that ends at a validation, a checkpoint or
         # an end of the profiled range is read (and the model synced) before anything else.
+        # Stop requests are agreed the same way (peers.StopVotes): each step's vote is read with
+        # its results, and every process stops after the same step.
         pending: tuple[int, Any] | None = None
+        vote = None  # the pending step's stop vote
         for s in range(self.start, run.total_steps):
             if profile is not None:
                 profile.before(s)
             out = self.step(x, y, step_key(cfg.seed, s))
+            cast = self.stops.cast()
             if s + 1 < run.total_steps:  # assemble the next batch while the device works
                 x, y = self.batch(s + 1)
             if pending is not None:
                 last_loss, stats = self.read(*pending)
-            done, pending = s + 1, (s + 1, out)
-            stopping = stop_agreed(self.stop)
+                self.stops.count(vote)
+            done, pending, vote = s + 1, (s + 1, out), cast
+            stopping = self.stops.agreed
             at_ckpt = done % cfg.checkpoint_interval == 0 or done == run.total_steps or stopping
             at_eval = at_ckpt or done % cfg.eval_interval() == 0
             if not (at_eval or (profile is not None and profile.boundary(done))):
                 continue
             last_loss, stats = self.read(*pending)
+            self.stops.count(vote)
             pending = None
             if profile is not None:
                 profile.after(done)
@@ -311,8 +311,10 @@ class Trainer:
             if reached:
                 return 0, last_loss
             if stopping:
+                again = (f"uv run train.py {run.run_dir}" if jax.process_count() == 1 else
+                         f"the same command on all {jax.process_count()} processes")
                 self.log(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.\n"
-                         f"Resume with: uv run train.py {run.run_dir}")
+                         f"Resume with: {again}")
                 return 130, last_loss
         return 0, last_loss
 
