@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -42,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model import KVCache
+from model import KVCache, abstract_model, head_weight, unstack_layer_weights
 from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -93,6 +94,32 @@ _prefill_jit = jax.jit(_prefill, static_argnums=0, donate_argnums=(2, 3))
 _full_forward_jit = jax.jit(_full_forward, static_argnums=0)
 
 
+def decoding_model(model: nnx.Module, rows: int) -> nnx.Module:
+    """The model as its decode step runs for `rows` tokens at once, made once per decoder.
+
+    The same forward pass (model.py) over the same weights, in another layout: unrolled, so that
+    no step slices a layer's weights out of a scan_layers model's stacked arrays (XLA copies such
+    a slice); untied, so that the token embedding stays float32 for its lookups while the head
+    multiplies compute-dtype values; every dense kernel converted once by the operations of
+    ops.for_decoding(rows), so that no step casts a weight.
+    """
+    ops = model.ops.for_decoding(rows)
+    twin = abstract_model(dataclasses.replace(model.cfg, scan_layers=False, tie_embeddings=False), ops)
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    weights = unstack_layer_weights({".".join(map(str, path)): var.get_value() for path, var in flat})
+    kernels = {(*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear)}
+    leaves = nnx.to_flat_state(nnx.state(twin, nnx.Param))
+    missing = [path for path, _ in leaves if ".".join(map(str, path)) not in weights]
+    assert len(missing) == int(model.cfg.tie_embeddings), missing  # a tied model's head: the copy's one new kernel
+    converted = []
+    for path, var in leaves:
+        value = weights.get(".".join(map(str, path)))
+        value = head_weight(model).T if value is None else value  # (C, V), as an untied head's kernel
+        converted.append((path, var.replace(ops.decode_kernel(value) if path in kernels else value)))
+    nnx.update(twin, nnx.from_flat_state(converted))
+    return twin
+
+
 class KVDecoder:
     """A KV cache for `batch_size` rows of one model, with its prefill and decode programs.
 
@@ -108,7 +135,10 @@ class KVDecoder:
     def __init__(self, model: nnx.Module, batch_size: int, *, bucket: int = BUCKET) -> None:
         cfg = model.cfg
         self.cfg, self.batch_size, self.bucket = cfg, batch_size, bucket
+        # Prefills run the model as it is (each casts or slices its weights once per call, for
+        # every prompt token at once); decode steps run its decoding_model copy.
         self.graphdef, self.state = nnx.split(model)
+        self.step_graphdef, self.step_state = nnx.split(decoding_model(model, batch_size))
         cache = KVCache.zeros(cfg, batch_size)
         self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values
         self.lengths = np.zeros(batch_size, np.int64)  # tokens held in each row's cache
@@ -120,7 +150,7 @@ class KVDecoder:
             started = time.perf_counter()
             ids = jnp.zeros((self.batch_size,), jnp.int32)
             self._steps[span] = (jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
-                                 .lower(self.graphdef, span, self.state, *self._cache, ids, ids).compile())
+                                 .lower(self.step_graphdef, span, self.step_state, *self._cache, ids, ids).compile())
             self.compile_s += time.perf_counter() - started
         return self._steps[span]
 
@@ -158,7 +188,7 @@ class KVDecoder:
             raise ValueError(f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window")
         pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
         step = self._compiled_step(self.span_for(int(pos[advance].max(initial=0)) + 1))
-        *self._cache, logits = step(self.state, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
+        *self._cache, logits = step(self.step_state, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
         self.lengths = self.lengths + advance
         return np.asarray(logits)
 

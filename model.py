@@ -276,7 +276,7 @@ def head_weight(model: GPT | AToA) -> jax.Array:
 
 def head_logits(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
     """(..., C) features and head_weight -> (..., V) float32 logits: a pure function, for the chunked loss."""
-    return ops.linear(x, w, transposed=cfg.tie_embeddings)  # tied: w is the (V, C) embedding
+    return ops.linear(x, w, transposed=True) if cfg.tie_embeddings else ops.dense(x, w)  # tied: the (V, C) embedding
 
 
 def _stack(blocks: list[Block]) -> Block:

@@ -25,6 +25,7 @@ model.py calls three operations and nothing else that depends on the hardware:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -109,6 +110,11 @@ class Ops:
     attention_kernel: str  # "cudnn", "xla" or "per_head" (model.json attention, resolved)
     product: Product = plain_product  # the backward products of a bfloat16 matmul
     rows_dense: bool = False  # dense layers on (N, K) rows: flatten the leading axes first
+    # How dense weights arrive. None: float32 parameters, cast to compute_dtype at every product
+    # (training, evaluation, prefill). Else a decoder's copies (`for_decoding`), made once by
+    # `decode_kernel`: stored in this dtype, and laid out (out, in) where `kernels_out_in`.
+    weight_dtype: str | None = None
+    kernels_out_in: bool = False
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""
@@ -122,15 +128,46 @@ class Ops:
         if self.rows_dense:
             x = x.reshape(-1, x.shape[-1])  # (N, K)
         idx = "nopqrs"[:x.ndim - 1]
-        y = self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
+        spec = f"{idx}k,{'mk' if transposed else 'km'}->{idx}m"
+        if self.weight_dtype == "float32" and self.compute_dtype != "float32":
+            # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
+            # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot
+            # with one row (it upcasts both operands).
+            y = jnp.einsum(spec, x.astype(self.compute_dtype).astype(jnp.float32), w)
+        else:
+            y = self.einsum(spec, x, w)  # weights already in the compute dtype are not cast again
         return y.reshape(*lead, y.shape[-1])
+
+    def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """A dense layer: x (..., K) and its kernel, (K, M) or, where `kernels_out_in`, (M, K)."""
+        return self.linear(x, w, transposed=self.kernels_out_in)
 
     def dot_general(self, x: jax.Array, w: jax.Array, dimension_numbers: Any, precision: Any = None,
                     preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
-        """nnx.Linear's dot_general: x (..., K) contracted with a (K, M) kernel."""
+        """nnx.Linear's dot_general: x (..., K) contracted with its kernel (see `dense`)."""
         del precision, preferred_element_type, out_sharding  # the compute dtype decides
         assert w.ndim == 2 and dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
-        return self.linear(x, w)
+        return self.dense(x, w)
+
+    def for_decoding(self, rows: int) -> Ops:
+        """These operations for a decoder's copy of the model whose steps feed `rows` tokens,
+        its dense kernels converted once by `decode_kernel`, so that no step casts a weight.
+
+        The kernels are kept in the compute dtype, except on XLA:CPU with one row: it has no
+        bfloat16 matrix-vector product (YNNPACK takes no dot with a dimension of 1, and XLA's own
+        matrix-vector kernel, float32 only, would upcast every weight at every step), so there
+        they are float32 holding compute-dtype values, laid out (out, in): that kernel streams
+        a (M, K) weight's rows, faster than a (K, M) one's columns (README "Performance").
+        """
+        if self.backend == "cpu" and rows == 1:
+            return dataclasses.replace(self, weight_dtype="float32", kernels_out_in=True)
+        return dataclasses.replace(self, weight_dtype=self.compute_dtype, kernels_out_in=False)
+
+    def decode_kernel(self, w: jax.Array) -> jax.Array:
+        """A dense kernel (K, M) float32 as these decoding operations take it (`for_decoding`)."""
+        assert self.weight_dtype is not None, "decode_kernel is for the operations of for_decoding"
+        w = w.astype(self.compute_dtype).astype(self.weight_dtype)  # the compute dtype's values
+        return w.T if self.kernels_out_in else w
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                   dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:

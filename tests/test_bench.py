@@ -165,9 +165,10 @@ def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.Capt
     run = write_run(tmp_path / "g", {"architecture": "gpt2", "vocab_size": 61, "context_length": 32, "emb_dim": 32,
                                      "n_heads": 4, "n_layers": 2}, {"microbatch_size": 2, "train_steps": 1})
     out = tmp_path / "gen.json"
-    assert cli.main(["generate", str(run), "--new-tokens", "6", "--prompt-tokens", "3", "--json", str(out)]) == 0
+    assert cli.main(["generate", "--single", str(run), "--new-tokens", "6", "--prompt-tokens", "3", "--repeats", "2",
+                     "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["cached_tok_s"] > 0 and figures["full_tok_s"] > 0 and figures["speedup"] > 0
     assert "cached:" in capsys.readouterr().out
-    assert cli.main(["generate", str(run), "--new-tokens", "40"]) == 2  # beyond context_length
+    assert cli.main(["generate", "--single", str(run), "--new-tokens", "40"]) == 2  # beyond context_length
     assert "context_length=32" in capsys.readouterr().err
