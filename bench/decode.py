@@ -242,12 +242,12 @@ def report(cells: list[dict[str, Any]], dtypes: list[str], batch_sizes: list[int
     def num(v: float | None, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
 
+    torch = (f"; torch = transformers {torch_info['transformers']} GPT2LMHeadModel.generate (KV cache) on torch "
+             f"{torch_info['torch']}, {torch_info['threads']} threads" if "torch" in sides else "")
     lines = [cpu_line(cpu) + f"; load average now {os.getloadavg()[0]:.2f}",
              f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, {cfg.n_heads} heads, vocab {cfg.vocab_size} (random "
              f"weights); greedy, prompt {prompt_tokens}, {new_tokens} new tokens; ms/token, medians of {rounds} "
-             f"round(s) [min-max over every call]; torch = transformers {torch_info.get('transformers', '-')} "
-             f"GPT2LMHeadModel.generate (KV cache) on torch {torch_info.get('torch', '-')}, "
-             f"{torch_info.get('threads', '-')} threads",
+             f"round(s) [min-max over every call]" + torch,
              f"  {'dtype':>8} {'batch':>5}" + "".join(f" {side:>22}" for side in sides)
              + f" {'scan/unroll':>11} {'unroll/torch':>12} {'scan/torch':>10} {'loads at each start'}"]
     for c in cells:
