@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -43,7 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from config import ModelConfig
 from model import KVCache, abstract_model, head_weight, unstack_layer_weights
+from ops import Ops
 from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -111,20 +114,27 @@ def decoding_model(model: nnx.Module, rows: int) -> nnx.Module:
     ops.for_decoding(rows), so that no step casts a weight.
     """
     ops = model.ops.for_decoding(rows)
-    twin = abstract_model(dataclasses.replace(model.cfg, scan_layers=False, tie_embeddings=False), ops)
+    graphdef, abstract, kernels = _decoding_structure(model.cfg, ops)
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     weights = unstack_layer_weights({".".join(map(str, path)): var.get_value() for path, var in flat})
-    kernels = {(*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear)}
-    leaves = nnx.to_flat_state(nnx.state(twin, nnx.Param))
-    missing = [path for path, _ in leaves if ".".join(map(str, path)) not in weights]
+    missing = [path for path, _ in abstract if ".".join(map(str, path)) not in weights]
     assert len(missing) == int(model.cfg.tie_embeddings), missing  # a tied model's head: the copy's one new kernel
-    converted = []
-    for path, var in leaves:
+    leaves = []
+    for path, var in abstract:
         value = weights.get(".".join(map(str, path)))
         value = head_weight(model).T if value is None else value  # (C, V), as an untied head's kernel
-        converted.append((path, var.replace(ops.decode_kernel(value) if path in kernels else value)))
-    nnx.update(twin, nnx.from_flat_state(converted))
-    return twin
+        leaves.append((path, var.replace(ops.decode_kernel(value) if path in kernels else value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+@functools.lru_cache(maxsize=8)
+def _decoding_structure(cfg: ModelConfig, ops: Ops) -> tuple[nnx.GraphDef, list[tuple[Any, Any]], frozenset[Any]]:
+    """decoding_model's structure for a model config (tracing a model's init takes seconds): its graph,
+    its abstract parameters (path, variable) and the paths of its dense kernels."""
+    twin = abstract_model(dataclasses.replace(cfg, scan_layers=False, tie_embeddings=False), ops)
+    graphdef, params = nnx.split(twin, nnx.Param)  # raises if the model held other state
+    kernels = frozenset((*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear))
+    return graphdef, list(nnx.to_flat_state(params)), kernels
 
 
 class KVDecoder:

@@ -164,10 +164,12 @@ class Ops:
         return dataclasses.replace(self, weight_dtype=self.compute_dtype, kernels_out_in=False)
 
     def decode_kernel(self, w: jax.Array) -> jax.Array:
-        """A dense kernel (K, M) float32 as these decoding operations take it (`for_decoding`)."""
+        """A dense kernel (K, M) float32 as these decoding operations take it (`for_decoding`): a
+        new array, or `w` itself where nothing changes (float32 kernels for several rows)."""
         assert self.weight_dtype is not None, "decode_kernel is for the operations of for_decoding"
-        w = w.astype(self.compute_dtype).astype(self.weight_dtype)  # the compute dtype's values
-        return w.T if self.kernels_out_in else w
+        if w.dtype == self.weight_dtype == self.compute_dtype and not self.kernels_out_in:
+            return w
+        return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                   dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
@@ -185,6 +187,13 @@ class Ops:
                                              is_causal=True, implementation="cudnn")  # (B, T, H, D)
             return y.astype(jnp.float32).reshape(B, T, H * D)
         return causal_attention(q, k, v, self.einsum, dropout)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _decode_kernel(w: jax.Array, compute_dtype: str, weight_dtype: str, out_in: bool) -> jax.Array:
+    """Ops.decode_kernel's conversion: one small program per kernel shape, compiled once per process."""
+    w = w.astype(compute_dtype).astype(weight_dtype)  # the compute dtype's values
+    return w.T if out_in else w
 
 
 def resolve_compute_dtype(requested: str, backend: str, cpu_flags: frozenset[str] | None = None) -> str:
