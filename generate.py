@@ -155,7 +155,9 @@ class KVDecoder:
         # Prefills run the model as it is (each casts or slices its weights once per call, for
         # every prompt token at once); decode steps run its decoding_model copy.
         self.graphdef, self.state = nnx.split(model)
-        self.step_graphdef, self.step_state = nnx.split(decoding_model(model, batch_size))
+        step_model = decoding_model(model, batch_size)
+        self.step_graphdef, self.step_state = nnx.split(step_model)
+        self._compiler_options = step_model.ops.decode_compiler_options()
         self._step_leaves, self._step_treedef = jax.tree.flatten(self.step_state)
         cache = KVCache.zeros(cfg, batch_size)
         self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values
@@ -169,7 +171,7 @@ class KVDecoder:
             ids = jnp.zeros((self.batch_size,), jnp.int32)
             self._steps[span] = (jax.jit(_step_on_leaves, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
                                  .lower(self.step_graphdef, self._step_treedef, span, self._step_leaves, *self._cache,
-                                        ids, ids).compile())
+                                        ids, ids).compile(compiler_options=self._compiler_options))
             self.compile_s += time.perf_counter() - started
         return self._steps[span]
 

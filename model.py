@@ -98,18 +98,19 @@ class KVCache:
         return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
                             v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, einsum: Any) -> tuple[jax.Array, KVCache]:
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any) -> tuple[jax.Array, KVCache]:
         """A decode step's attention: (B, H, D) query, key and value of each row's new token ->
-        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter)."""
+        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter).
+        Both products are one row per (b, h) against the cache: ops.vecmat."""
         B, H, D = q.shape
         rows = jnp.arange(B)
         cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
                              v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
         keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
-        att = einsum("bhd,bhds->bhs", q, keys) / math.sqrt(D)  # (B, H, span) float32
+        att = vecmat(q, keys) / math.sqrt(D)  # (B, H, D) x (B, H, D, span) -> (B, H, span) float32
         visible = jnp.arange(self.span)[None, None, :] <= self.pos[:, None, None]  # (B, 1, span)
         att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        return einsum("bhs,bhsd->bhd", att, values).reshape(B, H * D), cache  # (B, C)
+        return vecmat(att, values).reshape(B, H * D), cache  # (B, H, span) x (B, H, span, D) -> (B, C)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -136,7 +137,7 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
         q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
-            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.einsum)
+            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat)
             return self.proj(y[:, None]), cache  # (B, 1, C)
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:

@@ -122,6 +122,27 @@ class Ops:
             return jnp.einsum(spec, a, b)
         return mixed_einsum(spec, a, b, jnp.dtype(self.compute_dtype), self.product)
 
+    def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32 (a decode
+        step's attention: one query row per head against the cache), in the compute dtype.
+
+        On XLA:CPU an elementwise product and a sum over K in float32 of the compute dtype's
+        values, which XLA fuses with the cache read (the span's slice and rounding included):
+        as a dot it ran every (row, head) as a one-row matrix product of its own, 5-9x slower at
+        batch 8 (README "Performance"). Its decode step is compiled with decode_compiler_options.
+        """
+        if self.backend != "cpu":
+            idx = "abcdefgh"[:a.ndim - 1]
+            return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
+        if self.compute_dtype != "float32":
+            a, b = (t.astype(self.compute_dtype).astype(jnp.float32) for t in (a, b))
+        return jnp.sum(a[..., None] * b, axis=-2)
+
+    def decode_compiler_options(self) -> dict[str, Any]:
+        """XLA options for a decode step's program: on the CPU, YNNPACK for dots only (its fused sums
+        ran vecmat's products 5-10x slower than XLA's own loops); none elsewhere."""
+        return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"} if self.backend == "cpu" else {}
+
     def linear(self, x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
         """x (..., K) @ w (K, M), or w (M, K) transposed -> (..., M) float32."""
         lead = x.shape[:-1]

@@ -321,6 +321,10 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
     dec = g.KVDecoder(model, rows)
     hlo = dec._compiled_step(CTX).as_text()
     assert weight_copies(hlo, model) == []
+    # The dense layers' and the head's dots and no more: attention against the cache is ops.vecmat's
+    # fused product and sum on the CPU, and runs no YNNPACK reduction (decode_compiler_options).
+    assert len(re.findall(r" dot\(", hlo)) == 4 * L + 1
+    assert not [line for line in hlo.splitlines() if re.search(r"%ynn_fusion[\w.]* = .*op_name=\"[^\"]*reduce", line)]
     ops = model.ops.for_decoding(rows)
     kernels = [m.kernel.get_value() for _, m in nnx.iter_modules(nnx.merge(dec.step_graphdef, dec.step_state))
                if isinstance(m, nnx.Linear)]
