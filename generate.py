@@ -5,7 +5,7 @@
     model, cfg, tok, path = load_model(Path("runs/tiny"))      # run dir, checkpoint or latest/best link
     texts = generate_batch(model, [tok.encode("Every effort moves you")], max_new_tokens=50)
 
-    uv run -m bench generate        # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
+    uv run -m bench generate        # ours vs transformers' generate on a 124M-shaped GPT-2 (random weights)
 
 How decoding works (used by test_generation.py); both programs call the model's own forward pass
 (model.GPT.cached_features, with a model.KVCache), so there is no second copy of a block here:
@@ -18,6 +18,9 @@ How decoding works (used by test_generation.py); both programs call the model's 
            cache in place and attends to positions 0..pos of the row, reading only the first
            128, 256, 512, ... slots that hold every row: at most log2(S / 128) + 1 programs,
            each compiled once when first needed. Prompts of different lengths need nothing more.
+           It runs `decoding_model`, a copy of the model made when the decoder is built: its
+           layers unrolled (no step slices a scan_layers model's stacked weights) and its dense
+           weights already in the compute dtype (no step casts a weight; ops.for_decoding).
   full     the default `slide`: when a row's cache holds context_length tokens, the row is
            re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
            any window), so a long generation costs one prefill per context_length / 2 tokens and
@@ -131,7 +134,7 @@ def decoding_model(model: nnx.Module, rows: int) -> nnx.Module:
 def _decoding_structure(cfg: ModelConfig, ops: Ops) -> tuple[nnx.GraphDef, list[tuple[Any, Any]], frozenset[Any]]:
     """decoding_model's structure for a model config (tracing a model's init takes seconds): its graph,
     its abstract parameters (path, variable) and the paths of its dense kernels."""
-    twin = abstract_model(dataclasses.replace(cfg, scan_layers=False, tie_embeddings=False), ops)
+    twin = abstract_model(dataclasses.replace(cfg, scan_layers=False, tie_embeddings=False, remat=False), ops)
     graphdef, params = nnx.split(twin, nnx.Param)  # raises if the model held other state
     kernels = frozenset((*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear))
     return graphdef, list(nnx.to_flat_state(params)), kernels

@@ -1,10 +1,11 @@
 """The model's matmuls and attention behind one backend-neutral interface, chosen once.
 
-model.py calls three operations and nothing else that depends on the hardware:
+model.py calls these operations and nothing else that depends on the hardware:
 
     ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
-    ops.dot_general                the same, in the signature nnx.Linear calls
+    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says), the latter as nnx.Linear calls it
     ops.attention(q, k, v)         causal softmax attention, (B, T, H, D) each -> (B, T, H*D) float32
+    ops.vecmat(a, b)               a decode step's attention products: (..., K) x (..., K, N) -> (..., N) float32
 
 `select(cfg, backend)` decides, once per model config and backend, how they run:
 
@@ -20,7 +21,11 @@ model.py calls three operations and nothing else that depends on the hardware:
   `jax.nn.dot_product_attention` where cuDNN can run the model's shapes in bfloat16, otherwise
   XLA's batched-head attention (`causal_attention` below), with a one-line note saying why.
 - CPU: the XLA:CPU forms of `cpu_kernels.py` (backward products laid out for its bfloat16 dot,
-  dense layers on (N, K) rows, attention one head at a time). They run on the CPU only.
+  dense layers on (N, K) rows, attention one head at a time, decode attention as a fused sum).
+  They run on the CPU only.
+
+`Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (generate.py):
+its dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
 """
 
 from __future__ import annotations
@@ -123,25 +128,17 @@ class Ops:
         return mixed_einsum(spec, a, b, jnp.dtype(self.compute_dtype), self.product)
 
     def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
-        """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32 (a decode
-        step's attention: one query row per head against the cache), in the compute dtype.
-
-        On XLA:CPU an elementwise product and a sum over K in float32 of the compute dtype's
-        values, which XLA fuses with the cache read (the span's slice and rounding included):
-        as a dot it ran every (row, head) as a one-row matrix product of its own, 5-9x slower at
-        batch 8 (README "Performance"). Its decode step is compiled with decode_compiler_options.
-        """
-        if self.backend != "cpu":
-            idx = "abcdefgh"[:a.ndim - 1]
-            return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
-        if self.compute_dtype != "float32":
-            a, b = (t.astype(self.compute_dtype).astype(jnp.float32) for t in (a, b))
-        return jnp.sum(a[..., None] * b, axis=-2)
+        """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32, in the compute
+        dtype: a decode step's attention, one query row per head against the cache (on the CPU
+        cpu_kernels.vecmat, its step compiled with decode_compiler_options)."""
+        if self.backend == "cpu":
+            return cpu_kernels.vecmat(a, b, self.compute_dtype)
+        idx = "abcdefgh"[:a.ndim - 1]
+        return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
 
     def decode_compiler_options(self) -> dict[str, Any]:
-        """XLA options for a decode step's program: on the CPU, YNNPACK for dots only (its fused sums
-        ran vecmat's products 5-10x slower than XLA's own loops); none elsewhere."""
-        return {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"} if self.backend == "cpu" else {}
+        """XLA options for a decode step's program (cpu_kernels.DECODE_COMPILER_OPTIONS on the CPU)."""
+        return dict(cpu_kernels.DECODE_COMPILER_OPTIONS) if self.backend == "cpu" else {}
 
     def linear(self, x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
         """x (..., K) @ w (K, M), or w (M, K) transposed -> (..., M) float32."""
