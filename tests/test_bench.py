@@ -206,6 +206,12 @@ def test_generate_compare_alternates_sides_and_reports_ratios_of_medians() -> No
     assert r["transformers"] == "5.x" and r["torch_threads"] == 2 and set(r["cpu"]) >= {"model", "avx512_bf16"}
     report = lines[-1]
     assert report.startswith("CPU: ") and "transformers 5.x" in report and "1.09" in report and "0.52" in report
+    checks = {(t["target"], t["where"]): t for t in r["target_checks"]}
+    assert len(checks) == 2 * 2 + 4 * (1 + 2)  # bf16/fp32 per batch and layout; per cell scan/unroll and ours/torch x 2
+    assert checks[("ours/torch <= 1.0", "float32 batch 8 scanned")]["value"] == pytest.approx(23 / 41)
+    assert checks[("scanned/unrolled <= 1.1", "float32 batch 1")] == {
+        "target": "scanned/unrolled <= 1.1", "where": "float32 batch 1", "value": pytest.approx(12 / 11), "met": True}
+    assert "bf16/fp32 <= 0.7 batch 1 unrolled: 0.55 ok" in report
     json.dumps(r)  # what --json writes
     ours = decode.bench_generate_compare(dtypes=["bfloat16"], batch_sizes=[8], layouts=["scanned"], torch=False,
                                          runner=_fake_decode_runner([]), log=lines.append)
