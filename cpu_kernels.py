@@ -8,7 +8,9 @@ and Eigen kernels) runs fastest; the measurements behind them are in README "Per
 - dense layers on (N, K) rows (`ops.Ops.rows_dense`): XLA:CPU runs a dense layer's backward pass
   on 2-D operands much faster than on (B, T, K) ones;
 - `per_head_attention`: one (B, T, D) batched matmul per head instead of (B, H)-batched ones and
-  their transposes.
+  their transposes;
+- `vecmat` (a decode step's attention against its KV cache) as an elementwise product and a sum,
+  compiled with `DECODE_COMPILER_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -75,6 +77,25 @@ def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callabl
             att = dropout(att)
         heads.append(einsum("bts,bsd->btd", att, v[:, :, h]))  # (B, T, D)
     return jnp.concatenate(heads, axis=-1)  # (B, T, C)
+
+
+def vecmat(a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
+    """ops.Ops.vecmat on XLA:CPU: a (..., K) and b (..., K, N) -> (..., N), the product of their
+    `dtype` values summed over K in float32.
+
+    As an elementwise product and a sum XLA fuses it with the read of `b` (a slice of the KV
+    cache, its rounding to `dtype` included) into one loop over the cache; as a dot XLA:CPU ran
+    every (row, head) as a one-row matrix product of its own, 5-9x slower at batch 8 (README
+    "Performance").
+    """
+    if dtype != "float32":
+        a, b = (t.astype(dtype).astype(jnp.float32) for t in (a, b))
+    return jnp.sum(a[..., None] * b, axis=-2)
+
+
+# XLA options for a decode step's program: YNNPACK for dots only. Its fused sums (on by default)
+# ran vecmat 5-10x slower than XLA's own loops; its dots stay (the bfloat16 ones are native).
+DECODE_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
 # /proc/cpuinfo flags that mean the CPU multiplies bfloat16 natively (a bf16 dot-product

@@ -5,7 +5,7 @@
     model, cfg, tok, path = load_model(Path("runs/tiny"))      # run dir, checkpoint or latest/best link
     texts = generate_batch(model, [tok.encode("Every effort moves you")], max_new_tokens=50)
 
-    uv run -m bench generate        # cached vs full-forward decoding on a 124M-shaped GPT-2 (random weights)
+    uv run -m bench generate        # ours vs transformers' generate on a 124M-shaped GPT-2 (random weights)
 
 How decoding works (used by test_generation.py); both programs call the model's own forward pass
 (model.GPT.cached_features, with a model.KVCache), so there is no second copy of a block here:
@@ -18,6 +18,9 @@ How decoding works (used by test_generation.py); both programs call the model's 
            cache in place and attends to positions 0..pos of the row, reading only the first
            128, 256, 512, ... slots that hold every row: at most log2(S / 128) + 1 programs,
            each compiled once when first needed. Prompts of different lengths need nothing more.
+           It runs `decoding_model`, a copy of the model made when the decoder is built: its
+           layers unrolled (no step slices a scan_layers model's stacked weights) and its dense
+           weights already in the compute dtype (no step casts a weight; ops.for_decoding).
   full     the default `slide`: when a row's cache holds context_length tokens, the row is
            re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
            any window), so a long generation costs one prefill per context_length / 2 tokens and
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import functools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -42,7 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model import KVCache
+from config import ModelConfig
+from model import KVCache, abstract_model, head_weight, unstack_layer_weights
+from ops import Ops
 from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -82,6 +89,13 @@ def _step(graphdef: nnx.GraphDef, span: int, state: nnx.State, cache_k: jax.Arra
     return cache.k, cache.v, model.logits(x[:, 0])
 
 
+def _step_on_leaves(graphdef: nnx.GraphDef, treedef: Any, span: int, leaves: list[jax.Array], cache_k: jax.Array,
+                    cache_v: jax.Array, tokens: jax.Array, pos: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """_step over the state's leaves: at every call JAX flattens a list of arrays in C++, an nnx.State
+    in Python (about half a millisecond for GPT-2's 149 arrays: a few percent of a step)."""
+    return _step(graphdef, span, jax.tree.unflatten(treedef, leaves), cache_k, cache_v, tokens, pos)
+
+
 def _full_forward(graphdef: nnx.GraphDef, state: nnx.State, window: jax.Array, last: jax.Array) -> jax.Array:
     """No cache: the model's own forward pass over (B, T) windows, logits (B, V) at `last`."""
     TRACES["full"] += 1
@@ -91,6 +105,39 @@ def _full_forward(graphdef: nnx.GraphDef, state: nnx.State, window: jax.Array, l
 
 _prefill_jit = jax.jit(_prefill, static_argnums=0, donate_argnums=(2, 3))
 _full_forward_jit = jax.jit(_full_forward, static_argnums=0)
+
+
+def decoding_model(model: nnx.Module, rows: int) -> nnx.Module:
+    """The model as its decode step runs for `rows` tokens at once, made once per decoder.
+
+    The same forward pass (model.py) over the same weights, in another layout: unrolled, so that
+    no step slices a layer's weights out of a scan_layers model's stacked arrays (XLA copies such
+    a slice); untied, so that the token embedding stays float32 for its lookups while the head
+    multiplies compute-dtype values; every dense kernel converted once by the operations of
+    ops.for_decoding(rows), so that no step casts a weight.
+    """
+    ops = model.ops.for_decoding(rows)
+    graphdef, abstract, kernels = _decoding_structure(model.cfg, ops)
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    weights = unstack_layer_weights({".".join(map(str, path)): var.get_value() for path, var in flat})
+    missing = [path for path, _ in abstract if ".".join(map(str, path)) not in weights]
+    assert len(missing) == int(model.cfg.tie_embeddings), missing  # a tied model's head: the copy's one new kernel
+    leaves = []
+    for path, var in abstract:
+        value = weights.get(".".join(map(str, path)))
+        value = head_weight(model).T if value is None else value  # (C, V), as an untied head's kernel
+        leaves.append((path, var.replace(ops.decode_kernel(value) if path in kernels else value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+@functools.lru_cache(maxsize=8)
+def _decoding_structure(cfg: ModelConfig, ops: Ops) -> tuple[nnx.GraphDef, list[tuple[Any, Any]], frozenset[Any]]:
+    """decoding_model's structure for a model config (tracing a model's init takes seconds): its graph,
+    its abstract parameters (path, variable) and the paths of its dense kernels."""
+    twin = abstract_model(dataclasses.replace(cfg, scan_layers=False, tie_embeddings=False, remat=False), ops)
+    graphdef, params = nnx.split(twin, nnx.Param)  # raises if the model held other state
+    kernels = frozenset((*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear))
+    return graphdef, list(nnx.to_flat_state(params)), kernels
 
 
 class KVDecoder:
@@ -108,7 +155,13 @@ class KVDecoder:
     def __init__(self, model: nnx.Module, batch_size: int, *, bucket: int = BUCKET) -> None:
         cfg = model.cfg
         self.cfg, self.batch_size, self.bucket = cfg, batch_size, bucket
+        # Prefills run the model as it is (each casts or slices its weights once per call, for
+        # every prompt token at once); decode steps run its decoding_model copy.
         self.graphdef, self.state = nnx.split(model)
+        step_model = decoding_model(model, batch_size)
+        self.step_graphdef, self.step_state = nnx.split(step_model)
+        self._compiler_options = step_model.ops.decode_compiler_options()
+        self._step_leaves, self._step_treedef = jax.tree.flatten(self.step_state)
         cache = KVCache.zeros(cfg, batch_size)
         self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values
         self.lengths = np.zeros(batch_size, np.int64)  # tokens held in each row's cache
@@ -119,8 +172,9 @@ class KVDecoder:
         if span not in self._steps:
             started = time.perf_counter()
             ids = jnp.zeros((self.batch_size,), jnp.int32)
-            self._steps[span] = (jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
-                                 .lower(self.graphdef, span, self.state, *self._cache, ids, ids).compile())
+            self._steps[span] = (jax.jit(_step_on_leaves, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
+                                 .lower(self.step_graphdef, self._step_treedef, span, self._step_leaves, *self._cache,
+                                        ids, ids).compile(compiler_options=self._compiler_options))
             self.compile_s += time.perf_counter() - started
         return self._steps[span]
 
@@ -158,7 +212,7 @@ class KVDecoder:
             raise ValueError(f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window")
         pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
         step = self._compiled_step(self.span_for(int(pos[advance].max(initial=0)) + 1))
-        *self._cache, logits = step(self.state, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
+        *self._cache, logits = step(self._step_leaves, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
         self.lengths = self.lengths + advance
         return np.asarray(logits)
 

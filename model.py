@@ -93,18 +93,19 @@ class KVCache:
         return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
                             v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, einsum: Any) -> tuple[jax.Array, KVCache]:
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any) -> tuple[jax.Array, KVCache]:
         """A decode step's attention: (B, H, D) query, key and value of each row's new token ->
-        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter)."""
+        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter).
+        Both products are one row per (b, h) against the cache: ops.vecmat."""
         B, H, D = q.shape
         rows = jnp.arange(B)
         cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
                              v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
         keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
-        att = einsum("bhd,bhds->bhs", q, keys) / math.sqrt(D)  # (B, H, span) float32
+        att = vecmat(q, keys) / math.sqrt(D)  # (B, H, D) x (B, H, D, span) -> (B, H, span) float32
         visible = jnp.arange(self.span)[None, None, :] <= self.pos[:, None, None]  # (B, 1, span)
         att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        return einsum("bhs,bhsd->bhd", att, values).reshape(B, H * D), cache  # (B, C)
+        return vecmat(att, values).reshape(B, H * D), cache  # (B, H, span) x (B, H, span, D) -> (B, C)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -134,7 +135,7 @@ class CausalSelfAttention(nnx.Module):
         positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
         q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)  # (B, T, H, D)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
-            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.einsum)
+            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat)
             return self.proj(y[:, None]), cache  # (B, 1, C)
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:
@@ -290,7 +291,8 @@ def head_weight(model: GPT | AToA) -> jax.Array:
 def head_logits(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
     """(..., C) features and head_weight -> (..., V) float32 logits, soft-capped if model.json asks:
     a pure function, for the chunked loss and HellaSwag's rows as for the full forward."""
-    return softcap(ops.linear(x, w, transposed=cfg.tie_embeddings), cfg.logit_softcap)  # tied: w is (V, C)
+    logits = ops.linear(x, w, transposed=True) if cfg.tie_embeddings else ops.dense(x, w)  # tied: the (V, C) embedding
+    return softcap(logits, cfg.logit_softcap)
 
 
 def _stack(blocks: list[Block]) -> Block:

@@ -1,10 +1,11 @@
 """The model's matmuls and attention behind one backend-neutral interface, chosen once.
 
-model.py calls three operations and nothing else that depends on the hardware:
+model.py calls these operations and nothing else that depends on the hardware:
 
     ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
-    ops.dot_general                the same, in the signature nnx.Linear calls
+    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says), the latter as nnx.Linear calls it
     ops.attention(q, k, v)         causal softmax attention, (B, T, H, D) each -> (B, T, H*D) float32
+    ops.vecmat(a, b)               a decode step's attention products: (..., K) x (..., K, N) -> (..., N) float32
 
 `select(cfg, backend)` decides, once per model config and backend, how they run:
 
@@ -20,11 +21,16 @@ model.py calls three operations and nothing else that depends on the hardware:
   `jax.nn.dot_product_attention` where cuDNN can run the model's shapes in bfloat16, otherwise
   XLA's batched-head attention (`causal_attention` below), with a one-line note saying why.
 - CPU: the XLA:CPU forms of `cpu_kernels.py` (backward products laid out for its bfloat16 dot,
-  dense layers on (N, K) rows, attention one head at a time). They run on the CPU only.
+  dense layers on (N, K) rows, attention one head at a time, decode attention as a fused sum).
+  They run on the CPU only.
+
+`Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (generate.py):
+its dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -109,6 +115,11 @@ class Ops:
     attention_kernel: str  # "cudnn", "xla" or "per_head" (model.json attention, resolved)
     product: Product = plain_product  # the backward products of a bfloat16 matmul
     rows_dense: bool = False  # dense layers on (N, K) rows: flatten the leading axes first
+    # How dense weights arrive. None: float32 parameters, cast to compute_dtype at every product
+    # (training, evaluation, prefill). Else a decoder's copies (`for_decoding`), made once by
+    # `decode_kernel`: stored in this dtype, and laid out (out, in) where `kernels_out_in`.
+    weight_dtype: str | None = None
+    kernels_out_in: bool = False
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""
@@ -116,21 +127,67 @@ class Ops:
             return jnp.einsum(spec, a, b)
         return mixed_einsum(spec, a, b, jnp.dtype(self.compute_dtype), self.product)
 
+    def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32, in the compute
+        dtype: a decode step's attention, one query row per head against the cache (on the CPU
+        cpu_kernels.vecmat, its step compiled with decode_compiler_options)."""
+        if self.backend == "cpu":
+            return cpu_kernels.vecmat(a, b, self.compute_dtype)
+        idx = "abcdefgh"[:a.ndim - 1]
+        return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
+
+    def decode_compiler_options(self) -> dict[str, Any]:
+        """XLA options for a decode step's program (cpu_kernels.DECODE_COMPILER_OPTIONS on the CPU)."""
+        return dict(cpu_kernels.DECODE_COMPILER_OPTIONS) if self.backend == "cpu" else {}
+
     def linear(self, x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
         """x (..., K) @ w (K, M), or w (M, K) transposed -> (..., M) float32."""
         lead = x.shape[:-1]
         if self.rows_dense:
             x = x.reshape(-1, x.shape[-1])  # (N, K)
         idx = "nopqrs"[:x.ndim - 1]
-        y = self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
+        spec = f"{idx}k,{'mk' if transposed else 'km'}->{idx}m"
+        if self.weight_dtype == "float32" and self.compute_dtype != "float32":
+            # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
+            # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot
+            # with one row (it upcasts both operands).
+            y = jnp.einsum(spec, x.astype(self.compute_dtype).astype(jnp.float32), w)
+        else:
+            y = self.einsum(spec, x, w)  # weights already in the compute dtype are not cast again
         return y.reshape(*lead, y.shape[-1])
+
+    def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """A dense layer: x (..., K) and its kernel, (K, M) or, where `kernels_out_in`, (M, K)."""
+        return self.linear(x, w, transposed=self.kernels_out_in)
 
     def dot_general(self, x: jax.Array, w: jax.Array, dimension_numbers: Any, precision: Any = None,
                     preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
-        """nnx.Linear's dot_general: x (..., K) contracted with a (K, M) kernel."""
+        """nnx.Linear's dot_general: x (..., K) contracted with its kernel (see `dense`)."""
         del precision, preferred_element_type, out_sharding  # the compute dtype decides
         assert w.ndim == 2 and dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
-        return self.linear(x, w)
+        return self.dense(x, w)
+
+    def for_decoding(self, rows: int) -> Ops:
+        """These operations for a decoder's copy of the model whose steps feed `rows` tokens,
+        its dense kernels converted once by `decode_kernel`, so that no step casts a weight.
+
+        The kernels are kept in the compute dtype, except on XLA:CPU with one row: it has no
+        bfloat16 matrix-vector product (YNNPACK takes no dot with a dimension of 1, and XLA's own
+        matrix-vector kernel, float32 only, would upcast every weight at every step), so there
+        they are float32 holding compute-dtype values, laid out (out, in): that kernel streams
+        a (M, K) weight's rows, faster than a (K, M) one's columns (README "Performance").
+        """
+        if self.backend == "cpu" and rows == 1:
+            return dataclasses.replace(self, weight_dtype="float32", kernels_out_in=True)
+        return dataclasses.replace(self, weight_dtype=self.compute_dtype, kernels_out_in=False)
+
+    def decode_kernel(self, w: jax.Array) -> jax.Array:
+        """A dense kernel (K, M) float32 as these decoding operations take it (`for_decoding`): a
+        new array, or `w` itself where nothing changes (float32 kernels for several rows)."""
+        assert self.weight_dtype is not None, "decode_kernel is for the operations of for_decoding"
+        if w.dtype == self.weight_dtype == self.compute_dtype and not self.kernels_out_in:
+            return w
+        return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                   dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
@@ -148,6 +205,13 @@ class Ops:
                                              is_causal=True, implementation="cudnn")  # (B, T, H, D)
             return y.astype(jnp.float32).reshape(B, T, H * D)
         return causal_attention(q, k, v, self.einsum, dropout)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _decode_kernel(w: jax.Array, compute_dtype: str, weight_dtype: str, out_in: bool) -> jax.Array:
+    """Ops.decode_kernel's conversion: one small program per kernel shape, compiled once per process."""
+    w = w.astype(compute_dtype).astype(weight_dtype)  # the compute dtype's values
+    return w.T if out_in else w
 
 
 def resolve_compute_dtype(requested: str, backend: str, cpu_flags: frozenset[str] | None = None) -> str:

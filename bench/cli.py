@@ -7,7 +7,8 @@
     uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
     uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch: fp32/fp32, bf16/bf16
-    uv run -m bench generate --batch-size 4                   # KV-cache sampling vs full forward (GPT-2 124M shape)
+    uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate: fp32/bf16, batch 1/8, (un)scanned
+    uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data,
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import decode as decode_bench
 from bench.compare import DTYPES, TORCH_PYTHON, TORCH_REFERENCE, bench_compare
 from bench.loader import bench_data
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
@@ -168,27 +170,63 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, nargs="?", default=None,
                         help="run directory whose model.json shapes the model (default: GPT-2 124M), random weights")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a model.json key (repeatable)")
-    parser.add_argument("--new-tokens", type=int, default=256, help="tokens to generate (default: %(default)s)")
+                        help="override a model.json key (repeatable; compare: compute_dtype and scan_layers are "
+                             "the columns')")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (default: %(default)s)")
-    parser.add_argument("--cached-only", action="store_true", help="skip the full-forward baseline")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed generate calls per process after an untimed one (default: %(default)s)")
+    parser.add_argument("--dtypes", default=",".join(decode_bench.DTYPES),
+                        help="compare: our compute_dtype and torch's weights (default: %(default)s)")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, decode_bench.BATCH_SIZES)),
+                        help="compare: prompts decoded together (default: %(default)s)")
+    parser.add_argument("--layouts", default=",".join(decode_bench.LAYOUTS),
+                        help="compare: our scan_layers false (unrolled) / true (scanned) (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="compare: alternate every side this many times; medians of the rounds (default: %(default)s)")
+    parser.add_argument("--no-torch", action="store_true", help="compare: ours only")
+    parser.add_argument("--torch-python", type=Path, default=TORCH_PYTHON,
+                        help="compare: the reference venv's python, with torch and transformers (default: %(default)s)")
+    parser.add_argument("--single", action="store_true",
+                        help="instead: one measurement in this process, the KV cache against the full forward "
+                             "pass per token (what each of our compare runs does, with --cached-only)")
+    parser.add_argument("--batch-size", type=int, default=1, help="--single: prompts decoded together (default: %(default)s)")
+    parser.add_argument("--cached-only", action="store_true", help="--single: skip the full-forward baseline")
+
+
+def _csv(text: str, flag: str, allowed: tuple[str, ...] | None) -> list[str]:
+    """A comma-separated flag's values: some of `allowed`, or (None) positive integers."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    ok = all(v in allowed for v in values) if allowed else all(v.isdigit() and int(v) > 0 for v in values)
+    if not values or not ok:
+        raise BenchError(f"{flag} {text!r}: expected " + (f"some of {','.join(allowed)}" if allowed
+                                                          else "positive integers like 1,8"))
+    return values
 
 
 def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
-    """bench.decode: KV-cache decoding vs re-running the whole forward pass for every token."""
-    from bench import decode
-
-    model_cfg = load_run_configs(args.run)[0] if args.run is not None else decode.GPT2_124M
+    """bench.decode: ours against transformers' generate, or (--single) one in-process measurement."""
+    model_cfg = load_run_configs(args.run)[0] if args.run is not None else decode_bench.GPT2_124M
+    if not args.single and any(item.partition("=")[0] in ("compute_dtype", "scan_layers") for item in args.model):
+        raise BenchError("--model compute_dtype=... / scan_layers=...: the comparison sets them per column; use "
+                         "--dtypes / --layouts (or --single)")
     if args.model:
         model_cfg = with_overrides(model_cfg, args.model, "--model")
-    if args.new_tokens < 1 or args.prompt_tokens < 1 or args.batch_size < 1:
-        raise BenchError("--new-tokens, --prompt-tokens and --batch-size must be >= 1")
+    if min(args.new_tokens, args.prompt_tokens, args.batch_size, args.repeats, args.rounds) < 1:
+        raise BenchError("--new-tokens, --prompt-tokens, --batch-size, --repeats and --rounds must be >= 1")
     if args.prompt_tokens + args.new_tokens > model_cfg.context_length:
         raise BenchError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
                          f"context_length={model_cfg.context_length}")
-    return decode.bench_generate(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
-                          batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only)
+    if args.single:
+        return decode_bench.bench_generate(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
+                                           batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only,
+                                           repeats=args.repeats)
+    batch_sizes = [int(b) for b in _csv(args.batch_sizes, "--batch-sizes", None)]
+    return decode_bench.bench_generate_compare(
+        model_cfg, dtypes=_csv(args.dtypes, "--dtypes", decode_bench.DTYPES), batch_sizes=batch_sizes,
+        layouts=_csv(args.layouts, "--layouts", decode_bench.LAYOUTS), rounds=args.rounds,
+        new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, repeats=args.repeats,
+        torch=not args.no_torch, torch_python=args.torch_python)
 
 
 # ----------------------------------------------------------------------------- gpu
@@ -214,7 +252,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
     "compare": ("bench train vs PyTorch (torch_reference.py), per config", _add_compare_args, _run_compare),
-    "generate": ("sampling speed: KV-cache decoding vs full forward per token", _add_generate_args, _run_generate),
+    "generate": ("sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
+                 _add_generate_args, _run_generate),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
             _run_gpu),
 }

@@ -247,7 +247,8 @@ def generation(plan: Plan, logs: Path, clock: Clock) -> list[dict[str, Any]]:
         if clock.left() < plan.part_seconds["generate"]:
             rows.append({"batch_size": batch, "status": "skipped: time budget spent"})
             continue
-        args = ["generate", "--cached-only", "--batch-size", str(batch), "--new-tokens", str(plan.new_tokens),
+        args = ["generate", "--single", "--cached-only", "--repeats", "1", "--batch-size", str(batch),
+                "--new-tokens", str(plan.new_tokens),
                 *[f"--model={m}" for m in plan.generate_model]]
         rows.append(_bench(args, logs, f"generate-b{batch}", clock.timeout(plan)) | {"batch_size": batch})
     return rows

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cli, compare, loader, train_step
+from bench import cli, compare, decode, loader, train_step
 from config import ModelConfig, load_run_configs
 from conftest import write_run
 
@@ -165,9 +165,91 @@ def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.Capt
     run = write_run(tmp_path / "g", {"architecture": "gpt2", "vocab_size": 61, "context_length": 32, "emb_dim": 32,
                                      "n_heads": 4, "n_layers": 2}, {"microbatch_size": 2, "train_steps": 1})
     out = tmp_path / "gen.json"
-    assert cli.main(["generate", str(run), "--new-tokens", "6", "--prompt-tokens", "3", "--json", str(out)]) == 0
+    assert cli.main(["generate", "--single", str(run), "--new-tokens", "6", "--prompt-tokens", "3", "--repeats", "2",
+                     "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["cached_tok_s"] > 0 and figures["full_tok_s"] > 0 and figures["speedup"] > 0
     assert "cached:" in capsys.readouterr().out
-    assert cli.main(["generate", str(run), "--new-tokens", "40"]) == 2  # beyond context_length
+    assert cli.main(["generate", "--single", str(run), "--new-tokens", "40"]) == 2  # beyond context_length
     assert "context_length=32" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- generate: ours vs transformers
+
+
+def _fake_decode_runner(calls: list[tuple[str, str, int]]) -> decode.Runner:
+    """Figures as the sides write them: ms/token 10 (unrolled fp32), 11 (scanned), 20 (torch); bf16 half that;
+    each later round 1 ms more; batch 8 twice batch 1."""
+    def run(side: str, dtype: str, batch: int, out: Path) -> dict:
+        calls.append((side, dtype, batch))
+        ms = {"unrolled": 10.0, "scanned": 11.0, "torch": 20.0}[side] * (0.5 if dtype == "bfloat16" else 1.0)
+        ms = ms * (2 if batch == 8 else 1) + calls.count((side, dtype, batch)) - 1
+        return {"side": "torch" if side == "torch" else "ours", "ms_per_token_median": ms, "ms_per_token": [ms - 1, ms],
+                "torch": "2.x", "transformers": "5.x", "threads": 2}
+
+    return run
+
+
+def test_generate_compare_alternates_sides_and_reports_ratios_of_medians() -> None:
+    calls: list[tuple[str, str, int]] = []
+    lines: list[str] = []
+    r = decode.bench_generate_compare(rounds=3, runner=_fake_decode_runner(calls), log=lines.append)
+    assert calls[:4] == [("unrolled", "float32", 1), ("scanned", "float32", 1), ("torch", "float32", 1),
+                         ("unrolled", "float32", 8)]
+    assert len(calls) == 3 * 2 * 2 * 3 and calls[-1] == ("torch", "bfloat16", 8)
+    cells = {(c["dtype"], c["batch_size"]): c for c in r["cells"]}
+    fp32, bf16 = cells[("float32", 1)], cells[("bfloat16", 1)]
+    assert fp32["unrolled"]["ms_per_token"] == 11.0 and fp32["torch"]["ms_per_token"] == 21.0  # median of 10, 11, 12
+    assert fp32["scanned_over_unrolled"] == pytest.approx(12 / 11) and fp32["unrolled_over_torch"] == pytest.approx(11 / 21)
+    assert bf16["unrolled_bf16_over_fp32"] == pytest.approx(6 / 11) and bf16["torch_bf16_over_fp32"] == pytest.approx(11 / 21)
+    assert fp32["unrolled"]["min"] == 9.0 and fp32["unrolled"]["max"] == 12.0 and len(fp32["torch"]["load_avg"]) == 3
+    assert r["transformers"] == "5.x" and r["torch_threads"] == 2 and set(r["cpu"]) >= {"model", "avx512_bf16"}
+    report = lines[-1]
+    assert report.startswith("CPU: ") and "transformers 5.x" in report and "1.09" in report and "0.52" in report
+    checks = {(t["target"], t["where"]): t for t in r["target_checks"]}
+    assert len(checks) == 2 * 2 + 4 * (1 + 2)  # bf16/fp32 per batch and layout; per cell scan/unroll and ours/torch x 2
+    assert checks[("ours/torch <= 1.0", "float32 batch 8 scanned")]["value"] == pytest.approx(23 / 41)
+    assert checks[("scanned/unrolled <= 1.1", "float32 batch 1")] == {
+        "target": "scanned/unrolled <= 1.1", "where": "float32 batch 1", "value": pytest.approx(12 / 11), "met": True}
+    assert "bf16/fp32 <= 0.7 batch 1 unrolled: 0.55 ok" in report
+    json.dumps(r)  # what --json writes
+    ours = decode.bench_generate_compare(dtypes=["bfloat16"], batch_sizes=[8], layouts=["scanned"], torch=False,
+                                         runner=_fake_decode_runner([]), log=lines.append)
+    (cell,) = ours["cells"]
+    assert set(cell) >= {"scanned"} and "torch" not in cell and cell["scanned_over_torch"] is None
+
+
+def test_generate_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--dtypes", "float16"], ["--batch-sizes", "0"], ["--layouts", "stacked"], ["--rounds", "0"],
+                ["--model", "compute_dtype=bfloat16"], ["--model", "tie_embeddings=false"],  # GPT2LMHeadModel's is tied
+                ["--torch-python", "/nonexistent/python"]):
+        assert cli.main(["generate", *bad]) == 2, bad
+    err = capsys.readouterr().err
+    assert "--dtypes 'float16'" in err and "per column" in err and "no torch twin" in err and "torchref" in err
+
+
+TINY_GPT2 = ["--model=vocab_size=257", "--model=context_length=64", "--model=emb_dim=32", "--model=n_heads=2",
+             "--model=n_layers=2"]
+
+
+def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path) -> None:
+    """Real processes on a tiny GPT-2: ours (both layouts) and, where $HOME/torchref exists, transformers'
+    generate on the same shape (bench/torch_generate.py); figures only, timings never asserted."""
+    with_torch = compare.TORCH_PYTHON.exists()
+    out = tmp_path / "gen.json"
+    args = ["generate", *TINY_GPT2, "--dtypes", "bfloat16", "--batch-sizes", "2", "--new-tokens", "5",
+            "--prompt-tokens", "3", "--repeats", "1", "--json", str(out), *([] if with_torch else ["--no-torch"])]
+    assert cli.main(args) == 0
+    r = json.loads(out.read_text())
+    (cell,) = r["cells"]
+    for side in ("unrolled", "scanned", *(["torch"] if with_torch else [])):
+        (run,) = cell[side]["runs"]
+        assert run["batch_size"] == 2 and run["new_tokens"] == 5 and cell[side]["ms_per_token"] > 0, side
+    assert cell["unrolled"]["runs"][0]["compute_dtype"] == "bfloat16" and cell["scanned"]["runs"][0]["scan_layers"]
+    assert r["model"]["emb_dim"] == 32 and r["cpu"]["model"] == compare.cpu_kernels.cpu_info()["model"]
+    if with_torch:
+        torch_run = cell["torch"]["runs"][0]
+        assert torch_run["dtype"] == "bfloat16" and torch_run["params"] == 257 * 32 + 64 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+        assert cell["unrolled_over_torch"] > 0 and r["transformers"]
+    else:
+        pytest.skip(f"ours ran; {compare.TORCH_PYTHON} not here for the torch side")

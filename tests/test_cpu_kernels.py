@@ -71,3 +71,22 @@ def test_cpu_info_on_this_machine() -> None:
         assert cpu_kernels.cpu_flags() == flags
         assert info["avx512f"] == ("avx512f" in flags) and info["amx_bf16"] == ("amx_bf16" in flags)
         assert info["native_bf16"] == bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vecmat_is_the_vector_matrix_product_of_the_dtypes_values(dtype: str) -> None:
+    """cpu_kernels.vecmat against numpy in float64 on the same (rounded) values; ops.vecmat elsewhere is an einsum."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 40)).astype(np.float32), rng.standard_normal((2, 3, 40, 7)).astype(np.float32)
+    got = np.asarray(cpu_kernels.vecmat(jnp.asarray(a), jnp.asarray(b), dtype))
+    ra, rb = (np.asarray(jnp.asarray(t).astype(dtype).astype(jnp.float32), np.float64) for t in (a, b))
+    np.testing.assert_allclose(got, np.einsum("hik,hikn->hin", ra, rb), rtol=0, atol=1e-5)
+    assert got.dtype == np.float32 and got.shape == (2, 3, 7)
+    if dtype == "bfloat16":  # the rounding is really there
+        assert np.abs(np.einsum("hik,hikn->hin", a.astype(np.float64), b) - got).max() > 1e-3
+    gpu = select(ModelConfig(architecture="gpt2", vocab_size=8, context_length=8, emb_dim=8, n_heads=1, n_layers=1,
+                             compute_dtype=dtype), "gpu")
+    np.testing.assert_allclose(np.asarray(gpu.vecmat(jnp.asarray(a), jnp.asarray(b))), got, rtol=0, atol=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import jax
@@ -77,21 +78,24 @@ def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
 # Every modern option on (model.json, layers.py): rotary positions of cached and new tokens included.
 MODERN = dict(positions="rotary", rope_base=100.0, norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2",
               logit_softcap=5.0, tie_embeddings=False, bias=False, qkv_bias=False)
+LAYOUTS = {"tied": {}, "untied-nobias": {"tie_embeddings": False, "qkv_bias": False}, "scan-layers": {"scan_layers": True},
+           "scan-remat": {"scan_layers": True, "remat": True}, "bfloat16": {"compute_dtype": "bfloat16"},
+           "bfloat16-scan": {"compute_dtype": "bfloat16", "scan_layers": True},
+           "bfloat16-untied": {"compute_dtype": "bfloat16", "tie_embeddings": False},
+           "modern": MODERN, "modern-scan-remat": {**MODERN, "scan_layers": True, "remat": True},
+           "modern-bfloat16-no-scale": {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False}}
 
 
-@pytest.mark.parametrize("kw", [{}, {"tie_embeddings": False, "qkv_bias": False}, {"scan_layers": True},
-                                {"scan_layers": True, "remat": True}, {"compute_dtype": "bfloat16"},
-                                MODERN, {**MODERN, "scan_layers": True, "remat": True},
-                                {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False}],
-                         ids=["tied", "untied-nobias", "scan-layers", "scan-remat", "bfloat16",
-                              "modern", "modern-scan-remat", "modern-bfloat16-no-scale"])
-def test_cached_logits_match_full_forward_at_every_position(kw: dict) -> None:
+# Batch 1 and 3: on the CPU the decoder keeps its weights in another form for one row (ops.for_decoding).
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kw", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int) -> None:
     model = tiny(1, **kw)
     rng = np.random.default_rng(2)
-    seqs = [rng.integers(0, V, CTX).tolist() for _ in range(3)]
-    prompt_lens = [1, 5, 9]  # different lengths in one batch
+    seqs = [rng.integers(0, V, CTX).tolist() for _ in range(rows)]
+    prompt_lens = [1, 5, 9][-rows:]  # different lengths in one batch
     ref = [full_logits(model, s) for s in seqs]
-    dec = g.KVDecoder(model, 3)
+    dec = g.KVDecoder(model, rows)
     got = dec.prefill([s[:n] for s, n in zip(seqs, prompt_lens)])
     diffs = {(b, n - 1): np.abs(got[b] - ref[b][n - 1]).max() for b, n in enumerate(prompt_lens)}
     while (dec.lengths < CTX).any():  # feed each row its next true token at its own position
@@ -266,7 +270,7 @@ def test_attention_spans_grow_with_the_rows_and_stay_exact() -> None:
     assert sorted(dec._steps) == [128, 256, 300] and max(diffs) <= TOL, max(diffs)
 
 
-def test_scan_layers_models_decode_through_their_scan_with_the_unrolled_models_logits() -> None:
+def test_scan_layers_models_decode_with_the_unrolled_models_logits_and_prefill_through_their_scan() -> None:
     unrolled, scanned = tiny(12), tiny(12, scan_layers=True)  # the same weights, two layouts
     prompts = [[1, 2, 3], [4, 5]]
     logits = []
@@ -276,9 +280,69 @@ def test_scan_layers_models_decode_through_their_scan_with_the_unrolled_models_l
     np.testing.assert_allclose(np.stack(logits[0]), np.stack(logits[1]), atol=TOL, rtol=0)
     graphdef, state = nnx.split(scanned)
     cache = g.KVCache.zeros(scanned.cfg, 2)
-    ids = jnp.zeros((2,), jnp.int32)
-    jaxpr = str(jax.make_jaxpr(g._step, static_argnums=(0, 1))(graphdef, CTX, state, cache.k, cache.v, ids, ids))
-    assert jaxpr.count("scan[") == 1 and jaxpr.count("dot_general") < 6 * L  # one block traced (6 products), not L
+    ids = jnp.zeros((2, 3), jnp.int32)
+    jaxpr = str(jax.make_jaxpr(g._prefill, static_argnums=0)(graphdef, state, cache.k, cache.v, ids, ids[:, 0]))
+    per_block = 4 + 2 * H  # the dense layers and, per head (CPU attention), two products
+    assert jaxpr.count("scan[") == 1 and jaxpr.count("dot_general") < per_block * L  # one block traced, not L
+
+
+# ----------------------------------------------------------------------------- the decode step's program
+
+# An HLO instruction: "%name = f32[32,96]{1,0} convert(%x), ..." -> (dtype, dims, opcode)
+_HLO_OP = re.compile(r"^\s*(?:ROOT )?%[\w.-]+ = (\w+)\[([\d,]*)\](?:\{[^}]*\})? ([\w-]+)\(", re.M)
+_COPYING = {"convert", "copy", "transpose", "slice", "dynamic-slice", "concatenate", "pad"}
+
+
+def weight_copies(hlo: str, model: nnx.Module) -> list[str]:
+    """The instructions of a compiled program that convert, copy or slice out something of a weight's
+    shape (one layer's either way round, or a stacked one's; size-1 axes aside), and its loops."""
+    shapes = set()
+    for _path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = var.get_value().shape
+        layer = shape[1:] if model.cfg.scan_layers else shape
+        shapes |= {shape, layer, layer[::-1]} if len(layer) >= 2 else set()
+    found = [f"{op} -> {dtype}[{dims}]" for dtype, dims, op in _HLO_OP.findall(hlo)
+             if op in _COPYING and tuple(int(d) for d in dims.split(",") if d and d != "1") in shapes]
+    return found + ["while loop"] * len(re.findall(r"\) while\(", hlo))  # a loop's result is a tuple
+
+
+def _original_step_hlo(model: nnx.Module, rows: int) -> str:
+    """The step compiled over the model as it is (what decoding ran before decoding_model)."""
+    graphdef, state = nnx.split(model)
+    cache = g.KVCache.zeros(model.cfg, rows)
+    ids = jnp.zeros((rows,), jnp.int32)
+    return jax.jit(g._step, static_argnums=(0, 1)).lower(graphdef, CTX, state, cache.k, cache.v, ids, ids).compile().as_text()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kw", [{}, {"scan_layers": True}, {"compute_dtype": "bfloat16"},
+                                {"compute_dtype": "bfloat16", "scan_layers": True, "remat": True},
+                                {"compute_dtype": "bfloat16", "tie_embeddings": False}],
+                         ids=["float32", "float32-scan", "bfloat16", "bfloat16-scan-remat", "bfloat16-untied"])
+def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: int) -> None:
+    """The compiled step multiplies the decoder's weights as they are: no per-step float32 -> bfloat16
+    convert (nor XLA's own bf16 -> f32 upcast) of a weight, no slice of a layer out of stacked weights."""
+    model = tiny(13, **kw)
+    dec = g.KVDecoder(model, rows)
+    hlo = dec._compiled_step(CTX).as_text()
+    assert weight_copies(hlo, model) == []
+    # The dense layers' and the head's dots and no more: attention against the cache is ops.vecmat's
+    # fused product and sum on the CPU, and runs no YNNPACK reduction (decode_compiler_options).
+    assert len(re.findall(r" dot\(", hlo)) == 4 * L + 1
+    assert not [line for line in hlo.splitlines() if re.search(r"%ynn_fusion[\w.]* = .*op_name=\"[^\"]*reduce", line)]
+    ops = model.ops.for_decoding(rows)
+    kernels = [m.kernel.get_value() for _, m in nnx.iter_modules(nnx.merge(dec.step_graphdef, dec.step_state))
+               if isinstance(m, nnx.Linear)]
+    assert len(kernels) == 4 * L + 1 and all(k.dtype == ops.weight_dtype for k in kernels)  # and the head
+    if kw.get("compute_dtype") == "bfloat16":  # the weights hold bfloat16 values, in whatever storage
+        assert all(np.array_equal(np.asarray(k), np.asarray(k.astype(jnp.bfloat16).astype(k.dtype))) for k in kernels)
+        assert ops.weight_dtype == ("float32" if rows == 1 else "bfloat16")  # XLA:CPU: no bf16 matrix-vector dot
+    if not kw and rows > 1:  # float32 kernels for several rows: nothing to change, nothing copied
+        originals = {id(m.kernel.get_value()) for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)}
+        assert sum(id(k) in originals for k in kernels) == 4 * L
+    # The check sees what it must: the step over the model as it is converts or slices its weights.
+    if kw.get("compute_dtype") == "bfloat16" or kw.get("scan_layers"):
+        assert weight_copies(_original_step_hlo(model, rows), model) != []
 
 
 def test_generate_holds_no_copy_of_the_model() -> None:
