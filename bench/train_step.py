@@ -135,6 +135,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
         **_environment(name),
         **to_dict(model_cfg), "compute_dtype": model.ops.compute_dtype,  # model.json's keys; dtype as run ("auto" resolved)
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
+        "optimizer": train_cfg.optimizer, "schedule": train_cfg.schedule,
         "params": int(count_params(model)), "compute_dtype_requested": model_cfg.compute_dtype,
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
         **_timings(first["first_step_s"], step_times, k * B * T),

@@ -82,6 +82,29 @@ def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: 
         np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
 
 
+# The modern recipe: every model option of layers.py, Muon (its momenta sharded as the kernels are,
+# the qkv one as its (C, 3, C) view) and warmup-stable-decay.
+MODERN = {**MODEL, "qkv_bias": False, "bias": False, "tie_embeddings": False, "positions": "rotary",
+          "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2", "zero_init_proj": True,
+          "logit_softcap": 15.0}
+MODERN_TRAIN = {**TRAIN, "optimizer": "muon", "schedule": "wsd", "learning_rate": 0.02}
+
+
+def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1(tmp_path: Path, data_root: Path) -> None:
+    reference = write_run(tmp_path / "single", MODERN, MODERN_TRAIN)
+    assert train.main([str(reference), "--data-dir", str(data_root)]) == 0
+    saved = write_run(tmp_path / "saved", MODERN, {**MODERN_TRAIN, "mesh": {"data": 4, "model": 2, "fsdp": True}})
+    train_on(saved, data_root, devices=8)
+    np.testing.assert_allclose(losses(saved), losses(reference), rtol=0, atol=1e-5)
+    step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
+    run = write_run(tmp_path / "on8x1", MODERN, {**MODERN_TRAIN, "mesh": {"data": 8, "model": 1}})
+    shutil.copytree(step3, run / "checkpoints" / step3.name)  # Muon's state restored onto another mesh
+    out = train_on(run, data_root, devices=8)
+    assert f"Resuming {run} from {step3.name} (step 3)" in out
+    np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
+    assert len(losses(run)) == 6
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
