@@ -132,8 +132,8 @@ class MuonConfig:
     ns_steps: int = 5  # Newton-Schulz iterations of the orthogonalisation
     weight_decay: float = 0.0  # Muon's own decoupled decay of the matrices (times its learning rate)
     # AdamW's peak rates (its b1/b2/eps/weight_decay: train.json adam_b1, adam_b2, adam_eps, weight_decay).
-    # nanochat's 0.2-0.3 for embeddings assumes N(0, 1) ones; model.py's are N(0, 0.02), so 20x lower
-    # here (README "Muon" has the sweep these come from).
+    # nanochat's 0.2-0.3 for embeddings assumes N(0, 1) ones; model.py's are N(0, 0.02), hence a lower
+    # default. The shipped modern runs (untied, with embed_norm) take 0.1: docs/recipes.md has the sweep.
     embed_learning_rate: float = 0.01  # token embedding (and a tied head) and the position table
     head_learning_rate: float = 0.004  # the untied output head (nanochat's)
     scalar_learning_rate: float = 0.004  # every norm scale and bias (never decayed)
