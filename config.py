@@ -41,7 +41,7 @@ class ModelConfig:
     bias: bool = True
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
-    # How it runs (the same function whatever is chosen here; see README "Performance"):
+    # How it runs (the same function whatever is chosen here; see docs/performance.md "Performance"):
     # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
     # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (ops.py).
     compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
@@ -50,7 +50,7 @@ class ModelConfig:
     remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
     scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
     loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
-    # The modern recipe's options (layers.py; README "Two recipes"), each on its own; the defaults are
+    # The modern recipe's options (layers.py; docs/recipes.md), each on its own; the defaults are
     # GPT-2's, and a model.json without these keys computes exactly what it always did:
     positions: Literal["learned", "rotary"] = "learned"  # a learned (context, C) table, or rotary q/k
     rope_base: float | None = None  # rotary's base; None = 10000 with positions "rotary" (refused with "learned")

@@ -1,7 +1,7 @@
 """XLA:CPU forms of the model's operations; ops.select uses them on the CPU backend only.
 
 Each is the same function as the neutral form in ops.py, written the way XLA:CPU (its YNNPACK
-and Eigen kernels) runs fastest; the measurements behind them are in README "Performance":
+and Eigen kernels) runs fastest; the measurements behind them are in docs/performance.md "Performance":
 
 - `bf16_product`: the backward products of a bfloat16 matmul laid out so that XLA:CPU runs them
   as native bfloat16 dots (otherwise it silently upcasts them to float32);
@@ -85,7 +85,7 @@ def vecmat(a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
 
     As an elementwise product and a sum XLA fuses it with the read of `b` (a slice of the KV
     cache, its rounding to `dtype` included) into one loop over the cache; as a dot XLA:CPU ran
-    every (row, head) as a one-row matrix product of its own, 5-9x slower at batch 8 (README
+    every (row, head) as a one-row matrix product of its own, 5-9x slower at batch 8 (docs/performance.md
     "Performance").
     """
     if dtype != "float32":
@@ -146,6 +146,6 @@ def native_bf16(flags: frozenset[str] | set[str]) -> bool:
 
 def auto_compute_dtype(flags: frozenset[str] | set[str]) -> str:
     """model.json compute_dtype "auto" on a CPU with these flags: bfloat16 matmuls where the CPU
-    multiplies bfloat16 natively (faster at the same loss, README "Performance"), float32
+    multiplies bfloat16 natively (faster at the same loss, docs/performance.md "Performance"), float32
     elsewhere (a bfloat16 dot there has no native instruction to run on)."""
     return "bfloat16" if native_bf16(flags) else "float32"

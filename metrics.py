@@ -27,7 +27,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from checkpoint_files import METRICS_FILE, TENSORBOARD_DIR  # noqa: F401 (the run directory's layout)
 
-# tag: meaning. Per step unless said otherwise; the README's table is this one.
+# tag: meaning. Per step unless said otherwise; docs/watching.md's table of tags is this one.
 TAGS = {
     "train/loss": "training loss of the step (mean over its microbatches)",
     "optim/lr": "learning rate the step's update used (optimizer muon: the Muon matrices')",

@@ -175,7 +175,7 @@ class Ops:
         bfloat16 matrix-vector product (YNNPACK takes no dot with a dimension of 1, and XLA's own
         matrix-vector kernel, float32 only, would upcast every weight at every step), so there
         they are float32 holding compute-dtype values, laid out (out, in): that kernel streams
-        a (M, K) weight's rows, faster than a (K, M) one's columns (README "Performance").
+        a (M, K) weight's rows, faster than a (K, M) one's columns (docs/performance.md "Performance").
         """
         if self.backend == "cpu" and rows == 1:
             return dataclasses.replace(self, weight_dtype="float32", kernels_out_in=True)

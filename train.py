@@ -4,7 +4,7 @@
     uv run train.py runs/a-to-a --restart   # start over; old checkpoints are moved aside, not deleted
     uv run train.py runs/tiny --profile 10:13   # also trace steps 10 -> 13 into runs/tiny/profile/
 
-`runs/<name>/model.json` and `runs/<name>/train.json` describe the run completely (see README).
+`runs/<name>/model.json` and `runs/<name>/train.json` describe the run completely (see docs/configs.md).
 The first Ctrl-C (or SIGTERM, to the process or its group) finishes the current step, writes a
 checkpoint and exits 130; a second Ctrl-C, seconds later, aborts at once. Rerunning resumes from
 the latest checkpoint with the same step, learning rate, next batch and dropout keys as if never
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=profile_range, default=None, metavar="START:STOP",
                         help="record a jax.profiler trace of the steps from START to STOP steps done "
                              "into <run>/profile/ (view: uv run tensorboard --logdir <run>/profile)")
-    group = parser.add_argument_group("several processes (jax.distributed); see README")
+    group = parser.add_argument_group("several processes (jax.distributed); see docs/multi-device.md")
     group.add_argument("--coordinator", default=None,
                        help="host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
     group.add_argument("--num-processes", type=int, default=None, help="(or $JAX_NUM_PROCESSES)")

@@ -1,1 +1,1 @@
-"""The benchmarks: `uv run -m bench --help` (bench/cli.py). Figures go to README "Performance"."""
+"""The benchmarks: `uv run -m bench --help` (bench/cli.py). Figures go to docs/performance.md "Performance"."""

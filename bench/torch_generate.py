@@ -11,7 +11,7 @@ greedy `generate` with its KV cache (`use_cache=True`) from random prompts, exac
 new tokens per row (min_new_tokens = max_new_tokens: end-of-text cannot stop a row early). One
 untimed call first, then --repeats timed calls; ms/token = a call's time / new tokens, the
 prompt's prefill included, as on our side. Threads as torch sets them by default (no
-torch.set_num_threads: README "Performance").
+torch.set_num_threads: docs/performance.md "Performance").
 """
 
 from __future__ import annotations
