@@ -1,0 +1,210 @@
+"""The documentation holds together: README.md is a front page, docs/ holds the reference, and
+every relative link and #anchor between them (and from the code's comments) reaches its target.
+
+No network, no JAX: only the markdown files and the .py sources are read. Anchors follow GitHub's
+rules: a heading's text (inline markdown removed), lowercased, every character that is not a
+letter, digit, '_', '-' or space dropped, each space turned into '-', and "-1", "-2", ... added to
+repeats.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+# docs/recipes.md is being written on another branch. Until it exists here, links to it (with or
+# without an anchor) are not checked; once it exists it is checked like any page. Every other
+# missing target fails.
+NOT_YET_WRITTEN = {DOCS / "recipes.md"}
+
+README_MAX_LINES = 150
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+# [text](target) and ![alt](target), an optional "title" after the target; [label]: target.
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^()\s]+)(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.M)
+HTML_ATTR = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)=\"([^\"]+)\"", re.I)
+HTML_ID = re.compile(r"<a\b[^>]*?\b(?:id|name)=\"([^\"]+)\"", re.I)
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
+
+
+def markdown_files() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _lines_outside_fences(text: str) -> list[str]:
+    """The lines that are not inside a fenced code block (the fences themselves dropped)."""
+    out, fence = [], None
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+            fence = None
+        elif fence is None:
+            out.append(line)
+    return out
+
+
+def _prose(text: str) -> str:
+    """Text without code blocks and inline code, where a link can actually be a link."""
+    return INLINE_CODE.sub(" ", "\n".join(_lines_outside_fences(text)))
+
+
+def heading_text(raw: str) -> str:
+    """A heading's visible text: links to their text, code and emphasis markers dropped."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", raw)
+    text = INLINE_CODE.sub(lambda m: m.group(2), text)
+    text = re.sub(r"<[^>]+>", "", text)
+    return re.sub(r"(\*+|(?<!\w)_+|_+(?!\w))", "", text).strip()
+
+
+def github_slug(text: str) -> str:
+    """GitHub's anchor of a heading whose visible text is `text` (github-slugger's rules)."""
+    text = text.lower()
+    text = "".join(c for c in text if c in "-_ " or c.isalnum())
+    return text.replace(" ", "-")
+
+
+def headings(path: Path) -> list[str]:
+    """The visible text of every heading of a markdown file, in order."""
+    return [
+        heading_text(m.group(2))
+        for line in _lines_outside_fences(path.read_text(encoding="utf-8"))
+        if (m := HEADING.match(line))
+    ]
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor a link into `path` may name: its headings' slugs (repeats numbered) and the
+    ids of explicit <a id="..."> / <a name="..."> tags."""
+    seen: dict[str, int] = {}
+    out = set()
+    for text in headings(path):
+        slug = github_slug(text)
+        if slug in seen:
+            seen[slug] += 1
+            out.add(f"{slug}-{seen[slug]}")
+        else:
+            seen[slug] = 0
+            out.add(slug)
+    out.update(HTML_ID.findall(path.read_text(encoding="utf-8")))
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    """The targets of the links and images of a markdown file that are not URLs with a scheme."""
+    prose = _prose(path.read_text(encoding="utf-8"))
+    targets = INLINE_LINK.findall(prose) + REFERENCE_DEF.findall(prose) + HTML_ATTR.findall(prose)
+    targets = [t[1:-1] if t.startswith("<") and t.endswith(">") else t for t in targets]
+    return [t for t in targets if not SCHEME.match(t)]
+
+
+def link_problems(path: Path, root: Path = ROOT) -> list[str]:
+    """One line per relative link of `path` whose file or #anchor does not exist."""
+    problems = []
+    for target in relative_links(path):
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / unquote(file_part)).resolve() if file_part else path
+        where = f"{path.relative_to(root)}: ({target})"
+        if not dest.exists():
+            if dest in NOT_YET_WRITTEN:
+                continue
+            problems.append(f"{where}: {dest} does not exist")
+            continue
+        if not anchor:
+            continue
+        if dest.suffix == ".md":
+            if unquote(anchor) not in anchors(dest):
+                problems.append(f"{where}: no heading of {dest.relative_to(root)} has the anchor "
+                                f"#{anchor} (it has: {', '.join(sorted(anchors(dest)))})")
+        elif not re.fullmatch(r"L\d+(-L\d+)?", anchor):
+            problems.append(f"{where}: #{anchor} into a file that is not markdown")
+    return problems
+
+
+def test_github_slug_rules():
+    assert github_slug("More than one device / host") == "more-than-one-device--host"
+    assert github_slug("train.json") == "trainjson"
+    assert github_slug(heading_text("nanoGPT's numbers: `runs/shakespeare-char`")) == (
+        "nanogpts-numbers-runsshakespeare-char")
+    assert github_slug("Watching a run: TensorBoard, metrics.jsonl, MFU, profiles") == (
+        "watching-a-run-tensorboard-metricsjsonl-mfu-profiles")
+    assert github_slug(heading_text("`scan_layers` and **ReLU²**")) == "scan_layers-and-relu²"
+
+
+def test_link_checker_sees_a_broken_link(tmp_path):
+    """The checker itself: a missing file and a missing anchor are both reported, code is not."""
+    (tmp_path / "other.md").write_text("# Other page\n\n## A section, here\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n[ok](other.md#a-section-here) [ok](#page) [ok](other.md) [web](https://x.org/a)\n"
+        "[gone](missing.md) [bad anchor](other.md#nowhere) [bad self](#nowhere)\n"
+        "`[in code](missing-too.md)`\n\n```\n[in a block](missing-three.md)\n```\n")
+    problems = link_problems(page, root=tmp_path)
+    assert len(problems) == 3, problems
+    assert "missing.md" in problems[0] and "#nowhere" in problems[1] and "#nowhere" in problems[2]
+
+
+def test_every_relative_link_and_anchor_resolves():
+    problems = [p for path in markdown_files() for p in link_problems(path)]
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_readme_is_a_front_page_with_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines: it is the front page; reference material goes to docs/")
+    m = re.search(r"^## The two commands\n\n```bash\n(.*?)\n```", text, re.M | re.S)
+    assert m, "README.md lost its 'The two commands' block"
+    commands = [line.split("#")[0].strip() for line in m.group(1).splitlines()]
+    assert commands == ["uv run train.py runs/a-to-a", "uv run pytest"], commands
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands[-1] == "uv run pytest", commands[-1]
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {
+        (README.parent / unquote(t.partition("#")[0])).resolve()
+        for t in relative_links(README) if t.partition("#")[0]
+    }
+    pages = sorted(DOCS.glob("*.md"))
+    assert pages, "docs/ has no pages"
+    unlinked = [str(p.relative_to(ROOT)) for p in pages if p.resolve() not in linked]
+    assert not unlinked, f"pages not linked from README.md: {unlinked}"
+
+
+CODE_REFERENCE = re.compile(r"\b(README|docs/[\w.-]+\.md)[\s#]+\"([^\"\n]+)\"")
+
+
+def _sources() -> list[Path]:
+    return sorted([*ROOT.glob("*.py"), *(ROOT / "bench").glob("*.py")])
+
+
+def test_code_comments_name_real_pages_and_sections():
+    """`docs/<page>.md "Section"` in a comment or message names a page and one of its headings;
+    `README "Section"` only a heading the README still has."""
+    problems = []
+    for source in _sources():
+        for m in CODE_REFERENCE.finditer(source.read_text(encoding="utf-8")):
+            page = README if m.group(1) == "README" else ROOT / m.group(1)
+            where = f"{source.relative_to(ROOT)}: {m.group(1)} \"{m.group(2)}\""
+            if not page.exists():
+                if page not in NOT_YET_WRITTEN:
+                    problems.append(f"{where}: {page.relative_to(ROOT)} does not exist")
+                continue
+            if m.group(2) not in headings(page):
+                problems.append(f"{where}: no such heading in {page.relative_to(ROOT)}")
+    assert not problems, "\n".join(problems)
