@@ -17,7 +17,7 @@ import train
 from config import load_run_configs
 from model import build_model
 from optim import make_optimizer, make_schedule, peak_rates
-from test_mesh import losses, train_on
+from test_mesh import losses
 from conftest import write_run
 from checkpoint_helpers import flat, same_bits
 
@@ -110,17 +110,4 @@ def test_a_changed_optimizer_is_refused_on_resume(tmp_path: Path, data_root: Pat
     assert "optimizer='adamw'" in err and "optimizer='muon'" in err and "--restart" in err
 
 
-def test_muon_on_meshes_and_resumed_on_other_shapes(tmp_path: Path, data_root: Path,
-                                                    reference: tuple[Path, str]) -> None:
-    """Data x model parallel with FSDP on 8 forced host devices matches the single device; its step-3
-    checkpoint (momentum sharded over both axes) resumes on (8, 1) FSDP and on one device."""
-    saved = write_run(tmp_path / "saved", MODEL, {**TRAIN, "mesh": {"data": 4, "model": 2, "fsdp": True}})
-    train_on(saved, data_root, devices=8)
-    np.testing.assert_allclose(losses(saved), losses(reference[0]), rtol=0, atol=1e-5)
-    step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
-    for name, devices, mesh in [("on8x1", 8, {"data": 8, "model": 1, "fsdp": True}), ("on1", 1, {})]:
-        run = write_run(tmp_path / name, MODEL, {**TRAIN, "mesh": mesh})
-        shutil.copytree(step3, run / "checkpoints" / step3.name)
-        out = train_on(run, data_root, devices=devices)
-        assert f"Resuming {run} from {step3.name} (step 3)" in out
-        np.testing.assert_allclose(losses(run), losses(reference[0]), rtol=0, atol=1e-5)
+# Muon on meshes (4 x 2 FSDP, resumed on 8 x 1 and one device): tests/test_mesh.py, with the modern model.
