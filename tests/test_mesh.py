@@ -70,14 +70,20 @@ def test_mesh_matches_single_device(tmp_path: Path, data_root: Path, reference: 
     assert len(losses(run)) == 6
 
 
-def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: Path, reference: Path) -> None:
+def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: Path, reference: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
     saved = write_run(tmp_path / "saved", MODEL, {**TRAIN, "mesh": {"data": 4, "model": 2}})
     train_on(saved, data_root, devices=8)
     step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
     for name, devices, mesh in [("on8x1", 8, {"data": 8, "model": 1}), ("on1", 1, {})]:
         run = write_run(tmp_path / name, MODEL, {**TRAIN, "mesh": mesh})
         shutil.copytree(step3, run / "checkpoints" / step3.name)  # resume from step 3 of the (4, 2) run
-        out = train_on(run, data_root, devices=devices)
+        if devices == 1:  # this process has one device: no subprocess needed
+            capsys.readouterr()
+            assert train.main([str(run), "--data-dir", str(data_root)]) == 0
+            out = capsys.readouterr().out
+        else:
+            out = train_on(run, data_root, devices=devices)
         assert f"Resuming {run} from {step3.name} (step 3)" in out
         np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
 
@@ -90,7 +96,8 @@ MODERN = {**MODEL, "qkv_bias": False, "bias": False, "tie_embeddings": False, "p
 MODERN_TRAIN = {**TRAIN, "optimizer": "muon", "schedule": "wsd", "learning_rate": 0.02}
 
 
-def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp_path: Path, data_root: Path) -> None:
+def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp_path: Path, data_root: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
     """Data x model parallel with FSDP matches the single device; its step-3 checkpoint (Muon's
     momenta sharded over both axes) resumes on (8, 1) FSDP and on one device, to the same losses."""
     reference = write_run(tmp_path / "single", MODERN, MODERN_TRAIN)
@@ -103,9 +110,12 @@ def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp
         run = write_run(tmp_path / name, MODERN, {**MODERN_TRAIN, "mesh": mesh})
         shutil.copytree(step3, run / "checkpoints" / step3.name)  # Muon's state restored onto another mesh
         if devices == 1:  # this process has one device: no subprocess needed
+            capsys.readouterr()
             assert train.main([str(run), "--data-dir", str(data_root)]) == 0
+            out = capsys.readouterr().out
         else:
-            assert f"Resuming {run} from {step3.name} (step 3)" in train_on(run, data_root, devices=devices)
+            out = train_on(run, data_root, devices=devices)
+        assert f"Resuming {run} from {step3.name} (step 3)" in out
         np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
         assert len(losses(run)) == 6
 
