@@ -186,17 +186,7 @@ def test_export_of_a_model_without_qkv_bias_writes_zeros(tmp_path: Path) -> None
 
 
 def test_bias_free_model_exports_zeros_and_imports_back_bias_free(tmp_path: Path) -> None:
-    from config import ModelConfig, to_dict
-    from model import build_model
-
-    cfg = ModelConfig(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2, n_layers=2,
-                      bias=False)
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    model = build_model(cfg, seed=1)
-    ckpt.save_weights(model, folder / ckpt.WEIGHTS)
-    (folder / "model.json").write_text(json.dumps(to_dict(cfg)))
-    (folder / ckpt.META).write_text(json.dumps({"step": 3}))
+    folder, model = _checkpoint_of(tmp_path, bias=False)
     hf = load_file(str(export_run(folder, tmp_path / "out")))
     biases = {k: v for k, v in hf.items() if k.endswith(".bias")}
     assert len(biases) == 2 * 6 + 1  # per block: ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj; and ln_f

@@ -51,6 +51,19 @@ def train_on(run_dir: Path, data_root: Path, devices: int) -> str:
     return out
 
 
+def resume_from(ckpt_dir: Path, run: Path, data_root: Path, devices: int, capsys: pytest.CaptureFixture) -> None:
+    """Train `run` from a copy of another run's checkpoint on `devices` forced host devices (one:
+    in this process, which has one) and check it said it resumed from there."""
+    shutil.copytree(ckpt_dir, run / "checkpoints" / ckpt_dir.name)
+    if devices == 1:
+        capsys.readouterr()
+        assert train.main([str(run), "--data-dir", str(data_root)]) == 0
+        out = capsys.readouterr().out
+    else:
+        out = train_on(run, data_root, devices=devices)
+    assert f"Resuming {run} from {ckpt_dir.name} (step {ckpt.step_of(ckpt_dir)})" in out
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
     """The single-device run everything else must match."""
@@ -77,14 +90,7 @@ def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: 
     step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
     for name, devices, mesh in [("on8x1", 8, {"data": 8, "model": 1}), ("on1", 1, {})]:
         run = write_run(tmp_path / name, MODEL, {**TRAIN, "mesh": mesh})
-        shutil.copytree(step3, run / "checkpoints" / step3.name)  # resume from step 3 of the (4, 2) run
-        if devices == 1:  # this process has one device: no subprocess needed
-            capsys.readouterr()
-            assert train.main([str(run), "--data-dir", str(data_root)]) == 0
-            out = capsys.readouterr().out
-        else:
-            out = train_on(run, data_root, devices=devices)
-        assert f"Resuming {run} from {step3.name} (step 3)" in out
+        resume_from(step3, run, data_root, devices, capsys)
         np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
 
 
@@ -108,14 +114,7 @@ def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp
     step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
     for name, devices, mesh in [("on8x1", 8, {"data": 8, "model": 1, "fsdp": True}), ("on1", 1, {})]:
         run = write_run(tmp_path / name, MODERN, {**MODERN_TRAIN, "mesh": mesh})
-        shutil.copytree(step3, run / "checkpoints" / step3.name)  # Muon's state restored onto another mesh
-        if devices == 1:  # this process has one device: no subprocess needed
-            capsys.readouterr()
-            assert train.main([str(run), "--data-dir", str(data_root)]) == 0
-            out = capsys.readouterr().out
-        else:
-            out = train_on(run, data_root, devices=devices)
-        assert f"Resuming {run} from {step3.name} (step 3)" in out
+        resume_from(step3, run, data_root, devices, capsys)  # Muon's state restored onto another mesh
         np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
         assert len(losses(run)) == 6
 
