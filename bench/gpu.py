@@ -49,7 +49,7 @@ class Plan:
     """The shapes and lengths of one check: the real one, or --cpu-smoke's."""
 
     cudnn: str  # the attention that stands for cuDNN's in (a): "cudnn"; the smoke's CPU: "auto"
-    step_model: list[str]  # bench train --model overrides on runs/gpt2-small
+    step_model: list[str]  # bench train --model overrides on runs/gpt2-small and runs/gpt2-small-modern
     step_train: list[str]  # ... and --train overrides
     accumulation: tuple[int, int]  # the two k of (a)
     steps: int  # timed steps per window in (a)
