@@ -8,10 +8,11 @@
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
     uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch: fp32/fp32, bf16/bf16
     uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate: fp32/bf16, batch 1/8, (un)scanned
+    uv run -m bench gemv                                  # one decode matmul per form, float32 vs bfloat16 weights
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
 
-Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data,
+Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
 train_step.py: train, compare.py, decode.py: generate, gpu.py); this file is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 from bench import decode as decode_bench
 from bench.compare import DTYPES, TORCH_PYTHON, TORCH_REFERENCE, bench_compare
+from bench.gemv import bench_gemv
 from bench.loader import bench_data
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
 from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
@@ -247,11 +249,30 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
+# ----------------------------------------------------------------------------- gemv
+
+def _add_gemv_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", default="768x2304,768x3072,3072x768,768x50257",
+                        help="K x M weight shapes, comma-separated (default: GPT-2 124M's: %(default)s)")
+    parser.add_argument("--calls", type=int, default=20, help="calls per timed window (default: %(default)s)")
+
+
+def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in args.shapes.split(",")]
+    except ValueError:
+        raise BenchError(f"--shapes {args.shapes!r}: expected KxM[,KxM...], e.g. 768x3072") from None
+    if any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise BenchError(f"--shapes {args.shapes!r}: expected KxM[,KxM...] of positive sizes")
+    return bench_gemv(shapes, calls=args.calls)
+
+
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
     "compare": ("bench train vs PyTorch (torch_reference.py), per config", _add_compare_args, _run_compare),
+    "gemv": ("a decode step's matrix-vector product per form: float32 vs bfloat16 weights", _add_gemv_args, _run_gemv),
     "generate": ("sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
                  _add_generate_args, _run_generate),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,

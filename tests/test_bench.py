@@ -253,3 +253,19 @@ def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path) -> 
         assert cell["unrolled_over_torch"] > 0 and r["transformers"]
     else:
         pytest.skip(f"ours ran; {compare.TORCH_PYTHON} not here for the torch side")
+
+
+def test_gemv_forms_compute_the_same_product(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench gemv times every form of a decode step's matrix-vector product; each bfloat16 form
+    computes the float32 product of the bfloat16 values (to float32 summation error)."""
+    out = tmp_path / "gemv.json"
+    assert cli.main(["gemv", "--shapes", "48x40,8x200", "--calls", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    forms = {row["form"] for row in figures["rows"]}
+    assert len(forms) == 7 and {tuple(row["shape"]) for row in figures["rows"]} == {(48, 40), (8, 200)}
+    for row in figures["rows"]:
+        assert row["us"] > 0 and row["gb_per_s"] > 0
+        if "bfloat16" in row["form"]:
+            assert row["max_err"] is not None and row["max_err"] < 1e-4, row
+    assert "bfloat16 dot, 2 rows (YNNPACK)" in capsys.readouterr().out
+    assert cli.main(["gemv", "--shapes", "768"]) == 2 and "768" in capsys.readouterr().err
