@@ -248,7 +248,6 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     return gpu.bench_gpu(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
 
 
-# name -> (help, add arguments, run); each run returns the figures that --json writes.
 # ----------------------------------------------------------------------------- gemv
 
 def _add_gemv_args(parser: argparse.ArgumentParser) -> None:
@@ -267,6 +266,7 @@ def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
     return bench_gemv(shapes, calls=args.calls)
 
 
+# name -> (help, add arguments, run); each run returns the figures that --json writes.
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),

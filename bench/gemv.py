@@ -45,7 +45,8 @@ def _forms() -> dict[str, tuple[Callable[[jax.Array, jax.Array], jax.Array], str
 
 def bench_gemv(shapes: list[tuple[int, int]], *, calls: int = 20, windows: int = 7) -> dict[str, Any]:
     """Best-of-`windows` time of `calls` back-to-back calls per form and (K, M) shape, and the
-    largest difference from the float32 product of the same (bfloat16-rounded) values."""
+    largest difference of each bfloat16 form from the float64 product of the same
+    (bfloat16-rounded) values."""
     rng = np.random.default_rng(0)
     rows = []
     for k, m in shapes:
