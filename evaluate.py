@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import checkpoint_files as ckpt_files
+import caches
 import fast_malloc
 from config import ConfigError, TrainConfig, from_dict
 from data import DataError, TokenSplit, WholeSplit, open_dataset
@@ -139,6 +140,7 @@ def main_hellaswag(args: argparse.Namespace) -> int:
         tok = get_tokenizer(cfg.tokenizer)  # the run's: see hellaswag.py
         from checkpointing import load_model  # JAX starts here, after every input check
 
+        caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
               f"{'' if tok.name == 'gpt2' else '; llm.c scores with gpt2, so compare with byte models only'})")
@@ -197,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         split = dataset.train if args.split == "train" else dataset.val
         from checkpointing import load_model  # JAX starts here, after every input check
 
+        caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         tok = get_tokenizer(cfg.tokenizer)  # the dataset's, which the byte counts must follow
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")

@@ -14,14 +14,12 @@ compute dtype instead, measured once and cached per machine (in $JAXGPT_CACHE_DI
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import caches
 from config import ModelConfig
 
 FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
@@ -80,20 +78,7 @@ def matmul_flops(size: int = 2048, repeats: int = 5, dtype: str = "float32") -> 
     return 2 * size**3 / best
 
 
-def cache_file() -> Path:
-    root = os.environ.get("JAXGPT_CACHE_DIR") or Path.home() / ".cache" / "jaxgpt"
-    return Path(root) / "peak_flops.json"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), for the cache key and the record."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+CACHE = "peak_flops.json"  # in caches.cache_root()
 
 
 def peak_flops(compute_dtype: str) -> tuple[float, str]:
@@ -108,34 +93,12 @@ def peak_flops(compute_dtype: str) -> tuple[float, str]:
     dtype = "float32" if compute_dtype == "float32" else "bfloat16"
     # One CPU device runs on every core: its measured peak is the machine's, not multiplied.
     count = 1 if device.platform == "cpu" else jax.device_count()
-    key = f"{device.platform}|{device.device_kind}|{cpu_model()}|{os.cpu_count()} cores|jax {jax.__version__}|{dtype}"
-    cached = _read_cache().get(key)
-    if cached is None:
+    key = f"{device.platform}|{device.device_kind}|{caches.cpu_model()}|{os.cpu_count()} cores|jax {jax.__version__}|{dtype}"
+    cached = caches.recall(CACHE, key)
+    if not isinstance(cached, (int, float)):
         cached = matmul_flops(2048, repeats=5, dtype=dtype)
-        _write_cache(key, cached)
-    return cached * count, f"measured {dtype} 2048^3 matmul on {device.device_kind} ({cache_file()})"
-
-
-def _read_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(cache_file().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # no cache yet, or an unreadable one: measure again
-
-
-def _write_cache(key: str, value: float) -> None:
-    """Add one entry, atomically (two runs starting together must not tear the file)."""
-    path = cache_file()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_cache() | {key: value}
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-peak-", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: the figure is measured again next time, nothing else changes
+        caches.remember(CACHE, key, cached)
+    return cached * count, f"measured {dtype} 2048^3 matmul on {device.device_kind} ({caches.cache_root() / CACHE})"
 
 
 def mfu(tokens_per_s: float, per_token: float, peak: float) -> float:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import checkpointing as ckpt
+import caches
 from config import ConfigError
 from checkpointing import load_model
 from tokenizer import TokenizerError
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument("--text", default=STANZA, help="text to feed instead of the stanza")
     args = parser.parse_args(argv)
+    caches.enable_compile_cache()
     try:
         model, cfg, tok, path = load_model(args.checkpoint)
     except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import checkpointing as ckpt
+import caches
 from config import ConfigError
 from checkpointing import load_model
 from generate import GenerationStats, add_sampling_args, check_sampling_args, continuations
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = args.prompt or [PROMPT]
     if any(p == "" for p in prompts):
         parser.error("--prompt must not be empty")
+    caches.enable_compile_cache()
     try:
         model, _cfg, tok, path = load_model(args.checkpoint)
     except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:

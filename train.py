@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import caches
 import fast_malloc
 from config import ConfigError
 from download_dataset import default_data_root
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 
 def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
+    caches.enable_compile_cache()  # a resume or rerun loads its compiled programs (caches.py)
     from trainer import Trainer
 
     return Trainer(run, stop, profile).fit()

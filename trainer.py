@@ -32,6 +32,8 @@ from optim import clip_flag, make_optimizer, make_schedule, part_rates, peak_rat
 from peers import StopVotes
 from step import StepRunner, eval_sums, step_key
 
+CHARTS_PACE = 19  # charts are redrawn at most once per 19x their drawing time (Trainer.checkpoint)
+
 if TYPE_CHECKING:
     from run_setup import Run, StopFlag
 
@@ -142,6 +144,7 @@ class Trainer:
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         self.val_tokens = 0  # tokens the last validation scored
         self.hellaswag_results: list[dict[str, Any]] = []  # since the last checkpoint (meta.json)
+        self.charts_due = 0.0  # perf_counter time after which a checkpoint redraws the charts
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
             self.start, self.best, self.elapsed = meta["step"], meta.get("best_loss"), meta.get("elapsed_s", 0.0)
@@ -203,7 +206,8 @@ class Trainer:
             tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
                        f"({r['examples']:,} examples)")
 
-    def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float) -> Path:
+    def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float, last: bool = False) -> Path:
+        """Save step `done`; `last`: the session's final checkpoint (the end, a target, a stop)."""
         self.step.sync()
         is_best = self.best is None or val < self.best
         self.best = val if is_best else self.best
@@ -211,8 +215,14 @@ class Trainer:
         path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
                                     {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
                                     keep_last=self.cfg.keep_last_checkpoints)
-        if self.is_main:
+        if self.is_main and (last or time.perf_counter() >= self.charts_due):
+            # Drawing the charts takes about a second on a CPU: where checkpoints are seconds
+            # apart (a small run) that would be much of the run. They are redrawn once the time
+            # since the last draw is CHARTS_PACE times what it took, and always at the end, so
+            # they cost at most ~5% of the wall time; what they draw is read from disk each time.
+            started = time.perf_counter()
             charts.draw_charts(self.run.run_dir, log_y=self.cfg.charts_log_y)
+            self.charts_due = time.perf_counter() + CHARTS_PACE * (time.perf_counter() - started)
         return path
 
     def training_seconds(self) -> float:
@@ -305,7 +315,7 @@ class Trainer:
             self.stop.check_abort()
             reached = self.check_target(done, val)  # saved here, whatever the interval: the run ends
             if reached or (at_ckpt and not self.postpone(done, stopping)):
-                self.save(done, stats, val)
+                self.save(done, stats, val, last=reached or stopping or done == run.total_steps)
             self.clock = time.perf_counter()  # the next step's time starts now, not at this result
             self.done = done
             if reached:
@@ -342,10 +352,10 @@ class Trainer:
                              mfu=f"{100 * self.mfu_at(self.window.tokens_per_s(self.tokens_per_step)):.1f}%", refresh=False)
         return loss, stats
 
-    def save(self, done: int, stats: dict[str, Any], val: float) -> None:
+    def save(self, done: int, stats: dict[str, Any], val: float, last: bool) -> None:
         self.elapsed += time.perf_counter() - self.window.started
         self.records.flush()  # the record up to this step is as durable as the checkpoint
-        path = self.checkpoint(done, self.window, stats, val)
+        path = self.checkpoint(done, self.window, stats, val, last)
         self.trained_s = self.training_seconds()
         self.hellaswag_results = []
         if self.is_main:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,12 +21,28 @@ SHARED = ROOT.parent / "shared"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED / "tiktoken-cache").is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken-cache")
 
-# The measured matmul peak behind MFU (mfu.peak_flops) is cached per machine; the tests (and
-# the training processes they start) share one cache of their own, not the user's.
+# The measured matmul peak behind MFU (mfu.peak_flops) and XLA's compiled programs
+# (caches.py) are cached per machine; the tests (and the training processes they start)
+# share one cache of their own, not the user's, removed when the session ends. Most of the
+# suite's processes compile the same small programs: this test process and each train.py
+# started load them instead of compiling them again.
 if "JAXGPT_CACHE_DIR" not in os.environ:
-    import tempfile
-
     os.environ["JAXGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAXGPT_CACHE_DIR"], ignore_errors=True)
+
+# Where PYTHONDONTWRITEBYTECODE is set (this project's machines, CI's included, set it), every Python process the tests start
+# would compile jax, flax, optax, orbax and matplotlib from source again: seconds per process,
+# minutes over the suite. This process and those it starts share one bytecode cache instead,
+# outside the source trees (PYTHONPYCACHEPREFIX), removed when the session ends.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = tempfile.mkdtemp(prefix="jaxgpt-test-pycache-")
+    sys.dont_write_bytecode = False
+    atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
+
+import caches  # noqa: E402  (after JAXGPT_CACHE_DIR: it decides where the cache lives)
+
+caches.enable_compile_cache()
 
 
 @pytest.fixture(scope="session")

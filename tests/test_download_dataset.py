@@ -28,6 +28,31 @@ class Log(list):
         self.append(line)
 
 
+def test_builtin_fingerprint_is_remembered_per_stamp(tmp_path: Path, monkeypatch) -> None:
+    """A reused built-in dataset is checked without parsing the standard library; the stamp that
+    stands for the documents changes when a file they are read from does."""
+    monkeypatch.setenv("JAXGPT_CACHE_DIR", str(tmp_path / "cache"))
+    truth = dd.documents_fingerprint(dd.builtin_documents())
+    assert dd.builtin_fingerprint() == truth  # computed, then remembered
+    dd._builtin_documents.cache_clear()
+    assert dd.builtin_fingerprint() == truth
+    assert dd._builtin_documents.cache_info().misses == 0  # not parsed again
+    remembered = json.loads((tmp_path / "cache" / dd.BUILTIN_FINGERPRINTS).read_text())
+    assert list(remembered.values()) == [truth]
+
+    lib = tmp_path / "lib"
+    (lib / "pydoc_data").mkdir(parents=True)
+    (lib / "pydoc_data" / "topics.py").write_text("topics = {}\n")
+    (lib / "mod.py").write_text('"""doc"""\n')
+    stamp = dd.builtin_stamp(lib)
+    assert dd.builtin_stamp(lib) == stamp
+    (lib / "mod.py").write_text('"""doc, changed"""\n')
+    assert dd.builtin_stamp(lib) != stamp
+    stamp = dd.builtin_stamp(lib)
+    (lib / "pydoc_data" / "topics.py").write_text("topics = {'a': 'b'}\n")
+    assert dd.builtin_stamp(lib) != stamp
+
+
 def test_builtin_documents_deterministic_and_imports_nothing() -> None:
     dd._builtin_documents.cache_clear()  # really read the files again, not the cached copy
     before = {m for m in SIDE_EFFECT_MODULES if m in sys.modules}

@@ -68,6 +68,31 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
     assert ckpt.latest_checkpoint(run) == latest
 
 
+@pytest.mark.parametrize("pace, drawn_at", [(0, [10, 20, 30, 40]), (10**9, [10, 40])])
+def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
+        tmp_path: Path, data_root: Path, monkeypatch, capsys, pace, drawn_at) -> None:
+    """Trainer.checkpoint redraws the charts once CHARTS_PACE x the last draw's time has passed,
+    and always at the session's last checkpoint; the charts it leaves are those of the whole run."""
+    import charts
+    import trainer
+
+    steps: list[int] = []
+    draw = charts.draw_charts
+
+    def counted(run_dir: Path, **kwargs):
+        steps.append(ckpt.step_of(ckpt.latest_checkpoint(run_dir)))
+        return draw(run_dir, **kwargs)
+
+    monkeypatch.setattr(trainer, "CHARTS_PACE", pace)
+    monkeypatch.setattr(trainer.charts, "draw_charts", counted)
+    run = write_run(tmp_path / "a-to-a", A_TO_A_MODEL, A_TO_A_TRAIN | {"train_steps": 40, "checkpoint_interval": 10})
+    assert run_main(run, data_root) == 0
+    capsys.readouterr()
+    assert steps == drawn_at
+    left = {p.name: p.read_bytes() for p in sorted((run / "charts").iterdir())}
+    assert left == {p.name: p.read_bytes() for p in draw(run, log_y=True)}  # nothing the last draw missed
+
+
 def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root: Path) -> None:
     interrupted = write_run(tmp_path / "interrupted", GPT_MODEL, GPT_TRAIN)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
