@@ -93,6 +93,10 @@ def enable_compile_cache() -> Path | None:
 
     if not jax.config.jax_enable_compilation_cache:
         return None
+    try:  # JAX's lock (a size limit needs it); huggingface_hub brings it, a foreign Python may not
+        import filelock  # noqa: F401
+    except ImportError:
+        return None
     if jax.config.jax_compilation_cache_dir is None:
         path = compile_cache_dir()
         try:
