@@ -42,13 +42,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("JAXGPT_CACHE_DIR") or Path.home() / ".cache" / "jaxgpt")
 
 
-def recall(name: str, key: str) -> Any:
-    """The value remembered under `key` in cache_root()/name, or None (none yet, or unreadable)."""
+def _read(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads((cache_root() / name).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
-    return data.get(key) if isinstance(data, dict) else None
+        return {}  # none yet, or unreadable: computed again
+    return data if isinstance(data, dict) else {}
+
+
+def recall(name: str, key: str) -> Any:
+    """The value remembered under `key` in cache_root()/name, or None."""
+    return _read(cache_root() / name).get(key)
 
 
 def remember(name: str, key: str, value: Any) -> None:
@@ -57,11 +61,7 @@ def remember(name: str, key: str, value: Any) -> None:
     path = cache_root() / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data = (data if isinstance(data, dict) else {}) | {key: value}
+        data = _read(path) | {key: value}
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{name}-", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)

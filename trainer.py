@@ -206,7 +206,7 @@ class Trainer:
             tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
                        f"({r['examples']:,} examples)")
 
-    def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float, last: bool = False) -> Path:
+    def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float, last: bool) -> Path:
         """Save step `done`; `last`: the session's final checkpoint (the end, a target, a stop)."""
         self.step.sync()
         is_best = self.best is None or val < self.best
@@ -222,7 +222,8 @@ class Trainer:
             # they cost at most ~5% of the wall time; what they draw is read from disk each time.
             started = time.perf_counter()
             charts.draw_charts(self.run.run_dir, log_y=self.cfg.charts_log_y)
-            self.charts_due = time.perf_counter() + CHARTS_PACE * (time.perf_counter() - started)
+            drawn = time.perf_counter()
+            self.charts_due = drawn + CHARTS_PACE * (drawn - started)
         return path
 
     def training_seconds(self) -> float:

@@ -30,9 +30,9 @@ if "JAXGPT_CACHE_DIR" not in os.environ:
     os.environ["JAXGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
     atexit.register(shutil.rmtree, os.environ["JAXGPT_CACHE_DIR"], ignore_errors=True)
 
-# Where PYTHONDONTWRITEBYTECODE is set (this project's machines, CI's included, set it), every Python process the tests start
-# would compile jax, flax, optax, orbax and matplotlib from source again: seconds per process,
-# minutes over the suite. This process and those it starts share one bytecode cache instead,
+# Where PYTHONDONTWRITEBYTECODE is set (this project's machines, CI's included, set it), every
+# Python process the tests start would compile jax, flax, optax, orbax and matplotlib from source
+# again: seconds per process, minutes over the suite. This process and those it starts share one bytecode cache instead,
 # outside the source trees (PYTHONPYCACHEPREFIX), removed when the session ends.
 if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
     del os.environ["PYTHONDONTWRITEBYTECODE"]

@@ -22,12 +22,17 @@ def train(run: Path, data_root: Path, env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def without_jax_settings() -> dict[str, str]:
+    """This environment less any JAX_* variable: caches.py's defaults apply."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+
+
 def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.rglob("*-cache")}
 
 
 def test_a_second_run_loads_every_program_and_trains_the_same(tmp_path: Path, data_root: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")} | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
+    env = without_jax_settings() | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
     first, second = (write_run(tmp_path / name, A_TO_A_MODEL, TRAIN) for name in ("first", "second"))
     train(first, data_root, env)
     (folder,) = (tmp_path / "c" / "xla").iterdir()  # one folder, named for this CPU
@@ -39,7 +44,7 @@ def test_a_second_run_loads_every_program_and_trains_the_same(tmp_path: Path, da
 
 
 def test_the_users_settings_win(tmp_path: Path, data_root: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")} | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
+    env = without_jax_settings() | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
     train(write_run(tmp_path / "off", A_TO_A_MODEL, TRAIN), data_root, env | {"JAX_ENABLE_COMPILATION_CACHE": "false"})
     assert not (tmp_path / "c" / "xla").exists()
     elsewhere = tmp_path / "mine"
@@ -67,7 +72,7 @@ def test_remember_and_recall(tmp_path: Path, monkeypatch) -> None:
 
 def test_an_unwritable_cache_folder_means_no_compile_cache(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env = without_jax_settings()
     code = ("import caches, jax, jax.numpy as jnp; print(caches.enable_compile_cache()); "
             "print(jax.jit(lambda x: x + 1)(jnp.ones(2)).tolist())")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
