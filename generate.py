@@ -9,10 +9,11 @@
 
 How decoding works (used by test_generation.py); both programs call the model's own forward pass
 (model.GPT.cached_features, with a model.KVCache), so there is no second copy of a block here:
-  prefill  the prompts, right-padded to a multiple of 64 tokens (so only a handful of programs is
-           ever compiled), go through the model once; every layer's keys and values land in a
-           cache of (L, B, H, D, S) keys and (L, B, H, S, D) values, S = context_length, and the
-           logits at each row's last prompt token give its first new token.
+  prefill  the prompts, right-padded to 16, 32 or 64 tokens or a multiple of 64 (prefill_length: a
+           handful of programs, each compiled once), go through the model once; every layer's
+           keys and values land in a cache of (L, B, H, D, S) keys and (L, B, H, S, D) values,
+           S = context_length, and the logits at each row's last prompt token give its first
+           new token.
   step     a program compiled ahead of time (it refuses other shapes rather than recompile)
            feeds one token per row at that row's own position, writes its key/value into the
            cache in place and attends to positions 0..pos of the row, reading only the first
@@ -20,7 +21,8 @@ How decoding works (used by test_generation.py); both programs call the model's 
            each compiled once when first needed. Prompts of different lengths need nothing more.
            It runs `decoding_model`, a copy of the model made when the decoder is built: its
            layers unrolled (no step slices a scan_layers model's stacked weights) and its dense
-           weights already in the compute dtype (no step casts a weight; ops.for_decoding).
+           weights already in the compute dtype (no step casts a weight; ops.for_decoding). On
+           the CPU a bfloat16 model's dense layers run the native kernel of cpu_matvec.py.
   full     the default `slide`: when a row's cache holds context_length tokens, the row is
            re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
            any window), so a long generation costs one prefill per context_length / 2 tokens and
@@ -53,6 +55,7 @@ from ops import Ops
 from tokenizer import Tokenizer
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
+SHORTEST_PREFILL = 16  # ... and shorter prompts to 16, 32 or 64 tokens (prefill_length)
 ON_FULL = ("slide", "stop")
 # How often each program was traced (a Python side effect that runs only while tracing): the
 # tests use it to check that decoding never recompiles.
@@ -140,6 +143,17 @@ def _decoding_structure(cfg: ModelConfig, ops: Ops) -> tuple[nnx.GraphDef, list[
     return graphdef, list(nnx.to_flat_state(params)), kernels
 
 
+def prefill_length(n: int, context_length: int, bucket: int = BUCKET) -> int:
+    """The padded length of a prefill whose longest prompt has n tokens: 16, 32, ... up to `bucket`,
+    then a multiple of `bucket`, at most the context. Few programs (each length compiles once),
+    and a short prompt, the usual one when sampling, is not padded to a whole bucket (a 16-token
+    prompt costs a quarter of a 64-token prefill)."""
+    size = SHORTEST_PREFILL
+    while size < min(n, bucket):
+        size *= 2
+    return min(context_length, size if n <= size else -(-n // bucket) * bucket)
+
+
 class KVDecoder:
     """A KV cache for `batch_size` rows of one model, with its prefill and decode programs.
 
@@ -192,7 +206,7 @@ class KVDecoder:
         ctx = self.cfg.context_length
         if len(windows) != self.batch_size or n.min() < 1 or n.max() > ctx:
             raise ValueError(f"prefill: need {self.batch_size} windows of 1..{ctx} tokens, got lengths {n.tolist()}")
-        P = min(ctx, -(-int(n.max()) // self.bucket) * self.bucket)
+        P = prefill_length(int(n.max()), ctx, self.bucket)
         tokens = np.zeros((self.batch_size, P), np.int32)
         for row, window in zip(tokens, windows):
             row[:len(window)] = window

@@ -26,6 +26,8 @@ model.py calls these operations and nothing else that depends on the hardware:
 
 `Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (generate.py):
 its dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
+On the CPU a bfloat16 decoder's dense layers run cpu_matvec's native kernel where it can be built
+(XLA:CPU has no bfloat16 matrix-vector product).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 import cpu_kernels
+import cpu_matvec
 from config import MODEL_FILE, ConfigError, ModelConfig
 
 Product = Callable[[str, jax.Array, jax.Array], jax.Array]  # (spec, x, y) -> float32 einsum
@@ -120,6 +123,7 @@ class Ops:
     # `decode_kernel`: stored in this dtype, and laid out (out, in) where `kernels_out_in`.
     weight_dtype: str | None = None
     kernels_out_in: bool = False
+    native_matvec: bool = False  # dense layers through cpu_matvec (bfloat16 (out, in) kernels)
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""
@@ -147,7 +151,12 @@ class Ops:
             x = x.reshape(-1, x.shape[-1])  # (N, K)
         idx = "nopqrs"[:x.ndim - 1]
         spec = f"{idx}k,{'mk' if transposed else 'km'}->{idx}m"
-        if self.weight_dtype == "float32" and self.compute_dtype != "float32":
+        if self.native_matvec:
+            # x rounded to bfloat16, as every bfloat16 product rounds it; the kernel widens it back.
+            # nnx.Linear hands its bfloat16 kernel over promoted to x's float32: cast back, XLA
+            # drops the pair of converts (the decode step's program converts no weight).
+            y = cpu_matvec.matvec(x.astype(self.compute_dtype).astype(jnp.float32), w.astype(jnp.bfloat16))
+        elif self.weight_dtype == "float32" and self.compute_dtype != "float32":
             # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
             # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot
             # with one row (it upcasts both operands).
@@ -171,12 +180,17 @@ class Ops:
         """These operations for a decoder's copy of the model whose steps feed `rows` tokens,
         its dense kernels converted once by `decode_kernel`, so that no step casts a weight.
 
-        The kernels are kept in the compute dtype, except on XLA:CPU with one row: it has no
-        bfloat16 matrix-vector product (YNNPACK takes no dot with a dimension of 1, and XLA's own
-        matrix-vector kernel, float32 only, would upcast every weight at every step), so there
-        they are float32 holding compute-dtype values, laid out (out, in): that kernel streams
-        a (M, K) weight's rows, faster than a (K, M) one's columns (docs/performance.md "Performance").
+        The kernels are kept in the compute dtype. XLA:CPU has no bfloat16 matrix-vector product
+        (YNNPACK takes no dot with a dimension of 1, XLA's own matrix-vector kernel is float32
+        only and would upcast every weight at every step), so on the CPU a bfloat16 decoder of up
+        to cpu_matvec.MAX_ROWS rows multiplies through cpu_matvec's native kernel, its kernels
+        laid out (out, in) for it. Where that kernel cannot be built, one row multiplies float32
+        kernels holding compute-dtype values, laid out (out, in) too: XLA's float32 kernel streams
+        a (M, K) weight's rows faster than a (K, M) one's columns (docs/performance.md "Sampling").
         """
+        if (self.backend == "cpu" and self.compute_dtype == "bfloat16" and rows <= cpu_matvec.MAX_ROWS
+                and cpu_matvec.available()):
+            return dataclasses.replace(self, weight_dtype="bfloat16", kernels_out_in=True, native_matvec=True)
         if self.backend == "cpu" and rows == 1:
             return dataclasses.replace(self, weight_dtype="float32", kernels_out_in=True)
         return dataclasses.replace(self, weight_dtype=self.compute_dtype, kernels_out_in=False)

@@ -2,9 +2,10 @@
 each form XLA:CPU can run it, float32 against bfloat16 weights.
 
 A decode step at batch 1 is a chain of these (GPT-2 124M: 48 per token plus the 768 x 50257
-head). They say why a bfloat16 decode is not faster than a float32 one on XLA:CPU
-(docs/performance.md "Performance", the sampling tables): a bfloat16 weight is half the
-bytes, but no kernel reads it faster per element than the float32 dot reads float32.
+head). They say why a bfloat16 decode is not faster than a float32 one through XLA:CPU's own
+kernels (docs/performance.md "Performance", the sampling tables): a bfloat16 weight is half the
+bytes, but no XLA kernel reads it faster per element than the float32 dot reads float32. The last
+form is cpu_matvec's native kernel, what a bfloat16 decoder runs (where it can be built).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import cpu_matvec
 from cpu_kernels import DECODE_COMPILER_OPTIONS, cpu_info
 
 BF16 = jnp.bfloat16
@@ -40,7 +42,10 @@ def _forms() -> dict[str, tuple[Callable[[jax.Array, jax.Array], jax.Array], str
                                                  "bfloat16", True, {}),
         "bfloat16 multiply-sum, (M, K)": (lambda x, w: jnp.sum(w.astype(jnp.float32) * x, axis=1)[None],
                                           "bfloat16", True, {}),
-    }
+    } | ({NATIVE: (cpu_matvec.matvec, "bfloat16", True, {})} if cpu_matvec.available() else {})
+
+
+NATIVE = "bfloat16 native kernel (cpu_matvec), (M, K)"
 
 
 def bench_gemv(shapes: list[tuple[int, int]], *, calls: int = 20, windows: int = 7) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import cpu_matvec
 import generate as g
 from bench import decode
 import test_generation
@@ -252,6 +253,23 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
     assert test_generation.main([str(tmp_path / "missing")]) == 2
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(rows: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where cpu_matvec cannot be built (no compiler), a bfloat16 decoder runs XLA's kernels as before it:
+    float32 (out, in) kernels holding bfloat16 values for one row, bfloat16 ones for several, the same logits."""
+    monkeypatch.setattr(cpu_matvec, "_state", {"reason": "no C++ compiler found (a test)"})
+    model = tiny(1, compute_dtype="bfloat16")
+    ops = model.ops.for_decoding(rows)
+    assert not ops.native_matvec and ops.weight_dtype == ("float32" if rows == 1 else "bfloat16")
+    seq = np.random.default_rng(3).integers(0, V, CTX).tolist()
+    ref = full_logits(model, seq)
+    dec = g.KVDecoder(model, rows)
+    got = [dec.prefill([seq[:2]] * rows)[0]] + [dec.step([t] * rows)[0] for t in seq[2:]]
+    assert max(np.abs(a - b).max() for a, b in zip(got, ref[1:])) <= TOL
+    assert "custom_call_target" not in dec._compiled_step(CTX).as_text()
+
+
 def test_bench_runs_and_both_paths_agree() -> None:
     small = ModelConfig(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
                         qkv_bias=True, tie_embeddings=True)
@@ -326,17 +344,22 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
     dec = g.KVDecoder(model, rows)
     hlo = dec._compiled_step(CTX).as_text()
     assert weight_copies(hlo, model) == []
-    # The dense layers' and the head's dots and no more: attention against the cache is ops.vecmat's
-    # fused product and sum on the CPU, and runs no YNNPACK reduction (decode_compiler_options).
-    assert len(re.findall(r" dot\(", hlo)) == 4 * L + 1
-    assert not [line for line in hlo.splitlines() if re.search(r"%ynn_fusion[\w.]* = .*op_name=\"[^\"]*reduce", line)]
+    # The dense layers' and the head's products (XLA dots, or cpu_matvec's kernel) and no more: attention
+    # against the cache is ops.vecmat's fused product and sum on the CPU, and runs no YNNPACK reduction
+    # (decode_compiler_options).
     ops = model.ops.for_decoding(rows)
+    native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
+    assert (len(re.findall(r" dot\(", hlo)), native) == ((0, 4 * L + 1) if ops.native_matvec else (4 * L + 1, 0))
+    assert not [line for line in hlo.splitlines() if re.search(r"%ynn_fusion[\w.]* = .*op_name=\"[^\"]*reduce", line)]
     kernels = [m.kernel.get_value() for _, m in nnx.iter_modules(nnx.merge(dec.step_graphdef, dec.step_state))
                if isinstance(m, nnx.Linear)]
     assert len(kernels) == 4 * L + 1 and all(k.dtype == ops.weight_dtype for k in kernels)  # and the head
     if kw.get("compute_dtype") == "bfloat16":  # the weights hold bfloat16 values, in whatever storage
         assert all(np.array_equal(np.asarray(k), np.asarray(k.astype(jnp.bfloat16).astype(k.dtype))) for k in kernels)
-        assert ops.weight_dtype == ("float32" if rows == 1 else "bfloat16")  # XLA:CPU: no bf16 matrix-vector dot
+        # The native kernel (it builds wherever the tests run: test_cpu_matvec), on bfloat16 (out, in) kernels.
+        assert ops.native_matvec and ops.weight_dtype == "bfloat16" and ops.kernels_out_in
+    else:
+        assert not ops.native_matvec
     if not kw and rows > 1:  # float32 kernels for several rows: nothing to change, nothing copied
         originals = {id(m.kernel.get_value()) for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Linear)}
         assert sum(id(k) in originals for k in kernels) == 4 * L
