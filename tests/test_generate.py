@@ -270,6 +270,12 @@ def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(rows: 
     assert "custom_call_target" not in dec._compiled_step(CTX).as_text()
 
 
+def test_short_prompts_prefill_16_32_or_64_tokens_longer_ones_a_multiple_of_64() -> None:
+    lengths = [1, 16, 17, 33, 64, 65, 129, 1000, 1024]
+    assert [g.prefill_length(n, 1024) for n in lengths] == [16, 16, 32, 64, 64, 128, 192, 1024, 1024]
+    assert g.prefill_length(12, 8) == 8 and g.prefill_length(100, 300, bucket=128) == 128  # at most the context
+
+
 def test_bench_runs_and_both_paths_agree() -> None:
     small = ModelConfig(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
                         qkv_bias=True, tie_embeddings=True)
