@@ -1,7 +1,8 @@
 """What this harness keeps per user and machine, in $JAXGPT_CACHE_DIR (default ~/.cache/jaxgpt):
-XLA's compiled programs (xla/), the measured matmul peak behind MFU (peak_flops.json, mfu.py) and
-the built-in corpus's fingerprint (builtin_fingerprint.json, download_dataset.py). Everything
-here can be deleted at any time: it is measured or computed again.
+XLA's compiled programs (xla/), the measured matmul peak behind MFU (peak_flops.json, mfu.py),
+the built-in corpus's fingerprint (builtin_fingerprint.json, download_dataset.py) and the CPU's
+bfloat16 decode kernel built from cpu_matvec.cc (native/). Everything here can be deleted at any
+time: it is measured, computed or built again.
 
     caches.enable_compile_cache()   # before the first compile: train.py, evaluate.py, the smoke tests
     caches.recall("peak_flops.json", key) / caches.remember("peak_flops.json", key, value)
