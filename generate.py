@@ -22,7 +22,9 @@ How decoding works (used by test_generation.py); both programs call the model's 
            It runs `decoding_model`, a copy of the model made when the decoder is built: its
            layers unrolled (no step slices a scan_layers model's stacked weights) and its dense
            weights already in the compute dtype (no step casts a weight; ops.for_decoding). On
-           the CPU a bfloat16 model's dense layers run the native kernel of cpu_matvec.py.
+           the CPU a bfloat16 model's dense layers run the native kernel of cpu_matvec.py, and
+           its prefills run that copy too (bfloat16 weights, cast once; a short prompt's rows
+           through the native kernel).
   full     the default `slide`: when a row's cache holds context_length tokens, the row is
            re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
            any window), so a long generation costs one prefill per context_length / 2 tokens and
@@ -169,12 +171,17 @@ class KVDecoder:
     def __init__(self, model: nnx.Module, batch_size: int, *, bucket: int = BUCKET) -> None:
         cfg = model.cfg
         self.cfg, self.batch_size, self.bucket = cfg, batch_size, bucket
-        # Prefills run the model as it is (each casts or slices its weights once per call, for
-        # every prompt token at once); decode steps run its decoding_model copy.
-        self.graphdef, self.state = nnx.split(model)
         step_model = decoding_model(model, batch_size)
         self.step_graphdef, self.step_state = nnx.split(step_model)
         self._compiler_options = step_model.ops.decode_compiler_options()
+        # Decode steps run the decoding_model copy; prefills run the model as it is (each casts or
+        # slices its weights once per call, for every prompt token at once), except a bfloat16
+        # model on the CPU: it prefills through the copy too, whose weights are bfloat16 already
+        # and whose dense layers take a short prompt's rows through the native kernel (XLA:CPU's
+        # bfloat16 dots are slow where the CPU has no bfloat16 instructions: a 16-token prompt
+        # took 4-6x a float32 prefill on an AVX2 CPU, docs/performance.md "Sampling").
+        native = step_model.ops.native_matvec
+        self.graphdef, self.state = (self.step_graphdef, self.step_state) if native else nnx.split(model)
         self._step_leaves, self._step_treedef = jax.tree.flatten(self.step_state)
         cache = KVCache.zeros(cfg, batch_size)
         self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values

@@ -27,7 +27,8 @@ model.py calls these operations and nothing else that depends on the hardware:
 `Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (generate.py):
 its dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
 On the CPU a bfloat16 decoder's dense layers run cpu_matvec's native kernel where it can be built
-(XLA:CPU has no bfloat16 matrix-vector product).
+(XLA:CPU has no bfloat16 matrix-vector product) on up to cpu_matvec.MAX_ROWS rows, XLA's bfloat16
+dots on more (the same copy prefills a prompt).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class Ops:
     # `decode_kernel`: stored in this dtype, and laid out (out, in) where `kernels_out_in`.
     weight_dtype: str | None = None
     kernels_out_in: bool = False
-    native_matvec: bool = False  # dense layers through cpu_matvec (bfloat16 (out, in) kernels)
+    native_matvec: bool = False  # dense layers of up to MAX_ROWS rows through cpu_matvec (bfloat16 (out, in) kernels)
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""
@@ -151,11 +152,13 @@ class Ops:
             x = x.reshape(-1, x.shape[-1])  # (N, K)
         idx = "nopqrs"[:x.ndim - 1]
         spec = f"{idx}k,{'mk' if transposed else 'km'}->{idx}m"
-        if self.native_matvec:
+        if self.native_matvec and x.shape[0] <= cpu_matvec.MAX_ROWS:
             # x rounded to bfloat16, as every bfloat16 product rounds it; the kernel widens it back.
             # nnx.Linear hands its bfloat16 kernel over promoted to x's float32: cast back, XLA
             # drops the pair of converts (the decode step's program converts no weight).
             y = cpu_matvec.matvec(x.astype(self.compute_dtype).astype(jnp.float32), w.astype(jnp.bfloat16))
+        elif self.native_matvec:  # a prefill's many rows: XLA's bfloat16 dot on the same kernels
+            y = self.einsum(spec, x, w.astype(jnp.bfloat16))
         elif self.weight_dtype == "float32" and self.compute_dtype != "float32":
             # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
             # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot

@@ -374,6 +374,26 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
         assert weight_copies(_original_step_hlo(model, rows), model) != []
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_bfloat16_cpu_model_prefills_through_the_decoding_copy(rows: int) -> None:
+    """A bfloat16 model on the CPU prefills with the decode steps' bfloat16 weights, converting none of
+    them: a one-row prompt's 16 rows through the native kernel, three rows' 48 through XLA's dots (the
+    head takes only each row's last token: native either way). Its logits: the cached tests above."""
+    model = tiny(14, compute_dtype="bfloat16", scan_layers=True)
+    dec = g.KVDecoder(model, rows)
+    assert dec.state is dec.step_state
+    P = g.prefill_length(CTX, CTX)
+    ids = jnp.zeros((rows, P), jnp.int32)
+    hlo = g._prefill_jit.lower(dec.graphdef, dec.state, *dec._cache, ids, ids[:, 0]).compile().as_text()
+    assert weight_copies(hlo, model) == []
+    native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
+    attention = 2 * H * L  # per head (CPU attention), two products
+    assert (native, len(re.findall(r" dot\(", hlo))) == ((4 * L + 1, attention) if rows * P <= cpu_matvec.MAX_ROWS
+                                                       else (1, attention + 4 * L))
+    float32 = g.KVDecoder(tiny(14), rows)  # elsewhere the model as it is
+    assert float32.state is not float32.step_state
+
+
 def test_generate_holds_no_copy_of_the_model() -> None:
     """Decoding calls the model's own forward pass: generate.py names none of a block's parts."""
     source = (Path(__file__).parent.parent / "generate.py").read_text()
