@@ -23,8 +23,8 @@ How decoding works (used by test_generation.py); both programs call the model's 
            layers unrolled (no step slices a scan_layers model's stacked weights) and its dense
            weights already in the compute dtype (no step casts a weight; ops.for_decoding). On
            the CPU a bfloat16 model's dense layers run the native kernel of cpu_matvec.py, and
-           its prefills run that copy too (bfloat16 weights, cast once; a short prompt's rows
-           through the native kernel).
+           on the CPU prefills run that copy too (weights cast once; a bfloat16 model's short
+           prompt through the native kernel; a scanned model's prefill sliced no layer).
   full     the default `slide`: when a row's cache holds context_length tokens, the row is
            re-prefilled with its last context_length // 2 tokens (positions restart at 0, as in
            any window), so a long generation costs one prefill per context_length / 2 tokens and
@@ -174,14 +174,16 @@ class KVDecoder:
         step_model = decoding_model(model, batch_size)
         self.step_graphdef, self.step_state = nnx.split(step_model)
         self._compiler_options = step_model.ops.decode_compiler_options()
-        # Decode steps run the decoding_model copy; prefills run the model as it is (each casts or
-        # slices its weights once per call, for every prompt token at once), except a bfloat16
-        # model on the CPU: it prefills through the copy too, whose weights are bfloat16 already
-        # and whose dense layers take a short prompt's rows through the native kernel (XLA:CPU's
-        # bfloat16 dots are slow where the CPU has no bfloat16 instructions: a 16-token prompt
-        # took 4-6x a float32 prefill on an AVX2 CPU, docs/performance.md "Sampling").
-        native = step_model.ops.native_matvec
-        self.graphdef, self.state = (self.step_graphdef, self.step_state) if native else nnx.split(model)
+        # Decode steps run the decoding_model copy. On the CPU prefills run it too: its weights are
+        # in the compute dtype already (a bfloat16 model's own would be cast at every prefill, and
+        # a short prompt's rows go through the native kernel: XLA:CPU's bfloat16 dots are slow
+        # where the CPU has no bfloat16 instructions, a 16-token prompt took 4-6x a float32
+        # prefill on an AVX2 CPU), and it is unrolled (a scan_layers model's prefill would copy
+        # every layer's weights out of the stacked arrays), so a scanned model decodes with the
+        # very programs of an unrolled one. Elsewhere prefills run the model as it is (each casts
+        # or slices its weights once per call, for every prompt token at once).
+        on_cpu = step_model.ops.backend == "cpu"
+        self.graphdef, self.state = (self.step_graphdef, self.step_state) if on_cpu else nnx.split(model)
         self._step_leaves, self._step_treedef = jax.tree.flatten(self.step_state)
         cache = KVCache.zeros(cfg, batch_size)
         self._cache = (cache.k, cache.v)  # (L, B, H, D, S) keys, transposed; (L, B, H, S, D) values

@@ -295,6 +295,8 @@ def test_attention_spans_grow_with_the_rows_and_stay_exact() -> None:
 
 
 def test_scan_layers_models_decode_with_the_unrolled_models_logits_and_prefill_through_their_scan() -> None:
+    """The same logits either layout; and the model's own prefill (the decoder's off the CPU; on it the
+    decoder prefills through its unrolled copy: above) walks a scanned model's blocks through its scan."""
     unrolled, scanned = tiny(12), tiny(12, scan_layers=True)  # the same weights, two layouts
     prompts = [[1, 2, 3], [4, 5]]
     logits = []
@@ -375,11 +377,13 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_bfloat16_cpu_model_prefills_through_the_decoding_copy(rows: int) -> None:
-    """A bfloat16 model on the CPU prefills with the decode steps' bfloat16 weights, converting none of
-    them: a one-row prompt's 16 rows through the native kernel, three rows' 48 through XLA's dots (the
-    head takes only each row's last token: native either way). Its logits: the cached tests above."""
-    model = tiny(14, compute_dtype="bfloat16", scan_layers=True)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows: int) -> None:
+    """On the CPU a prefill runs the decode steps' copy of the weights: a scanned model's prefill slices
+    no layer out of its stacked weights, a bfloat16 one converts none, and a bfloat16 one-row prompt's 16
+    rows go through the native kernel, three rows' 48 through XLA's dots (the head takes only each row's
+    last token: native either way). Their logits: the cached tests above."""
+    model = tiny(14, compute_dtype=dtype, scan_layers=True)
     dec = g.KVDecoder(model, rows)
     assert dec.state is dec.step_state
     P = g.prefill_length(CTX, CTX)
@@ -388,10 +392,15 @@ def test_bfloat16_cpu_model_prefills_through_the_decoding_copy(rows: int) -> Non
     assert weight_copies(hlo, model) == []
     native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
     attention = 2 * H * L  # per head (CPU attention), two products
-    assert (native, len(re.findall(r" dot\(", hlo))) == ((4 * L + 1, attention) if rows * P <= cpu_matvec.MAX_ROWS
-                                                       else (1, attention + 4 * L))
-    float32 = g.KVDecoder(tiny(14), rows)  # elsewhere the model as it is
-    assert float32.state is not float32.step_state
+    if dtype == "float32":
+        assert (native, len(re.findall(r" dot\(", hlo))) == (0, attention + 4 * L + 1)
+    else:
+        assert (native, len(re.findall(r" dot\(", hlo))) == ((4 * L + 1, attention) if rows * P <= cpu_matvec.MAX_ROWS
+                                                           else (1, attention + 4 * L))
+    # The check sees what it must: the model's own prefill slices (and casts) its weights.
+    graphdef, state = nnx.split(model)
+    own = g._prefill_jit.lower(graphdef, state, *dec._cache, ids, ids[:, 0]).compile().as_text()
+    assert weight_copies(own, model) != []
 
 
 def test_generate_holds_no_copy_of_the_model() -> None:
