@@ -157,15 +157,16 @@ class Ops:
             # nnx.Linear hands its bfloat16 kernel over promoted to x's float32: cast back, XLA
             # drops the pair of converts (the decode step's program converts no weight).
             y = cpu_matvec.matvec(x.astype(self.compute_dtype).astype(jnp.float32), w.astype(jnp.bfloat16))
-        elif self.native_matvec:  # a prefill's many rows: XLA's bfloat16 dot on the same kernels
-            y = self.einsum(spec, x, w.astype(jnp.bfloat16))
         elif self.weight_dtype == "float32" and self.compute_dtype != "float32":
             # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
             # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot
             # with one row (it upcasts both operands).
             y = jnp.einsum(spec, x.astype(self.compute_dtype).astype(jnp.float32), w)
         else:
-            y = self.einsum(spec, x, w)  # weights already in the compute dtype are not cast again
+            # Weights already in the compute dtype are not cast again; nor are a native decoder's
+            # bfloat16 kernels past MAX_ROWS rows (a prefill's), which nnx.Linear promoted to float32:
+            # XLA drops the pair of converts.
+            y = self.einsum(spec, x, w)
         return y.reshape(*lead, y.shape[-1])
 
     def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
