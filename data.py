@@ -1,560 +1,92 @@
-"""Token datasets on disk and the deterministic batch sampler that feeds training.
+"""Show a prepared dataset: what it was made from, its tokenizer, each split's tokens, documents
+and shards; check every shard's hash; decode a sample of a split.
 
-A dataset is a folder holding manifest.json and <split>-<NNNNN>.safetensors shards (split is
-"train" or "val"); each shard has one 1-D tensor "tokens" (uint16 when the vocabulary fits,
-else uint32). Shards are memory-mapped, never read whole into RAM, so a dataset may be far
-larger than memory.
+    uv run data.py data/builtin-bytes                  # a dataset folder (download_dataset.py made it)
+    uv run data.py runs/tiny                           # the dataset a run trains on (prepared if missing)
+    uv run data.py data/builtin-bytes --verify         # also check every shard's sha256
+    uv run data.py runs/tiny --sample 200 --split val  # decode 200 tokens from the start of a split
 
-    ds = open_dataset(Path("data/builtin-bytes"))
-    sampler = BatchSampler(ds.train, microbatch_size=8, seq_len=256, seed=0)
-    x, y = sampler.batch(step, accum_steps)        # (k, B, T) int32 each
-
-Pure numpy: nothing here imports jax.
+The code: jaxgpt/data/ (shards.py the format, memory-mapped reading and atomic writing;
+batches.py the sampler that feeds training and whole-split validation windows; prepare.py,
+sources.py, builtin.py and fineweb.py what download_dataset.py prepares; tokenizer.py). The
+format and the sources: docs/data.md.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
+import argparse
 import json
-import os
-import shutil
-import struct
-import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from safetensors.numpy import save_file
-
-from tokenizer import Tokenizer
-
-FORMAT_VERSION = 1
-SPLITS = ("train", "val")
-MANIFEST = "manifest.json"
-# safetensors' dtype names for the two token dtypes we write.
-_ST_DTYPES = {"uint16": "U16", "uint32": "U32"}
-_MAX_HEADER = 1 << 20  # our headers are ~100 bytes; a huge value means a corrupt file
+from jaxgpt.config import ConfigError, load_run_configs
+from jaxgpt.data.prepare import default_data_root, prepare_dataset
+from jaxgpt.data.shards import MANIFEST, SPLITS, DataError, Dataset, open_dataset
+from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
 
 
-class DataError(ValueError):
-    """A dataset is missing, incomplete, corrupt or unusable (one-line message naming the file)."""
+def resolve(path: Path, data_root: Path) -> Path:
+    """A dataset folder as given, or the one a run directory's train.json trains on (prepared
+    as train.py would prepare it, for the run's length)."""
+    if (path / MANIFEST).is_file():
+        return path
+    if (path / "train.json").is_file() or (path / "model.json").is_file():
+        model_cfg, train_cfg = load_run_configs(path)
+        tokens = train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg)
+        return prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
+                               options=train_cfg.dataset.options, train_tokens=tokens, log=print)
+    raise DataError(f"{path}: neither a dataset folder (no {MANIFEST}) nor a run directory (no train.json)")
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    """Smallest unsigned dtype that holds ids 0..vocab_size-1 (uint16 for both of our tokenizers)."""
-    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+def summary(ds: Dataset) -> dict[str, Any]:
+    m = ds.manifest
+    return {"path": str(ds.path), "source": m.get("source"), "options": m.get("options"),
+            "fingerprint": m.get("fingerprint"), "tokenizer": ds.tokenizer, "vocab_size": ds.vocab_size,
+            "eot_id": ds.eot_id, "max_token_id": ds.max_token_id,
+            "splits": {split: {"tokens": m["splits"][split]["tokens"], "documents": m["splits"][split].get("documents"),
+                               "shards": len(m["splits"][split]["shards"])} for split in SPLITS}}
 
 
-# ----------------------------------------------------------------------------- writing
+def report(s: dict[str, Any]) -> str:
+    lines = [f"{s['path']}: {s['source']} {json.dumps(s['options'])}, tokenizer {s['tokenizer']} "
+             f"(vocab {s['vocab_size']}, end of text {s['eot_id']}, largest id {s['max_token_id']})",
+             f"  fingerprint {s['fingerprint']}"]
+    for split, e in s["splits"].items():
+        docs = f"{e['documents']:,} documents, " if e["documents"] is not None else ""
+        lines.append(f"  {split:<5} {e['tokens']:>14,} tokens, {docs}{e['shards']} shard{'s' * (e['shards'] != 1)}")
+    return "\n".join(lines)
 
 
-def fsync(path: Path) -> None:
-    """fsync a file or a folder (a folder: its entries, i.e. the renames into it). Without it a
-    power cut after a rename could leave a manifest (or a checkpoint's meta.json) pointing at
-    empty files."""
-    fd = os.open(path, os.O_RDONLY)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("path", type=Path, help="a prepared dataset folder, or a run directory")
+    parser.add_argument("--verify", action="store_true", help="check every shard's sha256 against the manifest")
+    parser.add_argument("--sample", type=int, default=0, metavar="N", help="decode N tokens from the start of --split")
+    parser.add_argument("--split", choices=SPLITS, default="train", help="the split --sample reads (default train)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="data root for a run's dataset (default: $JAXGPT_DATA_DIR, else the repository's data/)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    if args.sample < 0:
+        parser.error(f"--sample={args.sample} must be >= 0")
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sha256(path: Path) -> str:
-    """Hex sha256 of a file (shards, checkpoints, downloads)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def _remove_stale(dataset_dir: Path) -> None:
-    """Delete `<dir>.tmp-<pid>` / `<dir>.old-<pid>` folders left by writers that were killed (SIGKILL, power cut)."""
-    for sibling in dataset_dir.parent.glob(f"{dataset_dir.name}.*-*"):
-        kind, _, pid = sibling.name[len(dataset_dir.name) + 1:].partition("-")
-        if kind in ("tmp", "old") and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
-            shutil.rmtree(sibling, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def dataset_lock(dataset_dir: Path, log: Callable[[str], None] = print) -> Iterator[None]:
-    """Hold an exclusive lock on a dataset folder while checking or (re)building it.
-
-    Two runs started together on a missing dataset would otherwise both build it and race on the
-    final rename; with the lock the second one waits and then reuses the first one's work.
-    """
-    dataset_dir = Path(dataset_dir)
-    dataset_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(dataset_dir.parent / f".{dataset_dir.name}.lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another process preparing {dataset_dir} ...")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock, also when the process dies
-
-
-class DatasetWriter:
-    """Builds a dataset folder atomically: use as a context manager, add shards, then commit().
-
-    Shards go into a sibling `<dir>.tmp-<pid>`; commit() writes manifest.json last and renames the
-    folder into place (an existing folder is moved aside and removed only afterwards), so a
-    killed write never looks like a dataset. Leaving the block without commit() removes the
-    temporary folder.
-    """
-
-    def __init__(self, dataset_dir: Path, *, source: str, options: dict, fingerprint: str,
-                 tokenizer: str, vocab_size: int, eot_id: int) -> None:
-        self.path = Path(dataset_dir)
-        self.vocab_size = vocab_size
-        self.dtype = token_dtype(vocab_size)
-        self.tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
-        self.manifest: dict[str, Any] = {
-            "format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
-            "tokenizer": tokenizer, "vocab_size": int(vocab_size), "eot_id": int(eot_id), "dtype": self.dtype.name,
-            "splits": {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS},
-        }
-        self._committed = False
-
-    def __enter__(self) -> DatasetWriter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale(self.path)
-        self.tmp.mkdir()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self._committed:
-            shutil.rmtree(self.tmp, ignore_errors=True)  # never leave a half-built folder behind
-
-    def _next_name(self, split: str) -> str:
-        return f"{split}-{len(self.manifest['splits'][split]['shards']):05d}.safetensors"
-
-    def _record(self, split: str, entry: dict[str, Any], documents: int) -> dict[str, Any]:
-        meta = self.manifest["splits"][split]
-        meta["shards"].append(entry)
-        meta["tokens"] += entry["tokens"]
-        meta["documents"] += documents
-        return entry
-
-    def add_shard(self, split: str, tokens: np.ndarray, *, documents: int | None = None, where: Path | str = "",
-                  **extra: Any) -> dict[str, Any]:
-        """Write one 1-D shard; ids outside the vocabulary are a DataError naming `where` (the data's origin).
-
-        `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry.
-        """
-        tokens = np.asarray(tokens).reshape(-1)
-        if tokens.size == 0:
-            raise DataError(f"{where or self.path}: empty {split} shard")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.vocab_size:  # checked before the cast, which would silently wrap
-            raise DataError(f"{where or self.path}: token id {lo if lo < 0 else hi} outside 0..{self.vocab_size - 1}")
-        name = self._next_name(split)
-        path = self.tmp / name
-        save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype)}, str(path))
-        os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
-        fsync(path)
-        entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": sha256(path), **extra}
-        if documents is not None:
-            entry["documents"] = documents
-        return self._record(split, entry, documents or 0)
-
-    def link_shard(self, split: str, source: Path, entry: dict[str, Any]) -> dict[str, Any]:
-        """Reuse a shard of an existing dataset (its manifest entry): a hard link, so no copy and no extra disk."""
-        name = self._next_name(split)
-        try:
-            os.link(source, self.tmp / name)
-        except OSError:  # another file system, or links not supported
-            shutil.copy2(source, self.tmp / name)
-        return self._record(split, {**entry, "file": name}, entry.get("documents", 0))
-
-    def commit(self) -> dict[str, Any]:
-        manifest_path = self.tmp / MANIFEST
-        manifest_path.write_text(json.dumps(self.manifest, indent=2) + "\n")
-        fsync(manifest_path)
-        fsync(self.tmp)
-        old = None
-        if self.path.exists():
-            old = self.path.with_name(f"{self.path.name}.old-{os.getpid()}")
-            os.replace(self.path, old)
-        os.replace(self.tmp, self.path)
-        self._committed = True
-        if old is not None:
-            shutil.rmtree(old)
-        return self.manifest
-
-
-def _write_split(writer: DatasetWriter, split: str, docs: Iterable[np.ndarray], shard_tokens: int) -> None:
-    """Stream documents into shards of exactly shard_tokens tokens (the last one shorter)."""
-    pending: list[np.ndarray] = []  # documents not yet written, at most ~one shard's worth
-    n_pending = n_docs = 0
-    for doc in docs:
-        doc = np.asarray(doc).reshape(-1)
-        n_docs += 1
-        if doc.size == 0:
-            continue
-        if not np.issubdtype(doc.dtype, np.integer):
-            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has dtype {doc.dtype}, expected integers")
-        lo, hi = int(doc.min()), int(doc.max())
-        if lo < 0 or hi >= writer.vocab_size:  # checked before the cast, which would silently wrap
-            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has token id {lo if lo < 0 else hi} "
-                            f"outside 0..{writer.vocab_size - 1}")
-        pending.append(doc.astype(writer.dtype, copy=False))
-        n_pending += doc.size
-        if n_pending >= shard_tokens:
-            # Concatenate once and cut every full shard from it: a long document may fill several.
-            flat = np.concatenate(pending)
-            n_full = flat.size // shard_tokens
-            for i in range(n_full):
-                writer.add_shard(split, flat[i * shard_tokens:(i + 1) * shard_tokens])
-            rest = flat[n_full * shard_tokens:]
-            pending, n_pending = ([rest] if rest.size else []), int(rest.size)
-    if n_pending:
-        writer.add_shard(split, np.concatenate(pending))
-    writer.manifest["splits"][split]["documents"] = n_docs
-
-
-def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint: str, tokenizer: Tokenizer,
-                  splits: dict[str, Iterable[np.ndarray]], shard_tokens: int = 2**27) -> dict:
-    """Write a dataset atomically (see DatasetWriter) and return its manifest.
-
-    `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
-    already ending with its end-of-text token; they are concatenated in order and cut into
-    shards of `shard_tokens` tokens (2**27 = 256 MiB of uint16 by default).
-    """
-    dataset_dir = Path(dataset_dir)
-    if sorted(splits) != sorted(SPLITS):
-        raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
-    if shard_tokens < 1:
-        raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
-    with DatasetWriter(dataset_dir, source=source, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
-                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id) as writer:
-        for split in SPLITS:
-            _write_split(writer, split, splits[split], shard_tokens)
-        return writer.commit()
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def read_manifest(dataset_dir: Path) -> dict:
-    """The parsed manifest.json of a dataset folder; DataError if missing or not valid JSON."""
-    path = Path(dataset_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{path}: missing (no complete dataset here; run download_dataset.py to prepare it)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: malformed JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    return manifest
-
-
-def _field(manifest: dict, key: str, kind: type | tuple[type, ...], where: Path) -> Any:
-    value = manifest.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):  # JSON true is not a count
-        raise DataError(f"{where}: field {key!r} is missing or has the wrong type (got {value!r})")
-    return value
-
-
-def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool) -> np.memmap:
-    """Memory-map the "tokens" tensor of one shard after cheap consistency checks."""
-    if not path.is_file():
-        raise DataError(f"{path}: shard listed in {MANIFEST} is missing")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise DataError(f"{path}: truncated shard ({size} bytes)")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > _MAX_HEADER or 8 + header_len > size:
-            raise DataError(f"{path}: truncated or corrupt shard (header length {header_len}, file size {size})")
-        try:
-            header = json.loads(f.read(header_len))
-            info = header["tokens"]
-            begin, end = (int(x) for x in info["data_offsets"])
-            shape = [int(x) for x in info["shape"]]
-            st_dtype = info["dtype"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"{path}: corrupt safetensors header ({exc!r})") from None
-    n = int(entry["tokens"])
-    if st_dtype != _ST_DTYPES[dtype.name] or shape != [n] or end - begin != n * dtype.itemsize:
-        raise DataError(f"{path}: tensor 'tokens' is {st_dtype}{shape}, manifest says {dtype.name}[{n}]")
-    if size != 8 + header_len + end:
-        raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
-    if verify and sha256(path) != entry["sha256"]:
-        raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
-    # Zero-copy: pages are read on demand and shared with the OS page cache.
-    return np.memmap(path, dtype=dtype, mode="r", offset=8 + header_len + begin, shape=(n,))
-
-
-@dataclass
-class TokenSplit:
-    """One split's tokens, as a virtual concatenation of its memory-mapped shards."""
-
-    name: str
-    shards: list[np.memmap]
-    files: list[Path] = field(default_factory=list)  # one per shard, for error messages
-    max_token_id: int | None = None  # the manifest's bound; batches above it mean a changed shard
-    n_tokens: int = field(init=False)
-    _ends: np.ndarray = field(init=False, repr=False)  # cumulative end offset of each shard
-
-    def __post_init__(self) -> None:
-        self._ends = np.cumsum([s.size for s in self.shards], dtype=np.int64)
-        self.n_tokens = int(self._ends[-1]) if self.shards else 0
-
-    def locate(self, position: int) -> tuple[str, int]:
-        """(shard file, offset in it) of a global token position: what error messages name."""
-        k = int(np.searchsorted(self._ends, position, side="right"))
-        start = int(self._ends[k - 1]) if k else 0
-        return (str(self.files[k]) if k < len(self.files) else f"{self.name} shard {k}"), position - start
-
-    def read(self, start: int, length: int) -> np.ndarray:
-        """int32 copy of tokens[start:start+length]; the range may cross shard boundaries."""
-        out = np.empty(length, dtype=np.int32)
-        self.read_into(start, out)
-        return out
-
-    def read_into(self, start: int, out: np.ndarray) -> None:
-        """Fill the 1-D `out` with tokens[start:start+len(out)] (cast on assignment, no temporary)."""
-        length = out.shape[0]
-        if start < 0 or length < 0 or start + length > self.n_tokens:
-            raise DataError(f"{self.name} split: cannot read [{start}, {start + length}) of {self.n_tokens} tokens")
-        k = int(np.searchsorted(self._ends, start, side="right"))  # shard holding `start`
-        done = 0
-        while done < length:
-            shard_start = int(self._ends[k - 1]) if k else 0
-            lo = start + done - shard_start
-            take = min(length - done, self.shards[k].size - lo)
-            out[done:done + take] = self.shards[k][lo:lo + take]
-            done += take
-            k += 1
-
-
-@dataclass
-class Dataset:
-    manifest: dict
-    path: Path
-    train: TokenSplit
-    val: TokenSplit
-    tokenizer: str
-    vocab_size: int
-    eot_id: int
-    max_token_id: int  # over all shards: a model needs vocab_size > max_token_id
-
-
-def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
-    """Open a prepared dataset; DataError naming the file if anything is missing or inconsistent.
-
-    The default checks are cheap (manifest fields, each shard's header and exact size), which
-    catches truncated or half-copied shards; verify=True also checks every shard's sha256.
-    """
-    dataset_dir = Path(dataset_dir)
-    manifest = read_manifest(dataset_dir)
-    where = dataset_dir / MANIFEST
-    if manifest.get("format") != FORMAT_VERSION:
-        raise DataError(f"{where}: format {manifest.get('format')!r} is not {FORMAT_VERSION}; prepare it again")
-    vocab_size = _field(manifest, "vocab_size", int, where)
-    eot_id = _field(manifest, "eot_id", int, where)
-    tokenizer = _field(manifest, "tokenizer", str, where)
-    dtype_name = _field(manifest, "dtype", str, where)
-    if dtype_name not in _ST_DTYPES:
-        raise DataError(f"{where}: dtype {dtype_name!r} is not one of {sorted(_ST_DTYPES)}")
-    dtype = np.dtype(dtype_name)
-    splits_meta = _field(manifest, "splits", dict, where)
-    splits: dict[str, TokenSplit] = {}
-    max_token_id = -1
-    for split in SPLITS:
-        meta = splits_meta.get(split)
-        if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
-            raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
-        maps, files, split_max = [], [], -1
-        for entry in meta["shards"]:
-            if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
-                raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
-            if not isinstance(entry["tokens"], int) or not isinstance(entry["max_token_id"], int):
-                raise DataError(f"{where}: shard {entry['file']!r} has non-integer 'tokens' or 'max_token_id'")
-            # Shards live in the dataset folder itself: a manifest must not point elsewhere.
-            if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
-                raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
-            files.append(dataset_dir / entry["file"])
-            maps.append(_open_shard(files[-1], entry, dtype, verify))
-            split_max = max(split_max, int(entry["max_token_id"]))
-        max_token_id = max(max_token_id, split_max)
-        splits[split] = TokenSplit(split, maps, files, split_max)
-        if splits[split].n_tokens != meta.get("tokens"):
-            raise DataError(
-                f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {splits[split].n_tokens}")
-    if max_token_id >= vocab_size:
-        raise DataError(f"{where}: max_token_id {max_token_id} >= vocab_size {vocab_size}")
-    return Dataset(manifest=manifest, path=dataset_dir, train=splits["train"], val=splits["val"], tokenizer=tokenizer,
-                   vocab_size=vocab_size, eot_id=eot_id, max_token_id=max_token_id)
-
-
-# ----------------------------------------------------------------------------- sampling
-
-
-def check_ids(split: TokenSplit, tokens: np.ndarray, starts: np.ndarray) -> None:
-    """DataError naming the shard if a (rows, width) batch read from positions `starts` holds an id
-    above the manifest's max_token_id.
-
-    A shard changed in place keeps its size, so only --verify's hashes would notice; an id above
-    the manifest's bound (which train.py checks against the model's vocab_size) would make the
-    embedding lookup read out of range silently. One max() per batch catches it.
-    """
-    limit = split.max_token_id
-    if limit is None or not tokens.size or int(tokens.max()) <= limit:
-        return
-    row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
-    file, offset = split.locate(int(starts[row]) + col)
-    raise DataError(f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
-                    f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)")
-
-
-class BatchSampler:
-    """Deterministic (inputs, targets) batches: a pure function of (seed, index), so resuming needs only the step.
-
-    The split is cut into n_windows = (n_tokens - 1) // seq_len non-overlapping windows starting
-    at i*seq_len. Sequence s (s = index*B + b) is window perm(seed, epoch)[s % n_windows] with
-    epoch = s // n_windows, so each epoch visits every window exactly once.
-    """
-
-    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, seed: int,
-                 targets: str = "next", shuffle: bool = True) -> None:
-        if targets not in ("next", "same"):
-            raise DataError(f"{split.name} split: targets must be 'next' or 'same', got {targets!r}")
-        if microbatch_size < 1 or seq_len < 1:
-            raise DataError(
-                f"{split.name} split: microbatch_size and seq_len must be >= 1, got {microbatch_size}, {seq_len}")
-        if seed < 0:  # numpy's SeedSequence rejects negative entropy
-            raise DataError(f"{split.name} split: seed must be >= 0, got {seed}")
-        self.split = split
-        self.microbatch_size = microbatch_size
-        self.seq_len = seq_len
-        self.seed = seed
-        self.targets = targets
-        self.shuffle = shuffle
-        self.n_windows = max(0, (split.n_tokens - 1) // seq_len)
-        if self.n_windows < microbatch_size:
-            raise DataError(
-                f"{split.name} split: dataset too small: {split.n_tokens} tokens make {self.n_windows} windows of "
-                f"seq_len {seq_len}, fewer than microbatch_size {microbatch_size}")
-        # Windows read seq_len+1 tokens for "next" targets (y is x shifted by one).
-        self._width = seq_len + 1 if targets == "next" else seq_len
-        self._perms: dict[int, np.ndarray] = {}  # epoch -> permutation; a permutation of millions costs ~0.1 s
-        self._lock = threading.Lock()  # a prefetch thread may call batch() while the main thread does too
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        with self._lock:
-            perm = self._perms.get(epoch)
-            if perm is None:
-                perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
-                if len(self._perms) >= 2:  # consecutive batches touch at most two epochs; bound the memory
-                    self._perms.pop(min(self._perms))
-                self._perms[epoch] = perm
-            return perm
-
-    def _windows(self, seqs: np.ndarray) -> np.ndarray:
-        """Window indices of the given global sequence numbers."""
-        count = len(seqs)
-        if not self.shuffle:
-            return seqs % self.n_windows
-        epochs, pos = np.divmod(seqs, self.n_windows)
-        out = np.empty(count, dtype=np.int64)
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
-            out[mask] = self._perm(int(epoch))[pos[mask]]
-        return out
-
-    def _sequences(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        tokens = np.empty((len(seqs), self._width), dtype=np.int32)
-        windows = self._windows(seqs)
-        for row, window in zip(tokens, windows):
-            self.split.read_into(int(window) * self.seq_len, row)
-        self._check_ids(tokens, windows)
-        if self.targets == "next":
-            return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
-        return tokens, tokens.copy()
-
-    def _check_ids(self, tokens: np.ndarray, windows: np.ndarray) -> None:
-        check_ids(self.split, tokens, windows * self.seq_len)
-
-    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
-        if index < 0:
-            raise DataError(f"{self.split.name} split: microbatch index must be >= 0, got {index}")
-        return self._sequences(index * self.microbatch_size + self._row_ids(rows))
-
-    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
-        """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1 (k = accum_steps).
-
-        rows: in a multi-process run each process reads only its own rows of every microbatch.
-        """
-        if step < 0 or accum_steps < 1:
-            raise DataError(f"{self.split.name} split: need step >= 0 and accum_steps >= 1, got {step}, {accum_steps}")
-        b, k = self.microbatch_size, accum_steps
-        ids = self._row_ids(rows)
-        seqs = ((step * k + np.arange(k, dtype=np.int64))[:, None] * b + ids[None, :]).reshape(-1)
-        x, y = self._sequences(seqs)
-        return x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1)
-
-    def _row_ids(self, rows: slice) -> np.ndarray:
-        return np.arange(self.microbatch_size, dtype=np.int64)[rows]
-
-    def epoch_of(self, step: int, accum_steps: int) -> int:
-        """Epoch of the first sequence of optimiser step `step` (0-based)."""
-        return (step * accum_steps * self.microbatch_size) // self.n_windows
-
-
-class WholeSplit:
-    """The whole split in order, every target token scored exactly once: (B, T) microbatches of
-    inputs, targets and 0/1 weights, the same shapes for every index (one compiled program).
-
-    Window j holds inputs tokens[j*T : j*T+T] and targets tokens[j*T+1 : j*T+T+1] (targets "next";
-    "same": both tokens[j*T : j*T+T]), the windows BatchSampler(shuffle=False) reads, so the
-    targets of consecutive windows tile the split. The last window stops at the split's end and
-    the rows after it are padding, both weighted 0. So n_targets, the tokens scored, is the
-    split's token count minus 1 (its first token: nothing precedes it) for "next", and the
-    token count itself for "same".
-    """
-
-    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, targets: str = "next") -> None:
-        if targets not in ("next", "same") or microbatch_size < 1 or seq_len < 1:
-            raise DataError(f"{split.name} split: need targets 'next' or 'same' and sizes >= 1, got "
-                            f"{targets!r}, microbatch_size {microbatch_size}, seq_len {seq_len}")
-        self.split, self.microbatch_size, self.seq_len, self.targets = split, microbatch_size, seq_len, targets
-        self.shift = int(targets == "next")
-        self.n_targets = max(0, split.n_tokens - self.shift)
-        if self.n_targets == 0:
-            raise DataError(f"{split.name} split: {split.n_tokens} token(s), nothing to score")
-        self.n_windows = -(-self.n_targets // seq_len)
-        self.n_batches = -(-self.n_windows // microbatch_size)
-
-    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(B, T) int32 inputs, int32 targets and float32 weights of microbatch `index` (its `rows`)."""
-        if not 0 <= index < self.n_batches:
-            raise DataError(f"{self.split.name} split: microbatch {index} outside 0..{self.n_batches - 1}")
-        T = self.seq_len
-        windows = index * self.microbatch_size + np.arange(self.microbatch_size, dtype=np.int64)[rows]
-        tokens = np.zeros((len(windows), T + self.shift), np.int32)
-        weights = np.zeros((len(windows), T), np.float32)
-        for row, window in enumerate(windows):
-            n = int(min(T, self.n_targets - window * T))  # targets in this window; <= 0: a padding row
-            if n > 0:
-                self.split.read_into(int(window) * T, tokens[row, :n + self.shift])
-                weights[row, :n] = 1.0
-        check_ids(self.split, tokens, windows * T)
-        if self.shift:
-            return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:]), weights
-        return tokens, tokens.copy(), weights
+        ds = open_dataset(resolve(args.path, args.data_dir or default_data_root()), verify=args.verify)
+        s = summary(ds)
+        print(json.dumps(s, indent=2) if args.json else report(s))
+        if args.verify:
+            print(f"verified sha256 of every shard in {ds.path}")
+        if args.sample:
+            split = ds.train if args.split == "train" else ds.val
+            tokens = split.read(0, min(args.sample, split.n_tokens)).tolist()
+            print(f"--- the first {len(tokens)} tokens of the {args.split} split, decoded ---")
+            print(get_tokenizer(ds.tokenizer).decode(tokens))
+    except (ConfigError, DataError, TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,386 +1,116 @@
-"""GPT-2 (and its modern variants) and the A-to-A sanity-check model in Flax NNX.
+"""Show the model a run directory describes: every parameter tensor, the counts, the FLOPs of a
+training token, how it runs on this backend and which part of the optimiser trains each tensor.
 
-Shape legend: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C // H (head size),
-V = vocab_size, L = n_layers.
+    uv run model.py runs/gpt2-small          # a table (shapes only: no weights are made or read)
+    uv run model.py runs/gpt2-small --json   # the same as JSON
 
-Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Every matmul and the
-attention go through `self.ops` (ops.py: the compute dtype, and the kernels chosen for the
-backend); this file knows neither the backend nor a device, and placement and sharding are the
-caller's business. Dropout is active exactly when the caller passes `rngs` (training); without
-it the model is deterministic, so evaluation and generation need no mode switch. Decoding runs
-the same forward pass with a `KVCache` (`cached_features`): the cache is an argument of the
-attention, as in Flax's gemma example, and training passes none.
-
-What the parts are is chosen in model.json, once, where each module is built (layers.py): GPT-2's
-learned positions, LayerNorm, GELU and plain logits by default; rotary positions, RMSNorm (scaled or
-parameter-free), a norm after the embedding, QK-norm, ReLU^2, zero-initialised output projections
-and a logit soft-cap as options. The blocks read the same whatever is chosen.
-
-How the model runs is chosen in model.json without changing what it computes (each option is
-tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:
-bfloat16 operands into float32 results in the forward and backward passes; parameters,
-activations, LayerNorm, softmax and the loss stay float32), `attention` (which kernel), `remat`
-(recompute each block in the backward pass), `scan_layers` (blocks stacked along a leading L axis
-and run by one `lax.scan`: one block to compile instead of L) and `loss_chunk` (step.py: the head
-and the loss in chunks, never the whole (B*T, V) logits).
+The model's code is jaxgpt/model/: gpt.py (GPT-2 and its modern variants, the A-to-A model, their
+shapes), layers.py (the parts model.json chooses), ops.py (how matmuls and attention run on each
+backend), loss.py (the training loss) and sampling.py (decoding with a KV cache). The optimiser is
+jaxgpt/training/optimizer.py (and muon.py); the keys of model.json: docs/configs.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import re
+import sys
+from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx, struct
-
-from config import ModelConfig
-from layers import ACTIVATIONS, Identity, make_norm, positions_in_attention, qk_norm, softcap
-from layers import normal as _normal
-from layers import zeros as _zeros
-from ops import Ops
-from ops import select as select_ops
-
-_STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
-
-# Every parameter carries logical axis names (layers.normal/zeros/ones); sharding.py maps them onto
-# the device mesh ("heads", "qkv", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so
-# this file never names a device or a mesh axis. The optimiser routes parameters by the same names
-# (muon.py).
-
-
-def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Array:
-    return layer(x, deterministic=rngs is None, rngs=rngs)
-
-
-@struct.dataclass
-class KVCache:
-    """Every layer's keys and values for B rows of up to S = context_length tokens (decoding).
-
-    The attention of layer `layer` reads and writes its slice; the model sets `layer` as it walks
-    its blocks. Keys are stored transposed, so that both products of a decode step stream the
-    cache contiguously (the query row against (D, S) keys, the weights against (S, D) values).
-
-    pos None: a prefill: the rows' tokens sit at positions 0..T-1, every slot from 0 on is
-    rewritten, and attention is the training kernel's. pos (B,): a decode step, one token per row,
-    row b's at position pos[b]; it is written to slot pos[b] and attends to slots 0..pos[b], read
-    from the first `span` slots only (static: every advancing row has pos < span).
-    """
-
-    k: jax.Array  # (L, B, H, D, S) float32
-    v: jax.Array  # (L, B, H, S, D)
-    pos: jax.Array | None = None  # (B,) int32
-    layer: jax.Array | int = 0
-    span: int = struct.field(pytree_node=False, default=0)
-
-    @classmethod
-    def zeros(cls, cfg: ModelConfig, batch_size: int) -> KVCache:
-        L = cfg.n_layers if cfg.architecture == "gpt2" else 0
-        H, D, S = cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.context_length
-        # float32 like every activation: the attention products round keys and values to the
-        # compute dtype as they do in training, so a bfloat16 cache would compute the same and
-        # only halve its memory, but XLA:CPU does not scatter into a bfloat16 buffer in place.
-        return cls(jnp.zeros((L, batch_size, H, D, S)), jnp.zeros((L, batch_size, H, S, D)))
-
-    def positions(self, T: int) -> jax.Array:
-        """The positions of the (B, T) tokens being fed: (T,) for a prefill, (B, 1) for a step."""
-        return jnp.arange(T) if self.pos is None else self.pos[:, None]
-
-    def prefill(self, k: jax.Array, v: jax.Array) -> KVCache:
-        """Write (B, T, H, D) keys and values to slots 0..T-1 of this layer."""
-        at = (self.layer, 0, 0, 0, 0)
-        return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
-                            v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
-
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any) -> tuple[jax.Array, KVCache]:
-        """A decode step's attention: (B, H, D) query, key and value of each row's new token ->
-        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter).
-        Both products are one row per (b, h) against the cache: ops.vecmat."""
-        B, H, D = q.shape
-        rows = jnp.arange(B)
-        cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
-                             v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
-        keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
-        att = vecmat(q, keys) / math.sqrt(D)  # (B, H, D) x (B, H, D, span) -> (B, H, span) float32
-        visible = jnp.arange(self.span)[None, None, :] <= self.pos[:, None, None]  # (B, 1, span)
-        att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        return vecmat(att, values).reshape(B, H * D), cache  # (B, H, span) x (B, H, span, D) -> (B, C)
-
-
-class CausalSelfAttention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        C = cfg.emb_dim
-        self.n_heads = cfg.n_heads
-        self.drop_rate = cfg.drop_rate
-        self.ops = ops
-        # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
-        # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
-        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
-                              bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
-        self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "heads", "embed"),
-                               bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
-        self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm
-        self.rotary = positions_in_attention(cfg)  # Identity unless positions "rotary"
-        self.attn_drop = nnx.Dropout(cfg.drop_rate)
-        self.resid_drop = nnx.Dropout(cfg.drop_rate)
-
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training)."""
-        B, T, C = x.shape
-        H, D = self.n_heads, C // self.n_heads
-        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
-        q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
-        positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
-        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)  # (B, T, H, D)
-        if cache is not None and cache.pos is not None:  # a decode step: T = 1
-            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat)
-            return self.proj(y[:, None]), cache  # (B, 1, C)
-        dropout = None
-        if rngs is not None and self.drop_rate > 0.0:
-            dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
-        y = self.ops.attention(q, k, v, dropout)  # (B, T, C), heads side by side
-        if cache is not None:
-            cache = cache.prefill(k, v)
-        return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        C = cfg.emb_dim
-        self.fc = nnx.Linear(C, 4 * C, use_bias=cfg.bias, kernel_init=_normal(_STD, "embed", "mlp"),
-                             bias_init=_zeros("mlp"), dot_general=ops.dot_general, rngs=rngs)
-        self.out = nnx.Linear(4 * C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "mlp", "embed"),
-                              bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
-        self.act = ACTIVATIONS[cfg.mlp]  # GPT-2's tanh GELU, or ReLU squared
-        self.drop = nnx.Dropout(cfg.drop_rate)
-
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        h = self.act(self.fc(x))  # (B, T, 4C)
-        return _dropout(self.out(h), self.drop, rngs)  # (B, T, C)
-
-
-def _residual_init(cfg: ModelConfig, *axes: str) -> nnx.Initializer:
-    """The projections that write into the residual stream: N(0, 0.02 / sqrt(2L)), so the residual's
-    variance does not grow with depth (GPT-2 paper, 2.3); or zeros (model.json zero_init_proj: each
-    block starts as the identity, as in modded-nanogpt and nanochat)."""
-    return _zeros(*axes) if cfg.zero_init_proj else _normal(_STD / math.sqrt(2 * cfg.n_layers), *axes)
-
-
-class Block(nnx.Module):
-    """One pre-norm transformer block."""
-
-    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        self.ln1 = make_norm(cfg, cfg.emb_dim, rngs)
-        self.attn = CausalSelfAttention(cfg, ops, rngs=rngs)
-        self.ln2 = make_norm(cfg, cfg.emb_dim, rngs)
-        self.mlp = MLP(cfg, ops, rngs=rngs)
-
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        y, cache = self.attn(self.ln1(x), rngs, cache)
-        x = x + y  # (B, T, C)
-        return x + self.mlp(self.ln2(x), rngs), cache  # (B, T, C)
-
-
-class GPT(nnx.Module):
-    """GPT-2: token embedding (+ a learned position table), L blocks, final norm, output head.
-
-    model.json's modern options (layers.py) change what the parts are, not how they are wired:
-    rotary positions live in the attention (no table here), `embed_norm` normalises the token
-    embedding, the logits may be soft-capped (head_logits)."""
-
-    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        self.cfg, self.ops = cfg, ops
-        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
-                                 rngs=rngs)
-        if cfg.positions == "learned":
-            self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim,
-                                     embedding_init=_normal(_STD, "ctx", "embed"), rngs=rngs)
-        self.emb_norm = make_norm(cfg, cfg.emb_dim, rngs) if cfg.embed_norm else Identity()
-        self.drop = nnx.Dropout(cfg.drop_rate)
-        # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
-        blocks = [Block(cfg, ops, rngs=rngs) for _ in range(cfg.n_layers)]
-        self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
-        self.ln_f = make_norm(cfg, cfg.emb_dim, rngs)
-        if not cfg.tie_embeddings:
-            self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
-                                   kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
-
-    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.logits(self.features(idx, rngs))  # (B, T, V)
-
-    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f."""
-        return self._forward(idx, rngs, None)[0]
-
-    def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        """The same forward pass for decoding: (B, T) ids at the cache's positions (a prefill, or
-        T = 1 for a decode step) -> (B, T, C) features and the updated cache. No dropout."""
-        return self._forward(idx, None, cache)
-
-    def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None,
-                 cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
-        B, T = idx.shape
-        x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
-        if self.cfg.positions == "learned":
-            x = x + self.pos_emb(jnp.arange(T) if cache is None else cache.positions(T))  # (T,) or (B, 1) positions
-        x = _dropout(x, self.drop, rngs)  # (B, T, C)
-        graphdef, states = _block_states(self)
-        keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
-
-        def run(state: nnx.State, x: jax.Array, key: jax.Array | None,
-                cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
-            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache)
-
-        if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
-            # Inside a scan the loop itself keeps XLA from merging the recomputation back into
-            # the forward pass; unrolled, jax.checkpoint's optimization barriers must.
-            run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers)
-        if self.cfg.scan_layers:  # decoding scans the same blocks, the whole cache in the carry
-            layer_ids = None if cache is None else jnp.arange(self.cfg.n_layers)
-            cache = None if cache is None else cache.replace(layer=jnp.int32(0))
-
-            def step(carry: tuple[jax.Array, KVCache | None], layer: tuple[Any, ...]) -> tuple[Any, None]:
-                x, cache = carry
-                state, key, i = layer
-                return run(state, x, key, None if cache is None else cache.replace(layer=i)), None
-
-            (x, cache), _ = jax.lax.scan(step, (x, cache), (states, keys, layer_ids))
-        else:
-            for i, state in enumerate(states):
-                layer_cache = None if cache is None else cache.replace(layer=i)
-                x, cache = run(state, x, None if keys is None else keys[i], layer_cache)  # (B, T, C)
-        return self.ln_f(x), cache
-
-    def logits(self, x: jax.Array) -> jax.Array:
-        """The output head: (..., C) -> (..., V) float32 logits."""
-        return head_logits(self.ops, self.cfg, head_weight(self), x)
-
-
-class AToA(nnx.Module):
-    """The seed's A-to-A model: embedding straight into the output head, no transformer."""
-
-    def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        self.cfg, self.ops = cfg, ops
-        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
-                                 rngs=rngs)
-        if not cfg.tie_embeddings:
-            self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
-                                   kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
-
-    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.logits(self.features(idx, rngs))  # (B, T, V)
-
-    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.tok_emb(idx)  # (B, T, C)
-
-    def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
-        return self.tok_emb(idx), cache  # no layers: nothing to cache
-
-    def logits(self, x: jax.Array) -> jax.Array:
-        return head_logits(self.ops, self.cfg, head_weight(self), x)  # (..., V)
-
-
-def head_weight(model: GPT | AToA) -> jax.Array:
-    """The output head's matrix: the token embedding (V, C) when tied, else the head kernel (C, V)."""
-    return model.tok_emb.embedding.get_value() if model.cfg.tie_embeddings else model.head.kernel.get_value()
-
-
-def head_logits(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array) -> jax.Array:
-    """(..., C) features and head_weight -> (..., V) float32 logits, soft-capped if model.json asks:
-    a pure function, for the chunked loss and HellaSwag's rows as for the full forward."""
-    logits = ops.linear(x, w, transposed=True) if cfg.tie_embeddings else ops.dense(x, w)  # tied: the (V, C) embedding
-    return softcap(logits, cfg.logit_softcap)
-
-
-def _stack(blocks: list[Block]) -> Block:
-    """One Block whose parameters are the blocks' stacked along a new leading "layers" axis."""
-    graphdef = nnx.graphdef(blocks[0])
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
-    block = nnx.merge(graphdef, stacked)
-    for _path, var in nnx.to_flat_state(nnx.state(block, nnx.Param)):
-        names = var.get_metadata().get("out_sharding")
-        if names is not None:
-            var.set_metadata(out_sharding=("layers", *names))
-    return block
-
-
-def _block_states(model: GPT) -> tuple[nnx.GraphDef, Any]:
-    """(graphdef of one block, its state stacked (L, ...) or a list of L states)."""
-    if model.cfg.scan_layers:
-        return nnx.split(model.blocks)
-    if not len(model.blocks):
-        return None, []
-    graphdef = nnx.graphdef(model.blocks[0])
-    return graphdef, [nnx.state(b) for b in model.blocks]
-
-
-def matrix_mask(params: Any) -> Any:
-    """True for each weight matrix (what AdamW decays), False for biases and LayerNorm vectors.
-
-    Decided by the per-layer rank: a scan_layers model's stacked bias (L, C) is still a bias.
-    """
-    def is_matrix(path: tuple[Any, ...], p: Any) -> bool:
-        keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
-        stacked = len(keys) > 1 and keys[0] == "blocks" and not str(keys[1]).isdigit()  # blocks.attn..., not blocks.0...
-        return jnp.ndim(p) - int(stacked) >= 2
-
-    return jax.tree_util.tree_map_with_path(is_matrix, params)
-
-
-def stack_layer_weights(tensors: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    """Per-layer keys ("blocks.3.attn.qkv.kernel") -> a scan_layers model's stacked keys
-    ("blocks.attn.qkv.kernel", leading axis L). Checkpoints and exports always use per-layer
-    keys, so they do not depend on `scan_layers`. A parameter missing for some layer is left
-    per-layer, for the caller's key check to report."""
-    out: dict[str, Any] = {}
-    per_layer: dict[str, dict[int, Any]] = {}
-    for key, value in tensors.items():
-        parts = key.split(".")
-        if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
-            per_layer.setdefault(".".join(["blocks", *parts[2:]]), {})[int(parts[1])] = value
-        else:
-            out[key] = value
-    for key, layers in per_layer.items():
-        if sorted(layers) == list(range(n_layers)):
-            out[key] = np.stack([np.asarray(layers[i]) for i in range(n_layers)])
-        else:
-            out.update({f"blocks.{i}.{key[7:]}": v for i, v in layers.items()})
-    return out
-
-
-def unstack_layer_weights(tensors: dict[str, Any]) -> dict[str, Any]:
-    """The inverse of stack_layer_weights."""
-    out: dict[str, Any] = {}
-    for key, value in tensors.items():
-        parts = key.split(".")
-        if parts[0] == "blocks" and not parts[1].isdigit():
-            out.update({f"blocks.{i}.{key[7:]}": value[i] for i in range(value.shape[0])})
-        else:
-            out[key] = value
-    return out
-
-
-def build_model(cfg: ModelConfig, seed: int = 0, ops: Ops | None = None) -> nnx.Module:
-    """A freshly initialised model; the parameters are a pure function of the seed.
-
-    `ops`: how its matmuls and attention run (default: ops.select(cfg), for JAX's default
-    backend; the parameters do not depend on it). Arrays are created unsharded (on the default
-    device, or wherever an enclosing jit puts them); sharding.create_sharded places them on a mesh.
-    """
-    ops = ops or select_ops(cfg)
-    rngs = nnx.Rngs(params=seed)
-    with nnx.use_eager_sharding(False):
-        return GPT(cfg, ops, rngs=rngs) if cfg.architecture == "gpt2" else AToA(cfg, ops, rngs=rngs)
-
-
-def abstract_model(cfg: ModelConfig, ops: Ops | None = None) -> nnx.Module:
-    """The model's structure with shape-only leaves: for loading weights without a wasted init."""
-    ops = ops or select_ops(cfg)  # outside the trace: selecting may probe the backend
-    return nnx.eval_shape(lambda: build_model(cfg, ops=ops))
-
-
-def count_params(model: nnx.Module) -> int:
-    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+from jaxgpt.config import ConfigError, load_run_configs
+from jaxgpt.training.mfu import flops_per_token
+
+
+def describe(run_dir: Path) -> dict[str, Any]:
+    """What `main` prints, as a dict: the configs are checked first, then JAX builds the model's
+    shapes (jax.eval_shape: no parameter is allocated, a 1.5B model describes in a second)."""
+    model_cfg, train_cfg = load_run_configs(run_dir)  # JAX starts after this check
+    import jax
+    from flax import nnx
+
+    from jaxgpt.model.gpt import abstract_model, matrix_mask
+    from jaxgpt.ops import select
+    from jaxgpt.training import muon
+    from jaxgpt.training.optimizer import peak_rates
+
+    ops = select(model_cfg)
+    model = abstract_model(model_cfg, ops)
+    params = nnx.state(model, nnx.Param)
+    flat = [(".".join(map(str, path)), tuple(var.get_value().shape)) for path, var in nnx.to_flat_state(params)]
+    if train_cfg.optimizer == "muon":
+        routing = muon.routing_table(model, muon.routes(model))
+    else:  # AdamW decays the matrices only (optimizer.make_transform's mask)
+        decayed = jax.tree.leaves(matrix_mask(params))
+        routing = {}
+        for (name, shape), decay in zip(flat, decayed):
+            entry = routing.setdefault("decayed" if decay else "not decayed", {"tensors": 0, "params": 0, "names": []})
+            entry["tensors"] += 1
+            entry["params"] += math.prod(shape)
+            if (pattern := re.sub(r"\.\d+\.", ".*.", name)) not in entry["names"]:
+                entry["names"].append(pattern)
+    seq_len = train_cfg.seq_len(model_cfg)
+    kv_bytes = 2 * model_cfg.n_layers * model_cfg.emb_dim * 4 if model_cfg.architecture == "gpt2" else 0
+    return {
+        "run": str(run_dir),
+        "architecture": model_cfg.architecture,
+        "tensors": [{"name": name, "shape": list(shape), "params": math.prod(shape)} for name, shape in flat],
+        "params": sum(math.prod(shape) for _, shape in flat),
+        "flops_per_token": flops_per_token(model_cfg, seq_len),
+        "sequence_length": seq_len,
+        "backend": ops.backend, "compute_dtype": ops.compute_dtype, "attention": ops.attention_kernel,
+        "kv_cache_bytes_per_token": kv_bytes,  # float32 keys and values of every layer, per row
+        "optimizer": train_cfg.optimizer,
+        "peak_rates": peak_rates(train_cfg),
+        "routing": routing,
+    }
+
+
+def _grouped(tensors: list[dict[str, Any]]) -> list[tuple[str, list[int], int, int]]:
+    """(name with layer numbers as *, shape, layers, params) per distinct tensor, in model order."""
+    rows: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+    for t in tensors:
+        key = (re.sub(r"^blocks\.\d+\.", "blocks.*.", t["name"]), tuple(t["shape"]))
+        row = rows.setdefault(key, [0, 0])
+        row[0] += 1
+        row[1] += t["params"]
+    return [(name, list(shape), n, p) for (name, shape), (n, p) in rows.items()]
+
+
+def report(d: dict[str, Any]) -> str:
+    lines = [f"{d['run']}: {d['architecture']}, {d['params']:,} parameters",
+             f"  {'tensor':<40} {'shape':<20} {'n':>4} {'params':>14}"]
+    for name, shape, n, p in _grouped(d["tensors"]):
+        lines.append(f"  {name:<40} {'x'.join(map(str, shape)):<20} {n:>4} {p:>14,}")
+    lines.append(f"FLOPs per training token at sequence length {d['sequence_length']}: "
+                 f"{d['flops_per_token']:.4g} (6N + 12LTC)")
+    lines.append(f"On {d['backend']}: compute dtype {d['compute_dtype']}, attention {d['attention']}"
+                 + (f"; KV cache {d['kv_cache_bytes_per_token']:,} bytes per token per row"
+                    if d["kv_cache_bytes_per_token"] else ""))
+    lines.append(f"optimizer {d['optimizer']}: parameters by part")
+    for part, e in d["routing"].items():
+        rate = d["peak_rates"].get(part, d["peak_rates"].get("adamw"))
+        lines.append(f"  {part:<11} lr {rate:<8.3g} {e['tensors']:>4} tensors {e['params']:>14,} params: "
+                     f"{', '.join(e['names'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = parser.parse_args(argv)
+    try:
+        d = describe(args.run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(d, indent=2) if args.json else report(d))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

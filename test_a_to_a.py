@@ -15,11 +15,11 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-import checkpointing as ckpt
-import caches
-from config import ConfigError
-from checkpointing import load_model
-from tokenizer import TokenizerError
+from jaxgpt import caches
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.checkpoints.store import load_model
+from jaxgpt.config import ConfigError
+from jaxgpt.data.tokenizer import TokenizerError
 
 # The Rime of the Ancient Mariner (Coleridge, 1798), first stanza.
 STANZA = """It is an ancient Mariner,

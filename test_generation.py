@@ -5,7 +5,7 @@
     uv run test_generation.py runs/tiny/checkpoints/best --prompt "To be" --prompt "Once upon"   # one batch
     uv run test_generation.py runs/gpt2                          # an imported GPT-2 (import_gpt2.py)
 
-Decoding uses a KV cache and a compiled one-token step (see generate.py); the last line reports
+Decoding uses a KV cache and a compiled one-token step (see jaxgpt/model/sampling.py); the last line reports
 the speed in tokens per second.
 """
 
@@ -15,12 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
-import checkpointing as ckpt
-import caches
-from config import ConfigError
-from checkpointing import load_model
-from generate import GenerationStats, add_sampling_args, check_sampling_args, continuations
-from tokenizer import TokenizerError
+from jaxgpt import caches
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.checkpoints.store import load_model
+from jaxgpt.config import ConfigError
+from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.model.sampling import GenerationStats, add_sampling_args, check_sampling_args, continuations
 
 PROMPT = "Every effort moves you"
 

@@ -24,14 +24,14 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import caches
-import fast_malloc
-from config import ConfigError
-from download_dataset import default_data_root
-from run_setup import INPUT_ERRORS, Run, StopFlag, TrainingError, prepare_run
+from jaxgpt import backend, caches
+from jaxgpt.config import ConfigError
+from jaxgpt.data.prepare import default_data_root
+from jaxgpt.stopping import StopFlag
+from jaxgpt.training.run import INPUT_ERRORS, Run, TrainingError, prepare_run
 
 if TYPE_CHECKING:
-    from peers import Peers
+    from jaxgpt.distributed.peers import Peers
 
 # JAX is imported by `train` (and, for a multi-process run, by `_join`), only after prepare_run
 # has validated everything: no input error waits for a backend start-up.
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
     caches.enable_compile_cache()  # a resume or rerun loads its compiled programs (caches.py)
-    from trainer import Trainer
+    from jaxgpt.training.loop import Trainer
 
     return Trainer(run, stop, profile).fit()
 
@@ -99,7 +99,7 @@ def peer_timeout(text: str) -> int:
 
 def _join(args: argparse.Namespace, cluster: dict[str, Any], argv: list[str]) -> Peers:
     """Join the other processes (jax.distributed) and watch them from here on (peers.py)."""
-    import peers  # JAX
+    from jaxgpt.distributed import peers  # JAX
 
     command = " ".join(["uv run train.py", *map(shlex.quote, argv)])
     return peers.join(cluster, peer_timeout=args.peer_timeout, run_dir=args.run_dir, command=command)
@@ -108,7 +108,7 @@ def _join(args: argparse.Namespace, cluster: dict[str, Any], argv: list[str]) ->
 def _prepare_in_cluster(args: argparse.Namespace) -> Run:
     """Process 0 alone prepares the dataset and moves old checkpoints aside; the others then
     find both ready."""
-    import sharding  # JAX
+    from jaxgpt.distributed import sharding  # JAX
 
     with sharding.main_process_first():
         main = sharding.is_main_process()
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart", action="store_true",
                         help="start over: move checkpoints/ aside to checkpoints.old-<time>/")
     parser.add_argument("--data-dir", type=Path, default=None,
-                        help="where datasets live (default: $JAXGPT_DATA_DIR or ./data)")
+                        help="where datasets live (default: $JAXGPT_DATA_DIR, else the repository's data/)")
     parser.add_argument("--profile", type=profile_range, default=None, metavar="START:STOP",
                         help="record a jax.profiler trace of the steps from START to STOP steps done "
                              "into <run>/profile/ (view: uv run tensorboard --logdir <run>/profile)")
@@ -185,7 +185,7 @@ exit_at_once = False
 
 
 if __name__ == "__main__":
-    fast_malloc.reexec()  # restarts once with huge-page malloc where that helps (fast_malloc.py)
+    backend.prepare_process()  # on the CPU: restarts once with huge-page malloc where that helps
     code = main()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: a late Ctrl-C must not print a traceback
     if exit_at_once:

@@ -31,8 +31,8 @@ from bench.compare import DTYPES, TORCH_PYTHON, TORCH_REFERENCE, bench_compare
 from bench.gemv import bench_gemv
 from bench.loader import bench_data
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
-from config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from data import DataError
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
+from jaxgpt.data.shards import DataError
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:

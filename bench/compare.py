@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-import cpu_kernels
 from bench.train_step import BenchError
+from jaxgpt.cpu import kernels as cpu_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_REFERENCE = Path(os.environ.get("JAXGPT_TORCH_REFERENCE", ROOT.parent / "shared" / "bench" / "torch_reference.py"))

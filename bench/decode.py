@@ -32,12 +32,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-import cpu_kernels
 from bench.compare import TORCH_PYTHON, cpu_line
 from bench.train_step import BenchError
-from config import ModelConfig, to_dict
-from generate import BUCKET, KVDecoder, full_forward_logits
-from model import build_model
+from jaxgpt.config import ModelConfig, to_dict
+from jaxgpt.cpu import kernels as cpu_kernels
+from jaxgpt.model.gpt import build_model
+from jaxgpt.model.sampling import BUCKET, KVDecoder, full_forward_logits
 
 GPT2_124M = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768,
                         n_heads=12, n_layers=12, qkv_bias=True, tie_embeddings=True)

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import cpu_matvec
-from cpu_kernels import DECODE_COMPILER_OPTIONS, cpu_info
+from jaxgpt.cpu import matvec as cpu_matvec
+from jaxgpt.cpu.kernels import DECODE_COMPILER_OPTIONS, cpu_info
 
 BF16 = jnp.bfloat16
 

@@ -8,7 +8,7 @@ peak-memory figure, and a failure costs one row, not the check), within `--budge
 (default 8 minutes; a part that would not fit is reported as skipped):
 
   (a) train step: GPT-2 124M (runs/gpt2-small's model: bfloat16 matmuls, microbatch 16 x 1024)
-      through the full optimiser chain, `bench train` (step.StepRunner, as the trainer runs
+      through the full optimiser chain, `bench train` (train_step.StepRunner, as the trainer runs
       it): tokens/s, step time, MFU against the chip's bf16 dense peak (mfu.CHIP_PEAKS_TFLOPS;
       an unknown chip: a measured 8192^3 bf16 matmul), compile time, peak device memory; for
       k = 1 and k = 4, cuDNN vs XLA attention, scan_layers on and off; the first one also with

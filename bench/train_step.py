@@ -1,7 +1,7 @@
 """The train-step benchmark behind `uv run -m bench train` (and `compare`'s our side).
 
-The harness's own optimiser step (optim.make_optimizer + step.StepRunner, built and fed as
-trainer.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to
+The harness's own optimiser step (optimizer.make_optimizer + train_step.StepRunner, built and fed as
+jaxgpt/training/loop.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to
 the first result (compile), steady-state tokens/s (median, min/max, IQR over timed windows, each
 ending with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L T C) and
 MFU against fp32 and bf16 matmul peaks measured in the same process, peak host RSS and device
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from config import ConfigError, ModelConfig, TrainConfig, to_dict
-from mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
-from mfu import flops_per_token as train_flops_per_token
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, to_dict
+from jaxgpt.training.mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
+from jaxgpt.training.mfu import flops_per_token as train_flops_per_token
 
 # name: (vocab, context, layers, heads, dims, batch), as torch_reference.py's CONFIGS | EXTRA_CONFIGS
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -100,8 +100,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Figures for `uv run -m bench train`: the harness's own optimiser step on random tokens.
 
-    The model and optimiser are built as trainer.py builds them (sharding.create_sharded over the
-    run's mesh, optim.make_optimizer); each step is one call of step.StepRunner (train_step, as the
+    The model and optimiser are built as jaxgpt/training/loop.py builds them (sharding.create_sharded over the
+    run's mesh, optimizer.make_optimizer); each step is one call of train_step.StepRunner (train_step, as the
     trainer runs it) on a (k, B, T) batch put on the device with jax.device_put
     (sharding.put_batch), the next batch being put while the device works, as in training. The
     first call is timed to its result (trace + compile + one step); then `warmup` untimed steps,
@@ -113,12 +113,11 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
 
     import jax
 
-    from model import count_params
-    from step import StepRunner, step_key
+    from jaxgpt.model.gpt import count_params
+    from jaxgpt.training.train_step import StepRunner, step_key
 
     train_cfg = _checked(train_cfg, steps, windows, warmup, accumulation)
-    B, T, k = train_cfg.microbatch_size, train_cfg.seq_len(model_cfg), train_cfg.gradient_accumulation_steps
-    seed = train_cfg.seed
+    B, T, k, seed = train_cfg.microbatch_size, train_cfg.seq_len(model_cfg), train_cfg.gradient_accumulation_steps, train_cfg.seed
     load_before = os.getloadavg()
     memory = {"host_rss_peak_before_model_mib": peak_rss_mib()}  # the interpreter, JAX and its backend
 
@@ -159,7 +158,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
 
 def _step_breakdown(model: Any, optimizer: Any, x: Any, y: Any, steps: int, step_s_per_microbatch: float) -> dict[str, Any]:
     """_breakdown on the first microbatch, beside the whole train step's time per microbatch."""
-    from step import loss_fn
+    from jaxgpt.model.loss import loss_fn
 
     return _breakdown(model, optimizer, x, y, steps, loss_fn) | {"train_step_ms_per_microbatch": 1e3 * step_s_per_microbatch}
 
@@ -198,7 +197,7 @@ def _environment(name: str) -> dict[str, Any]:
 
 def _batches(train_cfg: TrainConfig, vocab_size: int, T: int, mesh: Any, rows: Any) -> Callable[[int], tuple[Any, Any]]:
     """put(step) -> (inputs, targets) on the device: two random (k, B, T) batches taken in turn."""
-    import sharding
+    from jaxgpt.distributed import sharding
 
     B, k = train_cfg.microbatch_size, train_cfg.gradient_accumulation_steps
     rng = np.random.default_rng(train_cfg.seed)
@@ -230,15 +229,15 @@ def _first_step(runner: Any, x: Any, y: Any, key: Any, xla_memory: bool) -> dict
 
 def _build(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
            name: str) -> tuple[Any, Any, Any, Any, float]:
-    """Model and optimiser built and placed as trainer.py does; (model, optimizer, mesh, this
+    """Model and optimiser built and placed as jaxgpt/training/loop.py does; (model, optimizer, mesh, this
     process's batch rows, seconds to initialise)."""
     import jax
     from flax import nnx
 
-    import ops
-    import sharding
-    from model import build_model
-    from optim import make_optimizer
+    from jaxgpt import ops
+    from jaxgpt.distributed import sharding
+    from jaxgpt.model.gpt import build_model
+    from jaxgpt.training.optimizer import make_optimizer
 
     try:  # model.json's choices this backend cannot run (cuDNN without a GPU), before anything is built
         ops.select(model_cfg)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from config import ModelConfig, TrainConfig, to_dict
-from model import build_model
-from optim import make_transform, optimizer_stats
+from jaxgpt.config import ModelConfig, TrainConfig, to_dict
+from jaxgpt.model.gpt import build_model
+from jaxgpt.training.optimizer import make_transform, optimizer_stats
 
 MCFG = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_dim=32, n_heads=2,
                    n_layers=2, drop_rate=0.1)

@@ -40,7 +40,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     sys.dont_write_bytecode = False
     atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
 
-import caches  # noqa: E402  (after JAXGPT_CACHE_DIR: it decides where the cache lives)
+from jaxgpt import caches  # noqa: E402  (after JAXGPT_CACHE_DIR: it decides where the cache lives)
 
 caches.enable_compile_cache()
 
@@ -48,7 +48,7 @@ caches.enable_compile_cache()
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data folder holding the built-in corpus with the bytes tokenizer, built once."""
-    from download_dataset import prepare_dataset
+    from jaxgpt.data.prepare import prepare_dataset
 
     root = tmp_path_factory.mktemp("data")
     prepare_dataset("builtin", "bytes", root, log=lambda _msg: None)
@@ -57,7 +57,7 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:
     """Wait until a training subprocess has a checkpoint at step >= min_step (it must not exit first)."""
-    import checkpoint_files as cf
+    from jaxgpt.checkpoints import layout as cf
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,10 +86,10 @@ def trained() -> tuple:
     (train_step compiles here, once for the whole module)."""
     import jax
     import jax.numpy as jnp
+    from checkpoint_helpers import TCFG, apply_update, batch, fresh, make_meta
     from flax import nnx
 
-    from checkpoint_helpers import TCFG, apply_update, batch, fresh, make_meta
-    from step import step_key, train_step
+    from jaxgpt.training.train_step import step_key, train_step
 
     model, optimizer = fresh(seed=0)
     for s in range(2):
@@ -106,8 +106,9 @@ def trained() -> tuple:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory, trained) -> Path:
     """A run directory (model.json, train.json) with one real checkpoint at step 2."""
-    import checkpointing as ck
     from checkpoint_helpers import CONFIGS, T0
+
+    from jaxgpt.checkpoints import store as ck
 
     model, optimizer, meta = trained
     run = tmp_path_factory.mktemp("template") / "run"

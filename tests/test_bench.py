@@ -8,10 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import write_run
 
 from bench import cli, compare, decode, gemv, loader, train_step
-from config import ModelConfig, load_run_configs
-from conftest import write_run
+from jaxgpt.config import ModelConfig, load_run_configs
 
 TINY_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
               "n_layers": 1}

@@ -9,10 +9,11 @@ import math
 import tomllib
 from pathlib import Path
 
+from conftest import ROOT
+
 from bench import cli
 from bench import gpu as bench_gpu
 from bench.train_step import chip_peak_flops
-from conftest import ROOT
 
 
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:

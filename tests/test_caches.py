@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import caches
 from conftest import ROOT, write_run
 from test_train import A_TO_A_MODEL, A_TO_A_TRAIN, per_step_losses
+
+from jaxgpt import caches
 
 TRAIN = A_TO_A_TRAIN | {"train_steps": 20, "checkpoint_interval": 10}
 
@@ -73,7 +74,7 @@ def test_remember_and_recall(tmp_path: Path, monkeypatch) -> None:
 def test_an_unwritable_cache_folder_means_no_compile_cache(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     env = without_jax_settings()
-    code = ("import caches, jax, jax.numpy as jnp; print(caches.enable_compile_cache()); "
+    code = ("from jaxgpt import caches; import jax, jax.numpy as jnp; print(caches.enable_compile_cache()); "
             "print(jax.jit(lambda x: x + 1)(jnp.ones(2)).tolist())")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=env | {"JAXGPT_CACHE_DIR": str(tmp_path / "a-file" / "c")})

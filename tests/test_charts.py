@@ -17,7 +17,8 @@ import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 import charts  # noqa: E402
-import run_history  # noqa: E402
+from jaxgpt.tracking import charts as drawing  # noqa: E402
+from jaxgpt.tracking import history as run_history  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -84,13 +85,13 @@ def assert_png(path: Path) -> None:
 
 
 def test_load_history_sorts_dedupes_and_skips_aliases(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
+    records = drawing.load_history(run_dir)
     assert [r["step"] for r in records] == [10, 20, 30]
     assert [r["val_loss"] for r in records] == [0.9, 0.4, None]
 
 
 def test_draw_charts_writes_four_valid_pngs(run_dir: Path) -> None:
-    paths = charts.draw_charts(run_dir)
+    paths = drawing.draw_charts(run_dir)
     assert [p.name for p in paths] == ["loss.png", "lr.png", "grad_norm.png", "throughput.png"]
     for path in paths:
         assert path.parent == run_dir / "charts"
@@ -116,8 +117,8 @@ def trailing_median(values: list[float], i: int, window: int) -> float:
 
 
 def test_loss_chart_bands_span_their_windows(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
-    fig = charts._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
+    records = drawing.load_history(run_dir)
+    fig = drawing._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
     ax = fig.axes[0]
     bands = [band.get_datalim(ax.transData) for band in ax.collections]
     # Each window from the previous checkpoint to its own: step 20 has no series (steps 11-20).
@@ -137,16 +138,16 @@ def test_loss_chart_draws_every_validation_of_metrics_jsonl(run_dir: Path) -> No
     lines = [{"step": 5, "val/loss": 1.5, "val/tokens": 64}, {"step": 6, "train/loss": 2.0},
              {"step": 15, "val/loss": 0.6, "val/tokens": 64}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    records = charts.load_history(run_dir)
-    fig = charts._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
+    records = drawing.load_history(run_dir)
+    fig = drawing._loss_chart(records, "demo", False, run_history.validation(run_dir, records))
     val = fig.axes[0].get_lines()[-1]
     assert list(val.get_xdata()) == [5, 10, 15, 20] and list(val.get_ydata()) == [1.5, 0.9, 0.6, 0.4]
     plt.close("all")
 
 
 def test_throughput_draws_one_line_and_its_median_with_mfu_as_the_scale(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
-    fig = charts._throughput_chart(records, "demo")
+    records = drawing.load_history(run_dir)
+    fig = drawing._throughput_chart(records, "demo")
     assert len(fig.axes) == 1  # no twin axes: MFU is a second scale, not a second line
     ax = fig.axes[0]
     rate, median = ax.get_lines()
@@ -166,10 +167,10 @@ def test_throughput_draws_one_line_and_its_median_with_mfu_as_the_scale(run_dir:
 
 
 def test_throughput_axis_is_set_by_the_bulk_not_a_spike(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
+    records = drawing.load_history(run_dir)
     records[0]["series"]["tokens_per_s"][3] = 1e6  # one fast read after a slow one
     records[0]["series"]["mfu"][3] = 1e-4 * 1e6
-    fig = charts._throughput_chart(records, "demo")
+    fig = drawing._throughput_chart(records, "demo")
     ax = fig.axes[0]
     rate, median = ax.get_lines()
     assert 1e6 in list(rate.get_ydata())  # drawn, but above the top
@@ -179,9 +180,9 @@ def test_throughput_axis_is_set_by_the_bulk_not_a_spike(run_dir: Path) -> None:
 
 
 def test_throughput_of_a_run_whose_peak_changed_draws_mfu_on_its_own_panel(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
+    records = drawing.load_history(run_dir)
     records[-1]["series"]["mfu"] = [2 * v for v in records[-1]["series"]["mfu"]]  # resumed on a slower chip
-    fig = charts._throughput_chart(records, "demo")
+    fig = drawing._throughput_chart(records, "demo")
     top, low = fig.axes
     assert not top.child_axes  # no single MFU scale could be right
     mfu = low.get_lines()[0]
@@ -192,8 +193,8 @@ def test_throughput_of_a_run_whose_peak_changed_draws_mfu_on_its_own_panel(run_d
 
 
 def test_grad_norm_chart_is_log_scaled_with_clip_count_and_dropped_steps(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
-    fig = charts._grad_norm_chart(records, "demo")
+    records = drawing.load_history(run_dir)
+    fig = drawing._grad_norm_chart(records, "demo")
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
     steps, norms = run_history.per_step(records, "grad_norm")
@@ -208,10 +209,10 @@ def test_grad_norm_chart_is_log_scaled_with_clip_count_and_dropped_steps(run_dir
 
 
 def test_hellaswag_chart(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
+    records = drawing.load_history(run_dir)
     records[0]["hellaswag"] = [{"step": 10, "acc": 0.26, "acc_norm": 0.27}]
     records[2]["hellaswag"] = [{"step": 30, "acc": 0.3, "acc_norm": 0.32}]
-    fig = charts._hellaswag_chart(records, "demo")
+    fig = drawing._hellaswag_chart(records, "demo")
     ax = fig.axes[0]
     acc, acc_norm, chance = ax.get_lines()
     assert list(acc.get_xdata()) == [10, 30] and list(acc.get_ydata()) == [0.26, 0.3]
@@ -220,7 +221,7 @@ def test_hellaswag_chart(run_dir: Path) -> None:
     plt.close("all")
 
 def test_per_step_series_with_fallback_and_none(run_dir: Path) -> None:
-    records = charts.load_history(run_dir)
+    records = drawing.load_history(run_dir)
     steps, lrs = run_history.per_step(records, "learning_rate")
     # Step 20 has no series, so its per-checkpoint value stands in for those ten steps.
     assert steps == list(range(1, 11)) + [20] + list(range(21, 31))
@@ -230,19 +231,19 @@ def test_per_step_series_with_fallback_and_none(run_dir: Path) -> None:
 
 
 def test_log_y_changes_loss_chart_only(run_dir: Path) -> None:
-    linear = {p.name: p.read_bytes() for p in charts.draw_charts(run_dir)}
-    log = {p.name: p.read_bytes() for p in charts.draw_charts(run_dir, log_y=True)}
+    linear = {p.name: p.read_bytes() for p in drawing.draw_charts(run_dir)}
+    log = {p.name: p.read_bytes() for p in drawing.draw_charts(run_dir, log_y=True)}
     assert log["loss.png"] != linear["loss.png"]
     assert log["lr.png"] == linear["lr.png"]
 
 
 def test_no_checkpoints_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no checkpoints folder") as missing:
-        charts.load_history(tmp_path / "nope")
+        drawing.load_history(tmp_path / "nope")
     assert str(tmp_path / "nope") in str(missing.value) and "\n" not in str(missing.value)
     (tmp_path / "empty" / "checkpoints" / ".tmp-x").mkdir(parents=True)
     with pytest.raises(ValueError, match="no checkpoints with meta.json") as empty:
-        charts.draw_charts(tmp_path / "empty")
+        drawing.draw_charts(tmp_path / "empty")
     assert "\n" not in str(empty.value)
     assert not (tmp_path / "empty" / "charts").exists()
 
@@ -254,7 +255,7 @@ def test_no_checkpoints_is_a_one_line_error(tmp_path: Path) -> None:
 def test_malformed_meta_names_the_file(run_dir: Path, content: str) -> None:
     bad = write(run_dir / "checkpoints" / "20240101T000300Z-step-40" / "meta.json", content)
     with pytest.raises(ValueError, match="malformed checkpoint metadata") as err:
-        charts.load_history(run_dir)
+        drawing.load_history(run_dir)
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
 
 
@@ -263,7 +264,7 @@ def test_mismatched_series_lengths_are_rejected(run_dir: Path) -> None:
     record["series"]["grad_norm"].pop()
     bad = write(run_dir / "checkpoints" / "history" / "x-step-40.json", record)
     with pytest.raises(ValueError, match="grad_norm") as err:
-        charts.load_history(run_dir)
+        drawing.load_history(run_dir)
     assert str(bad) in str(err.value)
 
 
@@ -272,7 +273,7 @@ def test_single_checkpoint_without_series_or_clip(tmp_path: Path) -> None:
     record = meta(1, series=False, clip_max_norm=None)
     del record["series"]
     write(run / "checkpoints" / "t-step-1" / "meta.json", record)
-    for path in charts.draw_charts(run, log_y=True):
+    for path in drawing.draw_charts(run, log_y=True):
         assert_png(path)
 
 

@@ -9,14 +9,15 @@ from pathlib import Path
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
-
-import charts
-import charts_compare as cc
-import metrics
-import run_history as rh
-import train
 from conftest import write_run
 from test_charts import assert_png, legend_inside
+
+import charts
+import train
+from jaxgpt.tracking import charts as drawing
+from jaxgpt.tracking import compare as cc
+from jaxgpt.tracking import history as rh
+from jaxgpt.tracking import metrics
 
 
 def meta(step: int, tokens_per_step: int, val: float) -> dict:
@@ -137,7 +138,7 @@ def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
         assert curve.train_tokens == [s * per_step[curve.name] for s in range(1, 9)]
     for run in runs:  # keep_last 1: step 4's meta lives on in history/, its band over steps 0-4
         records = rh.load_history(run)
-        fig = charts._loss_chart(records, run.name, False, rh.validation(run, records))
+        fig = drawing._loss_chart(records, run.name, False, rh.validation(run, records))
         ax = fig.axes[0]
         assert [(b.x0, b.x1) for b in (c.get_datalim(ax.transData) for c in ax.collections)] == [(0, 4), (4, 8)]
         assert list(ax.get_lines()[-1].get_xdata()) == [2, 4, 6, 8]

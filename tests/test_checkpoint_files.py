@@ -11,13 +11,11 @@ import types
 from pathlib import Path
 
 import pytest
+from checkpoint_helpers import CONFIGS, T0, assert_one_line_error, fake_ckpt, fresh
 
-import checkpoint_files as cf
-import checkpointing as ck
-from checkpoint_files import CheckpointError
-from checkpoint_helpers import (
-    CONFIGS, T0, fresh, fake_ckpt, assert_one_line_error)
-
+from jaxgpt.checkpoints import layout as cf
+from jaxgpt.checkpoints import store as ck
+from jaxgpt.checkpoints.layout import CheckpointError
 
 # ----------------------------------------------------------------------------- listing
 
@@ -96,7 +94,7 @@ def test_step_of() -> None:
         cf.step_of(Path("latest"))
 
 
-# ----------------------------------------------------------------------------- move_aside
+# ----------------------------------------------------------------------------- archive_checkpoints
 
 
 def test_move_aside_keeps_everything(run: Path, ckpt: Path) -> None:
@@ -107,7 +105,7 @@ def test_move_aside_keeps_everything(run: Path, ckpt: Path) -> None:
     snapshot = {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else
                                            p.read_bytes() if p.is_file() else None)
                 for p in root.rglob("*")}
-    target = cf.move_aside(run)
+    target = cf.archive_checkpoints(run)
     assert target is not None and target.parent == run
     assert re.fullmatch(r"checkpoints\.old-\d{8}T\d{6}Z", target.name)
     assert not root.exists()
@@ -122,7 +120,7 @@ def test_move_aside_keeps_everything(run: Path, ckpt: Path) -> None:
     # The moved checkpoint is intact and loadable through its relative links.
     model, optimizer = fresh()
     assert ck.load_checkpoint(target / "latest", model, optimizer)["step"] == 2
-    assert cf.move_aside(run) is None  # nothing left to move
+    assert cf.archive_checkpoints(run) is None  # nothing left to move
 
 
 def test_move_aside_twice_in_one_second(tmp_path: Path, monkeypatch) -> None:
@@ -134,9 +132,9 @@ def test_move_aside_twice_in_one_second(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(cf, "dt", types.SimpleNamespace(datetime=Frozen, timezone=dt.timezone))
     run = tmp_path / "run"
     fake_ckpt(run, "20260101T000000Z-step-1")
-    first = cf.move_aside(run)
+    first = cf.archive_checkpoints(run)
     fake_ckpt(run, "20260101T000000Z-step-2")
-    second = cf.move_aside(run)
+    second = cf.archive_checkpoints(run)
     assert first != second
     assert (first / "20260101T000000Z-step-1" / "meta.json").is_file()
     assert (second / "20260101T000000Z-step-2" / "meta.json").is_file()

@@ -16,17 +16,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoint_helpers import (
+    CONFIGS,
+    MCFG,
+    NAME_RE,
+    T0,
+    TCFG,
+    TOTAL_STEPS,
+    assert_identical,
+    assert_one_line_error,
+    batch,
+    ckpt_name,
+    deep_clone,
+    entries,
+    flat,
+    fresh,
+    host_stats,
+    make_meta,
+    same_bits,
+    without_files,
+)
 from safetensors.numpy import load_file, save_file
 
-import checkpointing as ck
-from checkpointing import CheckpointError
-from config import ModelConfig
-from model import build_model
-from optim import make_optimizer
-from step import step_key, train_step
-from checkpoint_helpers import (
-    MCFG, TCFG, TOTAL_STEPS, CONFIGS, T0, NAME_RE, batch, fresh, flat, same_bits, assert_identical, deep_clone, host_stats, make_meta, ckpt_name, entries, assert_one_line_error, without_files)
-
+from jaxgpt.checkpoints import store as ck
+from jaxgpt.checkpoints.store import CheckpointError
+from jaxgpt.config import ModelConfig
+from jaxgpt.model.gpt import build_model
+from jaxgpt.training.optimizer import make_optimizer
+from jaxgpt.training.train_step import step_key, train_step
 
 # ----------------------------------------------------------------------------- round trip
 

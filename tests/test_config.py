@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from config import (ConfigError, DatasetConfig, ModelConfig, MuonConfig, TrainConfig, load_run_configs,
-                    to_dict)
+from jaxgpt.config import (
+    ConfigError,
+    DatasetConfig,
+    ModelConfig,
+    MuonConfig,
+    TrainConfig,
+    load_run_configs,
+    to_dict,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

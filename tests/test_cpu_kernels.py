@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import cpu_kernels
-from config import ConfigError, ModelConfig, from_dict
-from ops import resolve_compute_dtype, select
+from jaxgpt.config import ConfigError, ModelConfig, from_dict
+from jaxgpt.cpu import kernels as cpu_kernels
+from jaxgpt.ops import resolve_compute_dtype, select
 
 ZEN5 = "avx2 avx512f avx512bw avx512vl avx512_bf16 avx512_vnni"  # this development machine's kind
 SAPPHIRE_RAPIDS = "avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8"

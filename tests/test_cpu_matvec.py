@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import cpu_matvec
+from jaxgpt.cpu import matvec as cpu_matvec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,14 +86,14 @@ def test_a_failed_build_is_one_line_naming_the_compiler(tmp_path: Path) -> None:
     with pytest.raises(cpu_matvec.BuildError, match=r"^/nonexistent/c\+\+: .*No such file") as e:
         cpu_matvec.build(tmp_path, cxx=["/nonexistent/c++"])
     assert "\n" not in str(e.value)
-    with pytest.raises(cpu_matvec.BuildError, match=r"failed on cpu_matvec\.cc: .*error") as e:
+    with pytest.raises(cpu_matvec.BuildError, match=r"failed on jaxgpt/cpu/matvec\.cc: .*error") as e:
         cpu_matvec.build(tmp_path, flags=[*cpu_matvec.FLAGS, "-fno-such-option"])
     assert "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []  # no half-written library left behind
 
 
 def _fresh_process(env: dict[str, str], cache: Path) -> subprocess.CompletedProcess:
-    code = ("import cpu_matvec; ok = cpu_matvec.available(); print(ok, cpu_matvec.unavailable_reason()); "
+    code = ("from jaxgpt.cpu import matvec as cpu_matvec; ok = cpu_matvec.available(); print(ok, cpu_matvec.unavailable_reason()); "
             "ok or print(cpu_matvec.available())")  # asked twice, noted once
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**env, "JAXGPT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"})
@@ -108,7 +108,7 @@ def test_without_a_compiler_or_switched_off_it_says_why_once(tmp_path: Path) -> 
     assert done.stdout.splitlines() == ["False /nonexistent/c++: [Errno 2] No such file or directory: '/nonexistent/c++'",
                                         "False"]
     notes = [line for line in done.stderr.splitlines() if "unavailable" in line]
-    assert notes == [f"note: cpu_matvec.cc unavailable ({done.stdout.splitlines()[0].split(' ', 1)[1]}): bfloat16 models "
+    assert notes == [f"note: jaxgpt/cpu/matvec.cc unavailable ({done.stdout.splitlines()[0].split(' ', 1)[1]}): bfloat16 models "
                      f"decode through XLA's float32 kernels, slower on the CPU ({cpu_matvec.SWITCH}=0 silences this)"]
     done = _fresh_process({**env, cpu_matvec.SWITCH: "0"}, tmp_path / "b")
     assert done.stdout.splitlines()[0] == f"False switched off ({cpu_matvec.SWITCH}=0)"

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import download_dataset as dd
-from data import DataError, open_dataset
-from tokenizer import BytesTokenizer, get_tokenizer
+from jaxgpt.data import builtin, prepare
+from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
 
 TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
 # Stdlib modules with import side effects: reading their docstrings must not import them.
@@ -32,36 +33,36 @@ def test_builtin_fingerprint_is_remembered_per_stamp(tmp_path: Path, monkeypatch
     """A reused built-in dataset is checked without parsing the standard library; the stamp that
     stands for the documents changes when a file they are read from does."""
     monkeypatch.setenv("JAXGPT_CACHE_DIR", str(tmp_path / "cache"))
-    truth = dd.documents_fingerprint(dd.builtin_documents())
-    assert dd.builtin_fingerprint() == truth  # computed, then remembered
-    dd._builtin_documents.cache_clear()
-    assert dd.builtin_fingerprint() == truth
-    assert dd._builtin_documents.cache_info().misses == 0  # not parsed again
-    remembered = json.loads((tmp_path / "cache" / dd.BUILTIN_FINGERPRINTS).read_text())
+    truth = builtin.documents_fingerprint(builtin.builtin_documents())
+    assert builtin.builtin_fingerprint() == truth  # computed, then remembered
+    builtin._builtin_documents.cache_clear()
+    assert builtin.builtin_fingerprint() == truth
+    assert builtin._builtin_documents.cache_info().misses == 0  # not parsed again
+    remembered = json.loads((tmp_path / "cache" / builtin.BUILTIN_FINGERPRINTS).read_text())
     assert list(remembered.values()) == [truth]
 
     lib = tmp_path / "lib"
     (lib / "pydoc_data").mkdir(parents=True)
     (lib / "pydoc_data" / "topics.py").write_text("topics = {}\n")
     (lib / "mod.py").write_text('"""doc"""\n')
-    stamp = dd.builtin_stamp(lib)
-    assert dd.builtin_stamp(lib) == stamp
+    stamp = builtin.builtin_stamp(lib)
+    assert builtin.builtin_stamp(lib) == stamp
     (lib / "mod.py").write_text('"""doc, changed"""\n')
-    assert dd.builtin_stamp(lib) != stamp
-    stamp = dd.builtin_stamp(lib)
+    assert builtin.builtin_stamp(lib) != stamp
+    stamp = builtin.builtin_stamp(lib)
     (lib / "pydoc_data" / "topics.py").write_text("topics = {'a': 'b'}\n")
-    assert dd.builtin_stamp(lib) != stamp
+    assert builtin.builtin_stamp(lib) != stamp
 
 
 def test_builtin_documents_deterministic_and_imports_nothing() -> None:
-    dd._builtin_documents.cache_clear()  # really read the files again, not the cached copy
+    builtin._builtin_documents.cache_clear()  # really read the files again, not the cached copy
     before = {m for m in SIDE_EFFECT_MODULES if m in sys.modules}
-    first = dd.builtin_documents()
+    first = builtin.builtin_documents()
     assert {m for m in SIDE_EFFECT_MODULES if m in sys.modules} == before
-    dd._builtin_documents.cache_clear()
-    second = dd.builtin_documents()
+    builtin._builtin_documents.cache_clear()
+    second = builtin.builtin_documents()
     assert first == second
-    assert dd.documents_fingerprint(first) == dd.documents_fingerprint(second)
+    assert builtin.documents_fingerprint(first) == builtin.documents_fingerprint(second)
 
     assert len(first) > 300
     assert sum(len(doc.encode("utf-8")) for doc in first) > 1_000_000
@@ -75,22 +76,22 @@ def test_builtin_documents_deterministic_and_imports_nothing() -> None:
 
 
 def test_fingerprint_tracks_text_and_boundaries() -> None:
-    base = dd.documents_fingerprint(["ab", "c"])
+    base = builtin.documents_fingerprint(["ab", "c"])
     version = ".".join(str(v) for v in sys.version_info[:3])
     assert base.startswith(f"python-{version}-")
-    assert dd.documents_fingerprint(["a", "bc"]) != base
-    assert dd.documents_fingerprint(["ab", "d"]) != base
+    assert builtin.documents_fingerprint(["a", "bc"]) != base
+    assert builtin.documents_fingerprint(["ab", "d"]) != base
 
 
 def test_split_documents() -> None:
     docs = [f"doc {i}" for i in range(200)]
-    train, val = dd.split_documents(docs, 0.05)
+    train, val = prepare.split_documents(docs, 0.05)
     assert len(val) == 10 and len(train) == 190
     assert sorted(train + val) == sorted(docs)
-    assert (train, val) == dd.split_documents(docs, 0.05)  # deterministic
+    assert (train, val) == prepare.split_documents(docs, 0.05)  # deterministic
     assert val != docs[:10] and val == sorted(val, key=docs.index)  # spread out, original order kept
     with pytest.raises(DataError, match="still train"):
-        dd.split_documents(["only one"], 0.5)
+        prepare.split_documents(["only one"], 0.5)
 
 
 @pytest.mark.parametrize("options, match", [
@@ -101,32 +102,32 @@ def test_split_documents() -> None:
 ])
 def test_bad_options(options: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
-        dd.resolve_options("builtin", options)
+        prepare.resolve_options("builtin", options)
 
 
 def test_unknown_source(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="'wikipedia'"):
-        dd.prepare_dataset("wikipedia", "bytes", tmp_path)
+        prepare.prepare_dataset("wikipedia", "bytes", tmp_path)
 
 
 def test_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert dd.dataset_dir(tmp_path, "builtin", "gpt2") == tmp_path / "builtin-gpt2"
+    assert prepare.dataset_dir(tmp_path, "builtin", "gpt2") == tmp_path / "builtin-gpt2"
     monkeypatch.setenv("JAXGPT_DATA_DIR", str(tmp_path))
-    assert dd.default_data_root() == tmp_path
+    assert prepare.default_data_root() == tmp_path
     monkeypatch.delenv("JAXGPT_DATA_DIR")
-    assert dd.default_data_root() == Path(dd.__file__).resolve().parent / "data"
+    assert prepare.default_data_root() == Path(dd.__file__).resolve().parent / "data"
 
 
 def test_prepare_builds_the_corpus(tmp_path: Path) -> None:
     log = Log()
-    path = dd.prepare_dataset("builtin", "bytes", tmp_path, log=log)
+    path = prepare.prepare_dataset("builtin", "bytes", tmp_path, log=log)
     assert path == tmp_path / "builtin-bytes" and "preparing" in log[0] and "wrote" in log[-1]
     ds = open_dataset(path, verify=True)
-    docs = dd.builtin_documents()
-    train_docs, val_docs = dd.split_documents(docs, 0.05)
+    docs = builtin.builtin_documents()
+    train_docs, val_docs = prepare.split_documents(docs, 0.05)
     meta = ds.manifest
     assert meta["options"] == {"validation_fraction": 0.05}
-    assert meta["fingerprint"] == dd.documents_fingerprint(docs)
+    assert meta["fingerprint"] == builtin.documents_fingerprint(docs)
     assert meta["splits"]["val"]["documents"] == len(val_docs) and len(val_docs) == round(0.05 * len(docs))
     # Every document is its UTF-8 bytes followed by one end-of-text token, in order.
     expected = np.concatenate([np.frombuffer(d.encode("utf-8"), np.uint8).astype(np.int32).tolist() + [256]
@@ -139,16 +140,16 @@ def test_prepare_builds_the_corpus(tmp_path: Path) -> None:
 
 
 def test_prepare_reuses_then_rebuilds(tmp_path: Path) -> None:
-    path = dd.prepare_dataset("builtin", "bytes", tmp_path, log=Log())
+    path = prepare.prepare_dataset("builtin", "bytes", tmp_path, log=Log())
     stamp = (path / "manifest.json").stat().st_mtime_ns, (path / "train-00000.safetensors").stat().st_mtime_ns
 
     log = Log()
-    assert dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.05}, log=log) == path
+    assert prepare.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.05}, log=log) == path
     assert log == [f"reusing dataset {path} (manifest matches)"]
     assert ((path / "manifest.json").stat().st_mtime_ns, (path / "train-00000.safetensors").stat().st_mtime_ns) == stamp
 
     log = Log()
-    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    prepare.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
     assert "options changed" in log[0]
     assert open_dataset(path).manifest["options"] == {"validation_fraction": 0.1}
     assert folders(tmp_path) == ["builtin-bytes"]  # old folder removed
@@ -157,14 +158,14 @@ def test_prepare_reuses_then_rebuilds(tmp_path: Path) -> None:
     shard = path / "val-00000.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
     log = Log()
-    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    prepare.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
     assert "truncated" in log[0] and "val-00000.safetensors" in log[0]
     open_dataset(path, verify=True)
 
     # So is a folder without manifest.json, e.g. one left by a copy that was interrupted.
     (path / "manifest.json").unlink()
     log = Log()
-    dd.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
+    prepare.prepare_dataset("builtin", "bytes", tmp_path, options={"validation_fraction": 0.1}, log=log)
     assert "missing" in log[0]
     open_dataset(path)
 
@@ -173,14 +174,14 @@ def test_prepare_gpt2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not TIKTOKEN_CACHE.is_dir():
         pytest.skip(f"no tiktoken cache at {TIKTOKEN_CACHE} (the gpt2 files cannot be fetched offline)")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE.resolve()))
-    path = dd.prepare_dataset("builtin", "gpt2", tmp_path, log=Log())
+    path = prepare.prepare_dataset("builtin", "gpt2", tmp_path, log=Log())
     ds = open_dataset(path)
     assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["dtype"]) == ("gpt2", 50257, 50256, "uint16")
     tok = get_tokenizer("gpt2")
-    train_docs, _ = dd.split_documents(dd.builtin_documents(), 0.05)
+    train_docs, _ = prepare.split_documents(builtin.builtin_documents(), 0.05)
     ids = tok.encode(train_docs[0])
     np.testing.assert_array_equal(ds.train.read(0, len(ids) + 1), ids + [50256])
-    n_bytes = open_dataset(dd.prepare_dataset("builtin", "bytes", tmp_path, log=Log())).train.n_tokens
+    n_bytes = open_dataset(prepare.prepare_dataset("builtin", "bytes", tmp_path, log=Log())).train.n_tokens
     assert 0.15 < ds.train.n_tokens / n_bytes < 0.5  # BPE packs ~3-4 bytes of English per token
 
 
@@ -228,18 +229,18 @@ def test_cli_gpt2_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
 ])
 def test_bad_source_options(source: str, options: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
-        dd.resolve_options(source, options)
+        prepare.resolve_options(source, options)
 
 
 def test_resolved_text_options() -> None:
-    resolved = dd.resolve_options("text", {"paths": "corpus/"})
+    resolved = prepare.resolve_options("text", {"paths": "corpus/"})
     assert resolved == {"paths": ["corpus"], "name": "corpus", "validation_fraction": 0.05}
-    assert dd.dataset_dir(Path("/d"), "text", "gpt2", resolved["name"]) == Path("/d/text-corpus-gpt2")
+    assert prepare.dataset_dir(Path("/d"), "text", "gpt2", resolved["name"]) == Path("/d/text-corpus-gpt2")
 
 
 def test_from_only_for_downloadable_sources(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="--from applies only to tinyshakespeare and fineweb10B-gpt2"):
-        dd.prepare_dataset("builtin", "bytes", tmp_path, from_path=tmp_path)
+        prepare.prepare_dataset("builtin", "bytes", tmp_path, from_path=tmp_path)
 
 
 def test_cli_text_and_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""fast_malloc: the entry scripts restart once with glibc's huge-page malloc, and it cuts XLA's page faults."""
+"""jaxgpt/cpu/malloc.py (and jaxgpt/backend.py, which decides to use it): the entry scripts restart once with glibc's huge-page malloc, and it cuts XLA's page faults."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import fast_malloc
+from jaxgpt import backend
+from jaxgpt.cpu import malloc as fast_malloc
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOW = "import fast_malloc, os; fast_malloc.reexec(); print(os.environ.get('GLIBC_TUNABLES'))"
+SHOW = "import os; from jaxgpt import backend; backend.prepare_process(); print(os.environ.get('GLIBC_TUNABLES'))"
 
 # Minor page faults per call of a jitted op writing a fresh 64 MiB buffer (printed by the child).
 FAULTS = """
@@ -55,20 +56,21 @@ def test_huge_pages_cut_the_page_faults_of_a_large_xla_buffer() -> None:
 
 
 def base_needed() -> bool:
-    """needed() on this machine for a CPU process (JAX_PLATFORMS=cpu), whatever is installed."""
-    return fast_malloc.needed({"JAX_PLATFORMS": "cpu"})
+    """needed() on this machine for a CPU process, whatever is installed."""
+    return fast_malloc.needed({})
 
 
 def test_this_venv_runs_on_the_cpu() -> None:
-    assert fast_malloc.accelerator_plugins() == []  # the project's CPU-only jax
-    assert fast_malloc.runs_on_cpu({}) and fast_malloc.needed({}) == base_needed()
+    assert backend.accelerator_plugins() == []  # the project's CPU-only jax
+    assert backend.runs_on_cpu({}) and fast_malloc.needed({}) == base_needed()
 
 
 @pytest.mark.parametrize("platforms, on_cpu", [("cuda", False), ("tpu", False), ("rocm,cpu", False),
                                                ("cpu", True), ("cpu,cuda", True), ("", True)])
 def test_jax_platforms_decides_first(platforms: str, on_cpu: bool) -> None:
-    assert fast_malloc.runs_on_cpu({"JAX_PLATFORMS": platforms}) is on_cpu
-    assert fast_malloc.needed({"JAX_PLATFORMS": platforms}) is (on_cpu and base_needed())
+    assert backend.runs_on_cpu({"JAX_PLATFORMS": platforms}) is on_cpu
+    expected = "glibc.malloc.hugetlb=1" if on_cpu and base_needed() else "None"
+    assert child(SHOW, JAX_PLATFORMS=platforms) == expected  # prepare_process restarts on the CPU only
 
 
 @pytest.mark.parametrize("kind", ["namespace", "entry-point", "libtpu"])
@@ -87,7 +89,7 @@ def test_no_restart_where_an_accelerator_plugin_is_installed(tmp_path: Path, kin
         (tmp_path / "libtpu").mkdir()
         (tmp_path / "libtpu" / "__init__.py").write_text("")
     path = f"{tmp_path}{os.pathsep}{ROOT}"
-    code = "import fast_malloc; print(fast_malloc.accelerator_plugins())"
+    code = "from jaxgpt import backend; print(backend.accelerator_plugins())"
     assert child(code, PYTHONPATH=path) != "[]"
     assert child(SHOW, PYTHONPATH=path) == "None"  # an accelerator machine: no restart
     # ... unless this process is told to run on the CPU

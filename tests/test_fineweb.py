@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import download_dataset as dd
-import fineweb
 from conftest import ROOT
-from data import BatchSampler, DataError, open_dataset
+
+from jaxgpt.data import prepare as prepare_module
+from jaxgpt.data import fineweb
+from jaxgpt.data.batches import BatchSampler
+from jaxgpt.data.prepare import FINEWEB, prepare_dataset
+from jaxgpt.data.shards import DataError, open_dataset
 
 SIZES = {fineweb.VAL_FILE: 3000, fineweb.train_file(1): 5000, fineweb.train_file(2): 5000,
          fineweb.train_file(3): 4000}
@@ -41,7 +43,7 @@ def bins(tmp_path: Path) -> Path:
 
 
 def prepare(root: Path, bins: Path | None, lines: list[str] | None = None, **kw) -> Path:
-    return dd.prepare_dataset(dd.FINEWEB, "gpt2", root, from_path=bins, log=(lines if lines is not None else []).append,
+    return prepare_dataset(FINEWEB, "gpt2", root, from_path=bins, log=(lines if lines is not None else []).append,
                               **kw)
 
 
@@ -82,7 +84,7 @@ def test_conversion_takes_what_the_training_length_needs(tmp_path: Path, bins: P
     def no_tiktoken(name: str):
         raise AssertionError("the shards are ids already: no tokenizer files needed")
 
-    monkeypatch.setattr(dd, "get_tokenizer", no_tiktoken)
+    monkeypatch.setattr(prepare_module, "get_tokenizer", no_tiktoken)
     root = tmp_path / "data"
     path = prepare(root, bins, train_tokens=6000)  # file 1 holds 5000: files 1 and 2
     assert path == root / "fineweb10B-gpt2-gpt2"
@@ -135,9 +137,9 @@ def test_out_of_vocabulary_token_names_the_bin(tmp_path: Path, bins: Path) -> No
 
 def test_wrong_tokenizer_and_options(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="tokenizer must be 'gpt2', got 'bytes'"):
-        dd.prepare_dataset(dd.FINEWEB, "bytes", tmp_path)
+        prepare_dataset(FINEWEB, "bytes", tmp_path)
     with pytest.raises(DataError, match="train_shards must be null or 1..103"):
-        dd.prepare_dataset(dd.FINEWEB, "gpt2", tmp_path, options={"train_shards": 0})
+        prepare_dataset(FINEWEB, "gpt2", tmp_path, options={"train_shards": 0})
 
 
 def test_bad_downloaded_copy_is_fetched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +157,7 @@ def test_offline_without_copies_is_one_line(tmp_path: Path) -> None:
     # A fresh process, as a user would run it: HF_HUB_OFFLINE is read when huggingface_hub loads.
     # HF_ENDPOINT points at a closed local port in case offline mode were ever ignored.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run([sys.executable, str(ROOT / "download_dataset.py"), dd.FINEWEB, "--data-dir",
+    done = subprocess.run([sys.executable, str(ROOT / "download_dataset.py"), FINEWEB, "--data-dir",
                            str(tmp_path / "data"), "--train-tokens", "1e8"],
                           capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert done.returncode == 2, done

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import cpu_matvec
-import generate as g
-import ops
-from bench import decode
 import test_generation
-from config import ModelConfig, to_dict
-from model import build_model, stack_layer_weights
+from bench import decode
+from jaxgpt.ops import neutral
+from jaxgpt.config import ModelConfig, to_dict
+from jaxgpt.cpu import matvec as cpu_matvec
+from jaxgpt.model import sampling as g
+from jaxgpt.model.gpt import build_model, stack_layer_weights
 
 V, CTX, C, H, L = 61, 16, 32, 4, 2
 # Cached and full-forward logits are the same float32 function summed in other orders (one
@@ -125,7 +125,7 @@ def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int)
 
 
 def _einsum_in_another_order(spec: str, a: jax.Array, b: jax.Array, dtype, product=None) -> jax.Array:
-    """ops.mixed_einsum's forward as another CPU's bfloat16 dot may sum it: the same bfloat16
+    """jaxgpt.ops.neutral.mixed_einsum's forward as another CPU's bfloat16 dot may sum it: the same bfloat16
     operands, their products summed in reverse order along the contracted axes."""
     (sa, sb), out = spec.replace(" ", "").split("->")[0].split(","), spec.split("->")[1].strip()
     contracted = [c for c in sa if c in sb and c not in out]
@@ -149,7 +149,7 @@ def test_bfloat16_tolerance_holds_against_a_full_forward_summed_in_another_order
         seq = np.random.default_rng(seed + 100).integers(0, V, CTX).tolist()
         ref = full_logits(model, seq)
         with monkeypatch.context() as m:
-            m.setattr(ops, "mixed_einsum", _einsum_in_another_order)
+            m.setattr(neutral, "mixed_einsum", _einsum_in_another_order)
             other = np.asarray(nnx.jit(lambda mod, idx: mod(idx))(model, jnp.asarray([seq], jnp.int32))[0])
         dec = g.KVDecoder(model, 1)
         got = [dec.prefill([seq[:2]])[0]] + [dec.step([t])[0] for t in seq[2:]]
@@ -281,7 +281,7 @@ def test_same_seed_same_text_other_seed_other_text() -> None:
 
 
 def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import checkpointing as ckpt
+    from jaxgpt.checkpoints import store as ckpt
 
     model = tiny(9, vocab_size=257, context_length=32)
     folder = tmp_path / "ckpt"
@@ -456,8 +456,8 @@ def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows:
 
 
 def test_generate_holds_no_copy_of_the_model() -> None:
-    """Decoding calls the model's own forward pass: generate.py names none of a block's parts."""
-    source = (Path(__file__).parent.parent / "generate.py").read_text()
+    """Decoding calls the model's own forward pass: sampling.py names none of a block's parts."""
+    source = (Path(__file__).parent.parent / "jaxgpt" / "model" / "sampling.py").read_text()
     assert "cached_features" in source
     for part in ("ln1", "ln2", ".qkv", ".proj", ".mlp", "pos_emb", "blocks", "ln_f"):
         assert part not in source, part

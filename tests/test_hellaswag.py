@@ -13,16 +13,16 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-
-import evaluate
-import hellaswag
-from config import ModelConfig
 from conftest import write_run
-from model import build_model
+from flax import nnx
 from test_import_gpt2 import hf_forward, hf_weights, write_hf
 from test_model import randomise
-from tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
+
+import evaluate
+from jaxgpt.config import ModelConfig
+from jaxgpt.data.tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
+from jaxgpt.evaluation import hellaswag, scoring
+from jaxgpt.model.gpt import build_model
 
 WORDS = "the man then woman slowly picks up a ball and throws it over fence while dog runs after".split()
 
@@ -49,7 +49,7 @@ def jsonl(tmp_path: Path) -> Path:
 
 def small_run(tmp_path: Path) -> Path:
     """A run with one checkpoint of a bytes A-to-A model: enough for evaluate.py's command line."""
-    import checkpointing as ckpt
+    from jaxgpt.checkpoints import store as ckpt
 
     cfg = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 8}
     run = write_run(tmp_path / "run", cfg, {"microbatch_size": 2, "train_steps": 1})
@@ -116,7 +116,7 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every ending alike
     examples = hellaswag.read_examples(jsonl)
-    got = evaluate.hellaswag_score(model, examples, tok, batch_examples=3, progress=False)
+    got = scoring.hellaswag_score(model, examples, tok, batch_examples=3, progress=False)
     # One row at a time, unpadded in effect: the row goes in at the full context (one compiled
     # shape instead of one per length) and only its own positions are read; the model is causal.
     forward = nnx.jit(lambda m, x: m(x))
@@ -136,7 +136,7 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
 
 def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path, jsonl: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
-    from import_gpt2 import import_run
+    from jaxgpt.checkpoints.gpt2 import import_run
 
     tok = gpt2_tok()
     sd = hf_weights(3, V=50257, ctx=128, C=32, L=2, H=4, buffers=False)
@@ -148,10 +148,10 @@ def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path,
     want = np_scorer(fixture_records(), tok.encode, lambda ids: hf_forward(sd, 4, ids[None])[0], 128)
     assert (acc, acc_norm) == (round(want["acc"], 4), round(want["acc_norm"], 4))
     # The same figures, per ending, from the library call on the imported weights.
-    from checkpointing import load_model
+    from jaxgpt.checkpoints.store import load_model
 
     model, *_ = load_model(tmp_path / "gpt2")
-    assert_same(evaluate.hellaswag_score(model, hellaswag.read_examples(jsonl), tok, progress=False), want)
+    assert_same(scoring.hellaswag_score(model, hellaswag.read_examples(jsonl), tok, progress=False), want)
     # --limit: the first N examples only.
     assert evaluate.main([str(tmp_path / "gpt2"), "--hellaswag-file", str(jsonl), "--limit", "4"]) == 0
     assert "Scored 4 examples" in capsys.readouterr().out
@@ -209,7 +209,7 @@ def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path,
 def test_vocabulary_too_small_for_the_tokenizer_is_one_line(jsonl: Path) -> None:
     cfg = ModelConfig(architecture="a-to-a", vocab_size=100, context_length=256, emb_dim=8)
     with pytest.raises(hellaswag.HellaSwagError, match=r"out of range for the model's vocab_size=100"):
-        evaluate.hellaswag_score(build_model(cfg), hellaswag.read_examples(jsonl), BytesTokenizer(), progress=False)
+        scoring.hellaswag_score(build_model(cfg), hellaswag.read_examples(jsonl), BytesTokenizer(), progress=False)
 
 
 def test_rows_llm_c_style() -> None:
@@ -228,7 +228,7 @@ def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture) -> None:
     import train
-    from config import ConfigError, TrainConfig
+    from jaxgpt.config import ConfigError, TrainConfig
 
     monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")
     model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16, "n_heads": 2,

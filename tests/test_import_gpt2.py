@@ -1,6 +1,6 @@
 """import_gpt2.py: random GPT-2 weights in the Hugging Face layout, built here with numpy, imported
 and checked against a plain-numpy GPT-2 forward pass written from the Hugging Face layout (not
-from model.py); export -> import round trips; a run made by an import samples, evaluates and
+from jaxgpt/model/gpt.py); export -> import round trips; a run made by an import samples, evaluates and
 fine-tunes from the imported weights.
 """
 
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import checkpointing as ckpt
 import evaluate
 import import_gpt2
 import test_generation
 import train
-from checkpointing import load_model
-from import_gpt2 import export_run, import_run
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.checkpoints.gpt2 import export_run, import_run, infer_config
+from jaxgpt.checkpoints.store import load_model
 
 TOL = 1e-4
 
@@ -141,7 +141,7 @@ def test_heads_from_config_json_and_wrong_heads_differ(tmp_path: Path) -> None:
 
 
 def test_sizes_inferred_from_shapes() -> None:
-    cfg = import_gpt2.infer_config({"wte.weight": np.zeros((50257, 1280)), "wpe.weight": np.zeros((1024, 1280)),
+    cfg = infer_config({"wte.weight": np.zeros((50257, 1280)), "wpe.weight": np.zeros((1024, 1280)),
                                     **{f"h.{i}.ln_1.weight": np.zeros(1280) for i in range(36)}}, "x")
     assert (cfg.n_layers, cfg.emb_dim, cfg.n_heads, cfg.vocab_size, cfg.context_length) == (36, 1280, 20, 50257, 1024)
     assert cfg.tie_embeddings and cfg.qkv_bias
@@ -171,8 +171,8 @@ def test_export_import_round_trip_is_bit_exact(tmp_path: Path, untied: bool) -> 
 
 
 def test_export_of_a_model_without_qkv_bias_writes_zeros(tmp_path: Path) -> None:
-    from config import ModelConfig, to_dict
-    from model import build_model
+    from jaxgpt.config import ModelConfig, to_dict
+    from jaxgpt.model.gpt import build_model
 
     cfg = ModelConfig(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2, n_layers=1)
     folder = tmp_path / "ckpt"
@@ -202,8 +202,8 @@ def test_bias_free_model_exports_zeros_and_imports_back_bias_free(tmp_path: Path
 
 
 def _checkpoint_of(tmp_path: Path, **kw) -> tuple[Path, object]:
-    from config import ModelConfig, to_dict
-    from model import build_model
+    from jaxgpt.config import ModelConfig, to_dict
+    from jaxgpt.model.gpt import build_model
 
     cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2,
                                 n_layers=2), **kw})
@@ -287,8 +287,8 @@ def _write_bytes(path: Path) -> Path:
 def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in corpus with the gpt2 tokenizer (needs tiktoken's files; tests/conftest.py
     points TIKTOKEN_CACHE_DIR at ../shared when it is there)."""
-    from download_dataset import prepare_dataset
-    from tokenizer import TokenizerError, get_tokenizer
+    from jaxgpt.data.prepare import prepare_dataset
+    from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
 
     try:
         get_tokenizer("gpt2")
@@ -301,8 +301,9 @@ def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_imported_run_samples_evaluates_and_fine_tunes(tmp_path: Path, gpt2_data: Path,
                                                        capsys: pytest.CaptureFixture) -> None:
-    from data import BatchSampler, open_dataset
-    from download_dataset import dataset_dir
+    from jaxgpt.data.batches import BatchSampler
+    from jaxgpt.data.prepare import dataset_dir
+    from jaxgpt.data.shards import open_dataset
 
     sd = hf_weights(7, V=50257, ctx=32, C=16, L=1, H=2)
     run = tmp_path / "gpt2"

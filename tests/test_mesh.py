@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import checkpointing as ckpt
-import train
-from charts import load_history
 from conftest import ROOT, write_run
+
+import train
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.tracking.charts import load_history
 
 MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
          "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}

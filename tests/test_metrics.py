@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, wait_for_step, write_run
 from tensorboard.backend.event_processing import event_accumulator
 
-import checkpoint_files as cf
-import metrics
-import mfu
 import train
-from charts import load_history
-from config import ModelConfig
-from conftest import ROOT, wait_for_step, write_run
+from jaxgpt.checkpoints import layout as cf
+from jaxgpt.config import ModelConfig
+from jaxgpt.tracking import metrics
+from jaxgpt.tracking.charts import load_history
+from jaxgpt.training import mfu
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.0}
@@ -254,7 +254,7 @@ def test_flops_per_token_of_gpt2_124m_is_6n_plus_the_attention_term() -> None:
     import jax
     from flax import nnx
 
-    from model import build_model
+    from jaxgpt.model.gpt import build_model
 
     state = nnx.state(nnx.eval_shape(lambda: build_model(gpt2, seed=0)), nnx.Param)
     sizes = {jax.tree_util.keystr(path): int(np.prod(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(state)}

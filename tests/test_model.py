@@ -1,6 +1,6 @@
 """GPT-2 and A-to-A against an independent numpy forward pass; causality, dropout, init, size.
 
-The reference below is written from the GPT-2 paper/`nanoGPT` layout, not from model.py: it only
+The reference below is written from the GPT-2 paper/`nanoGPT` layout, not from jaxgpt/model/gpt.py: it only
 shares the parameter *names* (read from `nnx.to_flat_state`). Parameters are randomised before the
 comparison (non-zero biases, LayerNorm scales away from 1, peaky attention), so a forward pass that
 forgot a bias, a scale or the 1/sqrt(D) factor cannot match by accident.
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from config import ModelConfig
-from model import AToA, GPT, abstract_model, build_model, count_params
+from jaxgpt.config import ModelConfig
+from jaxgpt.model.gpt import GPT, AToA, abstract_model, build_model, count_params
 
 V, T_CTX, C, H, L = 61, 16, 32, 4, 2  # tiny, V odd on purpose (no accidental power-of-two layouts)
 TOL = 1e-4

@@ -16,17 +16,16 @@ import json
 import math
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
-from config import ConfigError, ModelConfig, from_json
-from layers import Rotary
-from model import build_model
 from test_model import flat_params, np_gelu_tanh, np_layernorm, np_softmax, randomise, tokens
 from test_options import loss_and_grads, model_with, random_weights
+
+from jaxgpt.config import ConfigError, ModelConfig, from_json
+from jaxgpt.model.gpt import build_model
+from jaxgpt.model.layers import Rotary
 
 V, T_CTX, C, H, L = 61, 16, 32, 4, 2
 TOL = 1e-4

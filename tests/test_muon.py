@@ -19,11 +19,11 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-import muon
-import sharding
-from config import ConfigError, ModelConfig, MuonConfig, TrainConfig, check_combination
-from model import abstract_model, build_model
-from optim import make_schedule, make_transform, optimizer_stats, part_rates
+from jaxgpt.config import ConfigError, ModelConfig, MuonConfig, TrainConfig, check_combination
+from jaxgpt.distributed import sharding
+from jaxgpt.model.gpt import abstract_model, build_model
+from jaxgpt.training import muon
+from jaxgpt.training.optimizer import make_schedule, make_transform, optimizer_stats, part_rates
 
 MODEL = ModelConfig(architecture="gpt2", vocab_size=50, context_length=8, emb_dim=16, n_heads=2,
                     n_layers=2, qkv_bias=True)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import checkpointing as ckpt
-import metrics
-import train
-from config import load_run_configs
-from model import build_model
-from optim import make_optimizer, make_schedule, peak_rates
-from test_mesh import losses
-from conftest import write_run
 from checkpoint_helpers import flat, same_bits
+from conftest import write_run
+from test_mesh import losses
+
+import train
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.config import load_run_configs
+from jaxgpt.model.gpt import build_model
+from jaxgpt.tracking import metrics
+from jaxgpt.training.optimizer import make_optimizer, make_schedule, peak_rates
 
 MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
          "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}

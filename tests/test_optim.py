@@ -17,10 +17,11 @@ import optax
 import pytest
 from flax import nnx
 
-from config import ModelConfig, TrainConfig
-from model import abstract_model, build_model
-from optim import clip_flag, make_optimizer, make_schedule, make_transform, optimizer_stats
-from step import StepRunner, loss_fn, step_key, train_step
+from jaxgpt.config import ModelConfig, TrainConfig
+from jaxgpt.model.gpt import abstract_model, build_model
+from jaxgpt.model.loss import loss_fn
+from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, make_transform, optimizer_stats
+from jaxgpt.training.train_step import StepRunner, step_key, train_step
 
 V, T = 50, 8
 MODEL = ModelConfig(architecture="gpt2", vocab_size=V, context_length=T, emb_dim=16, n_heads=2,

@@ -23,13 +23,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import checkpointing as ckpt
-from config import ConfigError, ModelConfig, TrainConfig
-import cpu_kernels
-from model import build_model, matrix_mask, unstack_layer_weights
-from ops import attention_kernel, mixed_einsum, plain_product
-from optim import make_optimizer
-from step import loss_fn, step_key, train_step
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
+from jaxgpt.cpu import kernels as cpu_kernels
+from jaxgpt.model.gpt import build_model, matrix_mask, unstack_layer_weights
+from jaxgpt.model.loss import loss_fn
+from jaxgpt.ops import attention_kernel, mixed_einsum, plain_product
+from jaxgpt.training.optimizer import make_optimizer
+from jaxgpt.training.train_step import step_key, train_step
 
 V, CTX, C, H, L, B = 61, 16, 32, 4, 3, 2
 F32_TOL = 1e-5

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, write_run
 from safetensors.numpy import load_file
 
-import checkpoint_files as cf
 import train
-from charts import load_history
-from conftest import ROOT, write_run
+from jaxgpt.checkpoints import layout as cf
+from jaxgpt.tracking.charts import load_history
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
@@ -254,9 +254,9 @@ VOTES = """
 import json, os, signal, sys
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
-import peers
-from run_setup import StopFlag
-from sharding import DATA, MODEL
+from jaxgpt.distributed import peers
+from jaxgpt.stopping import StopFlag
+from jaxgpt.distributed.sharding import DATA, MODEL
 
 me = int(sys.argv[1])
 with StopFlag() as stop:

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, wait_for_step, write_run
 from safetensors.numpy import load_file
 
-import checkpoint_files as cf
-import run_setup
 import train
-from charts import load_history
-from conftest import ROOT, wait_for_step, write_run
-from data import DataError
-from run_setup import StopFlag
+from jaxgpt.checkpoints import layout as cf
+from jaxgpt.data.shards import DataError
+from jaxgpt.stopping import StopFlag
+from jaxgpt.tracking.charts import load_history
+from jaxgpt.training import run as run_setup
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
@@ -248,7 +248,7 @@ def test_dropped_steps_are_counted_and_have_no_grad_norm(tmp_path: Path, data_ro
     assert meta["optimizer_steps_applied"] == 12 - dropped
     assert meta["clipped_steps"] == sum(g is not None and g > meta["clip_max_norm"] for g in norms)
     # The schedule counts applied steps: the next rate follows the optimiser, not the step index.
-    from optim import make_schedule
+    from jaxgpt.training.optimizer import make_schedule
 
     schedule = make_schedule(run_setup.load_run_configs(run)[1], 12)
     assert meta["next_learning_rate"] == pytest.approx(float(schedule(12 - dropped)))

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, SHARED, write_run
 
 import download_dataset as dd
-import fineweb
-import run_setup
 import train
-from config import ConfigError, load_run_configs
-from conftest import ROOT, SHARED, write_run
-from data import DataError
+from jaxgpt.config import ConfigError, load_run_configs
+from jaxgpt.data import fineweb
+from jaxgpt.data.shards import DataError
+from jaxgpt.training import run as run_setup
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 SMALL_GPT = {"architecture": "gpt2", "vocab_size": 50304, "context_length": 64, "emb_dim": 16, "n_heads": 2,
@@ -103,7 +103,7 @@ def test_shipped_shakespeare_char_is_nanogpts_cpu_recipe(tmp_path: Path) -> None
     """runs/shakespeare-char = nanoGPT README's CPU command: `train.py config/train_shakespeare_char.py
     --device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
     --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`."""
-    import optim
+    from jaxgpt.training import optimizer as optim
 
     model, cfg = load_run_configs(ROOT / "runs" / "shakespeare-char")
     assert (model.n_layers, model.n_heads, model.emb_dim, model.context_length) == (4, 4, 128, 64)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import run_history as rh
+from jaxgpt.tracking import history as rh
 
 
 def record(step: int, tokens_per_step: int, *, series: bool = True, val: float | None = None) -> dict:

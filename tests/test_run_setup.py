@@ -1,9 +1,8 @@
-"""The run set-up runs before JAX: proven in fresh interpreters. And the import graph: no circle,
-one-way flow config -> data / model -> step -> trainer -> entry points."""
+"""The run set-up (jaxgpt/training/run.py) runs before JAX: proven in fresh interpreters.
+The import graph is test_layout.py's."""
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -46,7 +45,7 @@ def test_a_whole_run_is_prepared_and_checked_without_jax(tmp_path: Path) -> None
     run_dir = write_run(tmp_path / "run", {"architecture": "gpt2", "vocab_size": 257, "context_length": 32,
                                            "emb_dim": 16, "n_heads": 2, "n_layers": 1},
                         {"microbatch_size": 2, "train_steps": 3})
-    body = (f"import run_setup; from pathlib import Path\n"
+    body = (f"from jaxgpt.training import run as run_setup; from pathlib import Path\n"
             f"run = run_setup.prepare_run(Path({str(run_dir)!r}), data_root=Path({str(tmp_path / 'data')!r}), "
             f"restart=False)\nout = {{'steps': run.total_steps, 'windows': run.train_batches.n_windows}}")
     r = run_fresh(PROBE.format(body=body, heavy=HEAVY), tmp_path)
@@ -60,61 +59,3 @@ def test_an_out_of_range_token_id_is_refused_before_jax(tmp_path: Path) -> None:
     body = f"rc = train.main([{str(run_dir)!r}]); out = {{'rc': rc}}"
     r = run_fresh(PROBE.format(body=body, heavy=HEAVY), tmp_path)
     assert r["rc"] == 2 and r["heavy"] == [], r
-
-
-# ----------------------------------------------------------------------------- the import graph
-
-
-def project_imports() -> dict[str, set[str]]:
-    """Each top-level module of the repository -> the project modules it imports (anywhere in it,
-    typing-only and deferred imports included: a circle through either is still a circle)."""
-    modules = {p.stem for p in ROOT.glob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name in modules:
-        tree = ast.parse((ROOT / f"{name}.py").read_text())
-        found = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                found |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module.split(".")[0])
-        graph[name] = (found & modules) - {name}
-    return graph
-
-
-def test_the_import_graph_has_no_circle() -> None:
-    graph = project_imports()
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            assert state.get(nxt) != 1, f"import circle: {' -> '.join(path + [node, nxt])}"
-            if nxt not in state:
-                visit(nxt, path + [node])
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [])
-
-
-def test_imports_flow_one_way_from_config_to_the_entry_points() -> None:
-    graph = project_imports()
-
-    def reaches(a: str) -> set[str]:
-        seen, todo = set(), [a]
-        while todo:
-            for nxt in graph[todo.pop()] - seen:
-                seen.add(nxt)
-                todo.append(nxt)
-        return seen
-
-    layers = [["config"], ["data", "model"], ["step"], ["trainer"], ["train"]]
-    for i, layer in enumerate(layers):
-        later = {m for upper in layers[i + 1:] for m in upper}
-        for module in layer:
-            assert not reaches(module) & later, (module, reaches(module) & later)
-    assert {"config"} <= reaches("model") and {"model", "ops"} <= reaches("step") <= reaches("trainer")
-    light = reaches("run_setup") | {"run_setup"}  # what train.py imports before JAX
-    assert not light & {"model", "ops", "step", "trainer", "checkpointing", "sharding", "cpu_kernels"}, light

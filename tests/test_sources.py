@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 import download_dataset as dd
-import sources
-from conftest import SHARED
-from data import BatchSampler, DataError, open_dataset
-from tokenizer import BytesTokenizer, get_tokenizer
+from jaxgpt.data import prepare, sources
+from jaxgpt.data.batches import BatchSampler
+from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 
@@ -96,7 +97,7 @@ def test_hold_out_by_document() -> None:
     assert train == sorted(train, key=docs.index) and val == sorted(val, key=docs.index)  # order kept
     assert val != docs[-4:]  # spread over the corpus, not its end
     # The same seeded choice as the builtin corpus's split_documents.
-    assert (train, val) == tuple(dd.split_documents(docs, 0.1))
+    assert (train, val) == tuple(prepare.split_documents(docs, 0.1))
 
 
 def test_hold_out_tail_for_few_documents() -> None:
@@ -122,14 +123,14 @@ def test_hold_out_tail_for_few_documents() -> None:
 
 
 def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dd, "SHARD_TOKENS", 64)  # many small shards: windows cross shard boundaries
+    monkeypatch.setattr(prepare, "SHARD_TOKENS", 64)  # many small shards: windows cross shard boundaries
     lines: list[str] = []
-    path = dd.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]}, log=log_to(lines))
+    path = prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]}, log=log_to(lines))
     assert path == tmp_path / "data" / "text-corpus-bytes"
     assert "validation = 2 of 32 documents" in lines[-1]
     ds = open_dataset(path, verify=True)
     assert len(ds.train.shards) > 10 and ds.manifest["options"]["paths"] == [str(corpus)]
-    train_docs, val_docs = dd.split_documents(expected_documents(), 0.05)  # same seeded choice
+    train_docs, val_docs = prepare.split_documents(expected_documents(), 0.05)  # same seeded choice
     tok = BytesTokenizer()
     source = "".join(doc + "\0" for doc in train_docs)  # "\0" stands for end-of-text below
     tokens = ds.train.read(0, ds.train.n_tokens)
@@ -154,16 +155,16 @@ def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path, monkeypatch: p
 def test_text_reuse_rebuild_and_name(corpus: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
     options = {"paths": [str(corpus) + "/"]}
-    path = dd.prepare_dataset("text", "bytes", root, options=options, log=log_to([]))
+    path = prepare.prepare_dataset("text", "bytes", root, options=options, log=log_to([]))
     lines: list[str] = []
     # "corpus/" and "corpus" are the same folder: reused, not rebuilt.
-    assert dd.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus)]}, log=log_to(lines)) == path
+    assert prepare.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus)]}, log=log_to(lines)) == path
     assert lines == [f"reusing dataset {path} (manifest matches)"]
     (corpus / "a.txt").write_text("Alpha, edited.\n")  # size and mtime change -> fingerprint changes
     lines = []
-    dd.prepare_dataset("text", "bytes", root, options=options, log=log_to(lines))
+    prepare.prepare_dataset("text", "bytes", root, options=options, log=log_to(lines))
     assert "fingerprint changed" in lines[0]
-    named = dd.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus / "a.txt")], "name": "mine"},
+    named = prepare.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus / "a.txt")], "name": "mine"},
                                log=log_to([]))
     assert named.name == "text-mine-bytes"
     assert BytesTokenizer().decode(open_dataset(named).train.read(0, 10)) == "Alpha, edi"  # the tail is val
@@ -176,7 +177,7 @@ def test_text_gpt2_through_tiktoken_cache(tmp_path: Path) -> None:
         pytest.skip("no tiktoken cache for gpt2 (set TIKTOKEN_CACHE_DIR; ../shared/tiktoken-cache in CI)")
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": "Every effort moves you"}) + "\n"
                                                  for _ in range(20)))
-    path = dd.prepare_dataset("text", "gpt2", tmp_path / "data", options={"paths": [str(tmp_path / "docs.jsonl")]},
+    path = prepare.prepare_dataset("text", "gpt2", tmp_path / "data", options={"paths": [str(tmp_path / "docs.jsonl")]},
                               log=log_to([]))
     ds = open_dataset(path)
     assert (ds.tokenizer, ds.vocab_size, ds.eot_id) == ("gpt2", 50257, 50256)
@@ -201,7 +202,7 @@ def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, mon
     (tmp_path / "input.txt").write_text(text)
     monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
         "tinyshakespeare.txt", "http://127.0.0.1:9/input.txt", len(text), sources.sha256(tmp_path / "input.txt")))
-    ds = open_dataset(dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
+    ds = open_dataset(prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
                                          log=log_to([])))
     n = len(text)
     assert int(n * 0.9) != n - round(0.1 * n) or text[int(n * 0.9) - 1] != "\n"  # a cut a newline rule would move
@@ -209,7 +210,7 @@ def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, mon
     assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == text[int(n * 0.9):].encode()
     assert sources.nanogpt_split(text, 0.1) == (text[:int(n * 0.9)], text[int(n * 0.9):])
     with pytest.raises(DataError, match="option 'split' must be one of 'nanogpt', 'newline', got 'lines'"):
-        dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"split": "lines"})
+        prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"split": "lines"})
 
 
 def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, unreachable, capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,7 +234,7 @@ def test_tinyshakespeare_rejects_a_wrong_copy(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no offline copy at {SHAKESPEARE}")
 def test_tinyshakespeare_from_local_copy(tmp_path: Path, unreachable) -> None:
     lines: list[str] = []
-    path = dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=SHAKESPEARE, log=log_to(lines))
+    path = prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=SHAKESPEARE, log=log_to(lines))
     ds = open_dataset(path, verify=True)
     text = SHAKESPEARE.read_text()
     tok = BytesTokenizer()
@@ -250,15 +251,15 @@ def test_tinyshakespeare_from_local_copy(tmp_path: Path, unreachable) -> None:
     assert ds.manifest["fingerprint"] == f"sha256-{sources.TINYSHAKESPEARE.sha256}"
     assert ds.manifest["options"] == {"validation_fraction": 0.1, "split": "nanogpt"}
     # The older cut, still an option: moved to the next newline, end-of-text after each part.
-    old = open_dataset(dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path / "old", from_path=SHAKESPEARE,
+    old = open_dataset(prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path / "old", from_path=SHAKESPEARE,
                                           options={"split": "newline"}, log=log_to([])))
     train, val = tok.decode(old.train.read(0, old.train.n_tokens)), tok.decode(old.val.read(0, old.val.n_tokens))
     assert train + val == text and train.endswith("\n") and len(train) != len(train_data)
     assert old.val.read(old.val.n_tokens - 1, 1)[0] == tok.eot_id
     # Later calls need neither --from nor the network: reused, or rebuilt from the kept copy.
     lines = []
-    dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, log=log_to(lines))
+    prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, log=log_to(lines))
     assert lines == [f"reusing dataset {path} (manifest matches)"]
-    dd.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"validation_fraction": 0.2}, log=log_to([]))
+    prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"validation_fraction": 0.2}, log=log_to([]))
     assert open_dataset(path).val.n_tokens > 0.19 * len(text)
     assert os.stat(tmp_path / "downloads" / "tinyshakespeare.txt").st_size == 1_115_394

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import checkpointing as ckpt
-import metrics
-import train
-from charts import load_history
 from conftest import ROOT, wait_for_step, write_run
+
+import train
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.tracking import metrics
+from jaxgpt.tracking.charts import load_history
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
 
 TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
 TEXTS = ["Every effort moves you", "héllo wörld — 日本語 🙂\n\ttabs", "", "<|endoftext|> is plain text here"]

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, wait_for_step, write_run
 from safetensors.numpy import load_file
 
-import checkpointing as ckpt
 import test_a_to_a
 import test_generation
-import ops
 import train
-from config import ModelConfig
-from charts import load_history
-from conftest import ROOT, wait_for_step, write_run
+from jaxgpt import ops
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.config import ModelConfig
+from jaxgpt.tracking.charts import load_history
 
 A_TO_A_MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 64}
 A_TO_A_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same",
@@ -74,7 +74,7 @@ def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
     """Trainer.checkpoint redraws the charts once CHARTS_PACE x the last draw's time has passed,
     and always at the session's last checkpoint; the charts it leaves are those of the whole run."""
     import charts
-    import trainer
+    from jaxgpt.training import loop as trainer
 
     steps: list[int] = []
     draw = charts.draw_charts
@@ -210,11 +210,12 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     """validation_batches "all": the validation loss is over every token of the split but the first
     (data.WholeSplit), the count printed beside it and kept in meta.json, and equals evaluate.py's.
     hellaswag_interval: HellaSwag at that validation, in meta.json, charts/hellaswag.png and metrics.jsonl."""
-    import evaluate
-    import hellaswag
-    from checkpointing import load_model
-    from data import open_dataset
     from test_hellaswag import fixture_records
+
+    import evaluate
+    from jaxgpt.checkpoints.store import load_model
+    from jaxgpt.data.shards import open_dataset
+    from jaxgpt.evaluation import hellaswag, scoring
 
     (tmp_path / "data" / "downloads").mkdir(parents=True)  # where train.py looks for the file offline
     (tmp_path / "data" / "downloads" / "hellaswag_val.jsonl").write_text(
@@ -233,15 +234,15 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     assert meta["val_tokens"] == val.n_tokens - 1
     assert f"({val.n_tokens - 1:,} tokens)" in capsys.readouterr().out
     model, *_ = load_model(ckpt.latest_checkpoint(run))
-    r = evaluate.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, progress=False)
+    r = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, progress=False)
     assert r["tokens"] == meta["val_tokens"] and r["loss"] == pytest.approx(meta["val_loss"], rel=1e-6)
     examples = hellaswag.read_examples(tmp_path / "data" / "downloads" / "hellaswag_val.jsonl", 5)
-    h = evaluate.hellaswag_score(model, examples, evaluate.get_tokenizer("bytes"), progress=False)
+    h = scoring.hellaswag_score(model, examples, evaluate.get_tokenizer("bytes"), progress=False)
     assert meta["hellaswag"] == [{"step": 2, "acc": h["acc"], "acc_norm": h["acc_norm"], "examples": 5,
                                   "tokenizer": "bytes"}]
     assert (run / "charts" / "hellaswag.png").stat().st_size > 1000
     # and in the run's records (metrics.jsonl; TensorBoard carries the same scalars)
-    import metrics
+    from jaxgpt.tracking import metrics
 
     lines = metrics.read_metrics(run / metrics.METRICS_FILE)
     assert [(r["hellaswag/acc"], r["hellaswag/acc_norm"]) for r in lines if "hellaswag/acc" in r] == [

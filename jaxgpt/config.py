@@ -1,0 +1,437 @@
+"""Run configuration: `model.json` -> ModelConfig, `train.json` -> TrainConfig.
+
+Each config is a frozen, typed dataclass that maps one-to-one to its JSON file. Defaults live
+here and nowhere else. Loading is strict: a malformed file, an unknown key, a wrong type or an
+impossible value raises ConfigError with one line naming the file, the key and the value, long
+before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+MODEL_FILE = "model.json"
+TRAIN_FILE = "train.json"
+
+
+class ConfigError(ValueError):
+    """A bad run configuration; the message is one line naming the file, key and value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    # "gpt2": the full transformer; "a-to-a": token embedding straight into the output head
+    # (the seed's harness sanity check, which learns to map each token to itself).
+    architecture: Literal["gpt2", "a-to-a"]
+    vocab_size: int  # number of token ids; must exceed every id in the dataset
+    context_length: int  # longest sequence the position embedding covers
+    emb_dim: int  # residual stream width C
+    n_heads: int = 1  # attention heads; emb_dim must divide by it
+    n_layers: int = 0  # transformer blocks
+    qkv_bias: bool = False  # bias on the fused query/key/value projection
+    # false: no bias in any Linear or LayerNorm (nanoGPT's bias=False); true: GPT-2's layout
+    # (every LayerNorm, the attention output and MLP projections; q/k/v as qkv_bias says).
+    bias: bool = True
+    drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
+    tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
+    # How it runs (the same function whatever is chosen here; see docs/performance.md "Performance"):
+    # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
+    # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (jaxgpt/ops/select.py).
+    compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    # "auto": cuDNN flash attention on GPU with bfloat16, XLA's on other accelerators, per_head on CPU.
+    attention: Literal["auto", "xla", "cudnn", "per_head"] = "auto"
+    remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
+    scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
+    loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
+    # The modern recipe's options (layers.py; docs/recipes.md), each on its own; the defaults are
+    # GPT-2's, and a model.json without these keys computes exactly what it always did:
+    positions: Literal["learned", "rotary"] = "learned"  # a learned (context, C) table, or rotary q/k
+    rope_base: float | None = None  # rotary's base; None = 10000 with positions "rotary" (refused with "learned")
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"  # every norm: blocks, final, embedding, QK
+    norm_scale: bool = True  # false: parameter-free norms (no learned scale)
+    embed_norm: bool = False  # a norm right after the token embedding
+    qk_norm: bool = False  # normalise queries and keys per head before their dot product
+    mlp: Literal["gelu", "relu2"] = "gelu"  # the MLP's activation: GPT-2's tanh GELU or ReLU squared
+    zero_init_proj: bool = False  # the attention and MLP output projections start at zero
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap), in float32; None = off
+
+    def __post_init__(self) -> None:
+        _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
+        _positive(self, MODEL_FILE, "loss_chunk", optional=True)
+        if self.attention == "cudnn" and self.compute_dtype == "float32":
+            raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs compute_dtype='bfloat16' "
+                              f"(or 'auto'; got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel")
+        if self.architecture == "gpt2":
+            _positive(self, MODEL_FILE, "n_layers")
+            if self.emb_dim % self.n_heads:
+                raise ConfigError(
+                    f"{MODEL_FILE}: emb_dim={self.emb_dim} does not divide by n_heads={self.n_heads}"
+                )
+        elif self.n_layers < 0:
+            raise ConfigError(f"{MODEL_FILE}: n_layers={self.n_layers} must be >= 0")
+        if self.qkv_bias and not self.bias:
+            raise ConfigError(f"{MODEL_FILE}: qkv_bias=true contradicts bias=false (which removes every bias); "
+                              f"set qkv_bias to false")
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
+        self._check_modern_options()
+
+    def _check_modern_options(self) -> None:
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise ConfigError(f"{MODEL_FILE}: logit_softcap={self.logit_softcap} must be > 0 (or null: no cap)")
+        if self.positions == "learned" and self.rope_base is not None:
+            raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} is the rotary base, but positions='learned' "
+                              f"asks for a learned position table; set positions to 'rotary' or drop rope_base")
+        if self.positions == "rotary":
+            if self.rope_base is None:
+                object.__setattr__(self, "rope_base", 10000.0)  # the resolved config records the base used
+            if not self.rope_base > 0:
+                raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} must be > 0")
+            head = self.emb_dim // self.n_heads
+            if self.architecture == "gpt2" and head % 2:
+                raise ConfigError(f"{MODEL_FILE}: positions='rotary' rotates pairs of dimensions: the head size "
+                                  f"emb_dim / n_heads = {self.emb_dim} / {self.n_heads} = {head} must be even")
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetConfig:
+    source: str = "builtin"  # a source known to download_dataset.py
+    options: dict[str, Any] = field(default_factory=dict)  # source-specific options
+
+
+@dataclass(frozen=True, slots=True)
+class MeshConfig:
+    # Devices are arranged as a (data, model) mesh; see sharding.py. The mesh may change between
+    # a save and a resume (say 8 devices -> 4): checkpoints restore onto any shape.
+    data: int | None = None  # data-parallel ways; None = every device not used by `model`
+    model: int = 1  # tensor-parallel ways (attention heads, MLP, vocabulary), within one host
+    fsdp: bool = False  # also shard parameters and optimiser state over the data axis
+
+    def __post_init__(self) -> None:
+        _positive(self, TRAIN_FILE, "model")
+        _positive(self, TRAIN_FILE, "data", optional=True)
+
+
+@dataclass(frozen=True, slots=True)
+class MuonConfig:
+    """train.json "muon": Muon (optax.contrib.scale_by_muon) for the blocks' weight matrices, AdamW for
+    the rest (jaxgpt/training/optimizer.py, muon.py). The matrices' peak rate is train.json learning_rate; each other part
+    has its own peak here, on the same schedule (warm-up, cosine or WSD) as every part."""
+
+    momentum: float = 0.95  # Muon's momentum after the warm-up
+    momentum_init: float = 0.85  # ... and at step 0, rising linearly (modded-nanogpt, nanochat)
+    momentum_warmup_steps: int = 300  # optimiser steps of that rise; 0 = momentum from the start
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations of the orthogonalisation
+    weight_decay: float = 0.0  # Muon's own decoupled decay of the matrices (times its learning rate)
+    # AdamW's peak rates (its b1/b2/eps/weight_decay: train.json adam_b1, adam_b2, adam_eps, weight_decay).
+    # nanochat's 0.2-0.3 for embeddings assumes N(0, 1) ones; gpt.py's are N(0, 0.02), hence a lower
+    # default. The shipped modern runs (untied, with embed_norm) take 0.1: docs/recipes.md has the sweep.
+    embed_learning_rate: float = 0.01  # token embedding (and a tied head) and the position table
+    head_learning_rate: float = 0.004  # the untied output head (nanochat's)
+    scalar_learning_rate: float = 0.004  # every norm scale and bias (never decayed)
+
+    def __post_init__(self) -> None:
+        _positive(self, TRAIN_FILE, "ns_steps", "embed_learning_rate", "head_learning_rate",
+                  "scalar_learning_rate")
+        for key in ("momentum", "momentum_init"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+        for key in ("momentum_warmup_steps", "weight_decay"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
+
+
+# What `learning_rate` and `weight_decay` mean when train.json leaves them out, per optimizer: Muon's
+# rate is that of orthogonalised (spectral-norm) updates, ~30x AdamW's; the embeddings' AdamW rate
+# under Muon (muon.embed_learning_rate) is so much higher than 6e-4 that GPT-2's decay of 0.1 would
+# shrink them by a few percent a step: nanochat and modded-nanogpt do not decay them.
+DEFAULT_LEARNING_RATE = {"adamw": 6e-4, "muon": 0.02}
+DEFAULT_WEIGHT_DECAY = {"adamw": 0.1, "muon": 0.0}
+DEFAULT_COOLDOWN_PERCENT = 20.0  # nanochat's warmdown
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    tokenizer: Literal["bytes", "gpt2"] = "bytes"
+    targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
+    sequence_length: int | None = None  # tokens per sequence; None = model context_length
+    gradient_accumulation_steps: int = 1  # microbatches per optimiser step
+    batch_size: int | None = None  # optional check: sequences per optimiser step
+    train_steps: int | None = None  # training length in optimiser steps ...
+    train_tokens: int | None = None  # ... or in tokens (exactly one of the two)
+    # "adamw": AdamW for every parameter; "muon": Muon for the blocks' matrices, AdamW for the rest
+    # (the "muon" section below). Fixed for a run: its optimiser state has that optimizer's layout.
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    learning_rate: float | None = None  # peak learning rate (muon: the matrices'); None = 6e-4 adamw, 0.02 muon
+    schedule: Literal["cosine", "wsd"] = "cosine"  # after the warm-up: cosine decay, or warmup-stable-decay
+    warmup_percent: float = 5.0  # linear warm-up, percent of the total steps
+    cooldown_percent: float | None = None  # wsd: linear decay over this last percent of the steps; None = 20
+    lr_init_factor: float = 1e-5  # warm-up starts at learning_rate * this
+    lr_end_factor: float = 0.1  # the decay (cosine or wsd) ends at learning_rate * this
+    weight_decay: float | None = None  # AdamW decoupled weight decay, 2-D params only; None = 0.1 adamw, 0.0 muon
+    adam_b1: float = 0.9
+    adam_b2: float = 0.95
+    adam_eps: float = 1e-8
+    clipping_max_norm: float = 1.0  # clip the accumulated gradient's global L2 norm to this
+    checkpoint_interval: int = 100  # optimiser steps between checkpoints
+    validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
+    # Microbatches of the validation split per validation (its first ones, fixed), or "all": the
+    # whole split, every token but the first scored exactly once (batches.WholeSplit).
+    validation_batches: int | Literal["all"] = 8
+    keep_last_checkpoints: int = 3  # older checkpoints are pruned, the best one is always kept
+    # Stop (error, exit 1) after this many optimiser steps in a row were dropped for non-finite
+    # gradients: a diverged run must not spend its budget skipping every batch.
+    max_dropped_steps: int = 20
+    # HellaSwag during training (hellaswag.py): at the validations of steps that are a multiple of
+    # hellaswag_interval, and at the last step, on the first hellaswag_examples validation examples
+    # (null: all 10,042); null interval = off. Results go into meta.json and charts/hellaswag.png.
+    hellaswag_interval: int | None = None
+    hellaswag_examples: int | None = None
+    seed: int = 0  # parameters, dropout and batch order all derive from it
+    charts_log_y: bool = False  # draw loss.png with a log-scale y axis
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
+    muon: MuonConfig | None = None  # optimizer "muon" only; None there = every default of MuonConfig
+    # Stop at the first validation whose loss is at or below this (saving a checkpoint there): tokens
+    # to target. None: train every step.
+    target_val_loss: float | None = None
+    # Weights to start from when the run has no checkpoint yet (fine-tuning): a checkpoint folder,
+    # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        self._resolve()
+        _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
+                  "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
+        if self.validation_batches != "all":
+            _positive(self, TRAIN_FILE, "validation_batches")
+        _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
+                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
+        _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
+                  "lr_init_factor")
+        _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
+        if (self.train_steps is None) == (self.train_tokens is None):
+            raise ConfigError(
+                f"{TRAIN_FILE}: give exactly one of train_steps or train_tokens "
+                f"(got train_steps={self.train_steps}, train_tokens={self.train_tokens})"
+            )
+        if self.batch_size is not None and self.batch_size != self.sequences_per_step:
+            raise ConfigError(
+                f"{TRAIN_FILE}: batch_size={self.batch_size} must equal microbatch_size x "
+                f"gradient_accumulation_steps = {self.microbatch_size} x "
+                f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
+            )
+        if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
+            raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
+                              f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
+        for key in ("warmup_percent", "cooldown_percent"):
+            if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
+        if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
+            raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
+                              f"{self.cooldown_percent} exceed 100 (percent of the steps)")
+        if self.init_from is not None and not self.init_from.strip():
+            raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
+        for key in ("lr_end_factor", "weight_decay", "seed"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
+        for key in ("adam_b1", "adam_b2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
+
+    def _resolve(self) -> None:
+        """Fill in the defaults that depend on other keys (once: to_dict writes the resolved values)."""
+        if self.muon is not None and self.optimizer != "muon":
+            raise ConfigError(f"{TRAIN_FILE}: muon settings given but optimizer={self.optimizer!r}; "
+                              f"set optimizer to 'muon' or remove the muon section")
+        if self.cooldown_percent is not None and self.schedule != "wsd":
+            raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
+                              f"only (schedule={self.schedule!r})")
+        resolved = {"learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
+                    "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
+                    "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
+                    "muon": MuonConfig() if self.optimizer == "muon" else None}
+        for key, value in resolved.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)  # frozen: set once, here
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.microbatch_size * self.gradient_accumulation_steps
+
+    def seq_len(self, model: ModelConfig) -> int:
+        return self.sequence_length or model.context_length
+
+    def tokens_per_step(self, model: ModelConfig) -> int:
+        return self.sequences_per_step * self.seq_len(model)
+
+    def total_steps(self, model: ModelConfig) -> int:
+        if self.train_steps is not None:
+            return self.train_steps
+        assert self.train_tokens is not None
+        return self.train_tokens // self.tokens_per_step(model)
+
+    def eval_interval(self) -> int:
+        return self.validation_interval or self.checkpoint_interval
+
+
+def check_combination(model: ModelConfig, train: TrainConfig) -> None:
+    """Cross-file checks that neither file can make alone."""
+    seq_len = train.seq_len(model)
+    if seq_len > model.context_length:
+        raise ConfigError(
+            f"{TRAIN_FILE}: sequence_length={seq_len} exceeds {MODEL_FILE} "
+            f"context_length={model.context_length}"
+        )
+    if train.optimizer == "muon" and (model.architecture != "gpt2" or model.n_layers < 1):
+        raise ConfigError(f"{TRAIN_FILE}: optimizer='muon' has no matrix to train in {MODEL_FILE} "
+                          f"architecture={model.architecture!r} (n_layers={model.n_layers}): Muon trains the "
+                          f"blocks' weight matrices; use optimizer 'adamw'")
+    if train.total_steps(model) < 1:
+        raise ConfigError(
+            f"{TRAIN_FILE}: train_tokens={train.train_tokens} is less than one optimiser step of "
+            f"{train.tokens_per_step(model)} tokens (microbatch_size x gradient_accumulation_steps "
+            f"x sequence_length)"
+        )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_run_configs(run_dir: Path) -> tuple[ModelConfig, TrainConfig]:
+    """Read and validate `<run_dir>/model.json` and `<run_dir>/train.json`."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: run directory not found")
+    model = from_json(ModelConfig, run_dir / MODEL_FILE)
+    train = from_json(TrainConfig, run_dir / TRAIN_FILE)
+    try:
+        check_combination(model, train)
+    except ConfigError as e:
+        raise ConfigError(f"{run_dir}/{e}") from None
+    return model, train
+
+
+def from_json(cls: type, path: Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a JSON file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: malformed JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return from_dict(cls, raw, str(path))
+
+
+def from_dict(cls: type, raw: Any, where: str) -> Any:
+    """Build a config dataclass from parsed JSON, checking keys and types strictly."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(raw).__name__} {json.dumps(raw)[:80]}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(fields))})"
+        )
+    missing = [
+        name for name, f in fields.items()
+        if name not in raw and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"{where}: missing required key {missing[0]!r}")
+    values = {name: _convert(hints[name], value, f"{where}: {name}") for name, value in raw.items()}
+    try:
+        return cls(**values)
+    except ConfigError as e:
+        # __post_init__ starts its message with the bare file name ("train.json: key=value ...");
+        # put the full location (path, and the section for nested configs) in its place.
+        msg = str(e)
+        for base in (MODEL_FILE, TRAIN_FILE):
+            if msg.startswith(base + ": "):
+                msg = msg[len(base) + 2:]
+        raise ConfigError(f"{where}: {msg}") from None
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [t for t in options if t is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, where)
+        for tp in inner:  # e.g. int | Literal["all"]: the first type the value fits
+            try:
+                return _convert(tp, value, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}={value!r} must be {' or '.join(_describe(tp) for tp in inner)}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}={value!r} must be one of {', '.join(map(repr, allowed))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r} must be a JSON object")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be true or false")
+        return value
+    if tp is int:
+        # JSON has one number type: accept 1e6-style integral floats, reject 2.5 and true.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}={value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where}={value!r} must be a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}={value!r} must be a string")
+        return value
+    raise AssertionError(f"unhandled config type {tp} at {where}")
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(map(repr, typing.get_args(tp)))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _positive(obj: Any, file: str, *keys: str, optional: bool = False) -> None:
+    for key in keys:
+        value = getattr(obj, key)
+        if value is None and optional:
+            continue
+        if not value > 0:
+            raise ConfigError(f"{file}: {key}={value} must be > 0")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config, every default filled in, as written beside the checkpoints."""
+    return dataclasses.asdict(cfg)

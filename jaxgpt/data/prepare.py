@@ -1,0 +1,264 @@
+"""Prepare a tokenized corpus on disk: train/val safetensors shards + manifest.json (download_dataset.py).
+
+Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" names one):
+    builtin          a few MB of English technical prose that ships with every Python: the pydoc
+                     help topics plus the standard library's docstrings, read with `ast` (offline).
+    text             local .txt / .md files (one document each) and .jsonl files (one document per
+                     line, its "text" field), given as files, folders (recursive) or globs.
+    tinyshakespeare  the 1.1 MB char-rnn corpus, downloaded once into <data>/downloads/ (sha256
+                     checked) or taken from --from <file>; the last 10% of the characters is
+                     validation, cut exactly where nanoGPT's prepare.py cuts (option "split").
+    fineweb10B-gpt2  FineWeb-10B pre-tokenized with GPT-2 (Hugging Face kjj0/fineweb10B-gpt2, llm.c
+                     .bin files of 100M tokens): only as many train files as the training length
+                     needs, fetched with huggingface_hub unless --from <folder> or
+                     <data>/downloads/fineweb10B-gpt2/ already holds them (see fineweb.py).
+
+Documents are tokenized with `bytes` or `gpt2` and each is followed by the end-of-text token;
+a validation fraction is held out by whole documents (or, with too few documents for that, as
+the last part of the text). A folder whose manifest matches the request (source, options,
+fingerprint, tokenizer) is reused as is; anything else is rebuilt atomically. The data root is
+--data-dir, else $JAXGPT_DATA_DIR, else the repository's data/. From Python:
+
+    from jaxgpt.data.prepare import default_data_root, prepare_dataset
+    path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from jaxgpt.data import builtin, fineweb, sources
+from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
+from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
+
+FINEWEB = fineweb.SOURCE
+# Options that change what is written; each source lists its defaults here and nowhere else.
+DEFAULT_OPTIONS: dict[str, dict] = {
+    "builtin": {"validation_fraction": 0.05},
+    # paths: files, folders or globs (relative to the working directory); name: the dataset
+    # folder is data/text-<name>-<tokenizer>, by default named after the first path.
+    "text": {"paths": None, "name": None, "validation_fraction": 0.05},
+    # split "nanogpt": nanoGPT's prepare.py cut, byte for byte (sources.nanogpt_split); "newline":
+    # the cut moved to the next newline, each part followed by end-of-text (the older default).
+    "tinyshakespeare": {"validation_fraction": 0.1, "split": "nanogpt"},
+    # train_shards: how many 100M-token train files; null = as many as the training length needs.
+    FINEWEB: {"train_shards": None},
+}
+SOURCES = tuple(DEFAULT_OPTIONS)
+_TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
+_FROM_SOURCES = ("tinyshakespeare", FINEWEB)  # sources that can read a local copy instead of downloading
+_ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
+SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def default_data_root() -> Path:
+    """$JAXGPT_DATA_DIR if set, else the repository's git-ignored data/ folder."""
+    env = os.environ.get("JAXGPT_DATA_DIR")
+    return Path(env) if env else REPOSITORY / "data"
+
+
+def dataset_dir(data_root: Path, source: str, tokenizer: str, name: str | None = None) -> Path:
+    """data_root/<source>-<tokenizer>, or data_root/<source>-<name>-<tokenizer> for named (text) corpora."""
+    return Path(data_root) / (f"{source}-{name}-{tokenizer}" if name else f"{source}-{tokenizer}")
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def _check_fraction(source: str, fraction: object) -> float:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise DataError(f"{source}: validation_fraction must be a number in (0, 1), got {fraction!r}")
+    return float(fraction)  # 1 vs 1.0 must not trigger a rebuild
+
+
+def _text_options(resolved: dict) -> None:
+    paths = resolved["paths"]
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
+        raise DataError(f"text: option 'paths' must be a non-empty list of files, folders or globs, got {paths!r}")
+    # normpath: "corpus/" and "corpus" name the same folder and must not trigger a rebuild.
+    resolved["paths"] = [os.path.normpath(p) for p in paths]
+    name = resolved["name"] if resolved["name"] is not None else sources.default_name(resolved["paths"])
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise DataError(f"text: option 'name' must be letters, digits, '.', '_' or '-', got {name!r}")
+    resolved["name"] = name
+
+
+def resolve_options(source: str, options: dict | None) -> dict:
+    """The source's default options updated with `options`; DataError for unknown keys or bad values."""
+    if source not in DEFAULT_OPTIONS:
+        raise DataError(f"unknown dataset source {source!r}; choose one of {', '.join(SOURCES)}")
+    resolved = dict(DEFAULT_OPTIONS[source])
+    unknown = sorted(set(options or {}) - set(resolved))
+    if unknown:
+        raise DataError(f"{source}: unknown option(s) {unknown}; known: {sorted(resolved)}")
+    resolved.update(options or {})
+    if "validation_fraction" in resolved:
+        resolved["validation_fraction"] = _check_fraction(source, resolved["validation_fraction"])
+    if source == "text":
+        _text_options(resolved)
+    if resolved.get("split", "nanogpt") not in TINYSHAKESPEARE_SPLITS:
+        raise DataError(f"{source}: option 'split' must be one of {', '.join(map(repr, TINYSHAKESPEARE_SPLITS))}, "
+                        f"got {resolved['split']!r}")
+    shards = resolved.get("train_shards")
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
+                               or not 1 <= shards <= fineweb.N_TRAIN_FILES):
+        raise DataError(f"{source}: train_shards must be null or 1..{fineweb.N_TRAIN_FILES}, got {shards!r}")
+    return resolved
+
+
+# ----------------------------------------------------------------------------- documents
+
+
+def split_documents(documents: Sequence[str], validation_fraction: float) -> tuple[list[str], list[str]]:
+    """Hold out whole documents for validation (a seeded choice, so no text leaks across splits)."""
+    n = len(documents)
+    n_val = max(1, round(validation_fraction * n))
+    if n_val >= n:
+        raise DataError(f"cannot hold out {n_val} of {n} documents for validation and still train")
+    val_ids = set(np.random.default_rng(0).permutation(n)[:n_val].tolist())
+    train = [doc for i, doc in enumerate(documents) if i not in val_ids]
+    val = [doc for i, doc in enumerate(documents) if i in val_ids]
+    return train, val
+
+
+def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True) -> Iterator[np.ndarray]:
+    """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
+    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it)."""
+    dtype = token_dtype(tokenizer.n_vocab)
+    documents = iter(documents)
+    while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
+        for ids in tokenizer.encode_batch(chunk):
+            doc = np.empty(ids.size + int(eot), dtype=dtype)
+            doc[:ids.size] = ids
+            if eot:
+                doc[-1] = tokenizer.eot_id
+            yield doc
+
+
+@dataclass
+class _Corpus:
+    """A document source: its fingerprint now (cheap), its train/val documents only when building."""
+
+    fingerprint: str
+    splits: Callable[[float], tuple[Iterable[str], Iterable[str], str]]  # fraction -> train, val, how
+    eot: bool = True  # end-of-text after each document
+
+
+def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
+            log: Callable[[str], None]) -> _Corpus:
+    if source == "builtin":
+        def split_builtin(fraction: float) -> tuple[list[str], list[str], str]:
+            docs = builtin.builtin_documents()
+            train, val = split_documents(docs, fraction)
+            return train, val, f"{len(val)} of {len(docs)} documents"
+
+        return _Corpus(builtin.builtin_fingerprint(), split_builtin)
+    if source == "text":
+        files = sources.find_text_files(options["paths"])
+        where = f"text {' '.join(options['paths'])}"
+        return _Corpus(sources.files_fingerprint(files),
+                       lambda fraction: sources.hold_out(lambda: sources.read_documents(files), fraction, where))
+    assert source == "tinyshakespeare", source
+    remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
+    if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
+        sources.fetch_file(remote, downloads, from_path=from_path, log=log)
+
+    def split_file(fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
+        path = sources.fetch_file(remote, downloads, from_path=None, log=log)
+        if options["split"] == "nanogpt":
+            (text,) = sources.read_documents([path])
+            train, val = sources.nanogpt_split(text, fraction, str(path))
+            return iter([train]), iter([val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
+        return sources.hold_out(lambda: sources.read_documents([path]), fraction, str(path))
+
+    # The file is pinned by its hash. nanoGPT's split adds no end-of-text: the splits are its bytes.
+    return _Corpus(f"sha256-{remote.sha256}", split_file, eot=options["split"] != "nanogpt")
+
+
+# ----------------------------------------------------------------------------- preparing
+
+
+def _reuse_problem(path: Path, expected: dict) -> str | None:
+    """Why the folder at `path` cannot be reused for `expected`, or None if it can."""
+    if not path.exists():
+        return "not prepared yet"
+    try:
+        manifest = read_manifest(path)
+    except DataError as exc:
+        return str(exc)
+    for key, want in expected.items():
+        if manifest.get(key) != want:
+            return f"{key} changed ({manifest.get(key)!r} -> {want!r})"
+    try:
+        open_dataset(path)  # cheap checks: every shard present with the right size
+    except DataError as exc:
+        return str(exc)
+    return None
+
+
+def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
+                       log: Callable[[str], None]) -> Path:
+    started = time.perf_counter()
+    expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
+    problem = _reuse_problem(path, expected)
+    if problem is None:
+        log(f"reusing dataset {path} (manifest matches)")
+        return path
+    log(f"preparing dataset {path}: {problem}")
+    tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
+    train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
+    manifest = write_dataset(
+        path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
+        splits={"train": tokenize_documents(tok, train_docs, corpus.eot),
+                "val": tokenize_documents(tok, val_docs, corpus.eot)})
+    splits = manifest["splits"]
+    share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
+    counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
+                       for name, s in splits.items())
+    log(f"wrote {path}: {counts}; validation = {how}, {share:.1%} of the tokens; "
+        f"{time.perf_counter() - started:.1f} s")
+    return path
+
+
+def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: dict | None = None,
+                    train_tokens: int | None = None, from_path: Path | None = None,
+                    log: Callable[[str], None] = print) -> Path:
+    """Make sure data_root holds the requested dataset (see dataset_dir) and return its path.
+
+    Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
+    otherwise reads, downloads or converts the source and writes it atomically, replacing the old
+    folder. train_tokens (the run's training length) decides how many FineWeb files are needed;
+    from_path is a local copy of a downloadable source (tinyshakespeare: the file; FineWeb: a
+    folder of .bin files).
+    """
+    resolved = resolve_options(source, options)
+    if tokenizer not in TOKENIZER_NAMES:
+        raise TokenizerError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
+    if tokenizer not in _TOKENIZERS.get(source, TOKENIZER_NAMES):
+        raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
+                        f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
+    if from_path is not None and source not in _FROM_SOURCES:
+        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
+    path = dataset_dir(data_root, source, tokenizer, resolved.get("name"))
+    if source == FINEWEB:
+        with dataset_lock(path, log):
+            return fineweb.prepare(path, resolved, train_tokens=train_tokens, from_dir=from_path,
+                                   downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
+    corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
+    with dataset_lock(path, log):
+        return _prepare_documents(path, source, tokenizer, resolved, corpus, log)

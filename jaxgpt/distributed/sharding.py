@@ -1,0 +1,151 @@
+"""Device mesh, logical-axis rules and placement: the one place that decides where arrays live.
+
+The model annotates every parameter with *logical* axis names (jaxgpt/model/); this module maps them
+onto the two mesh axes:
+
+    data   batch rows (data parallelism); with fsdp also the "embed" axis of every parameter,
+           which shards parameters and optimiser state FSDP-style
+    model  tensor parallelism: attention heads ("heads", and "qkv": the fused q/k/v projection),
+           MLP hidden units ("mlp"), vocabulary
+
+JAX's SPMD partitioner does the rest: no hand-written collectives. The same code runs on one
+CPU, on 8 forced host devices and on several processes joined by `jax.distributed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxgpt.config import ConfigError, MeshConfig
+
+DATA, MODEL = "data", "model"
+
+
+def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
+    return (
+        ("vocab", MODEL),
+        ("heads", MODEL),
+        ("qkv", MODEL),  # the fused (C, 3C) query/key/value projection: sharded as "heads" always was
+        ("mlp", MODEL),
+        ("embed", DATA if fsdp else None),
+        ("ctx", None),
+        ("norm", None),
+        ("layers", None),  # scan_layers' stacking axis: every device holds every layer's slice
+    )
+
+
+def make_mesh(cfg: MeshConfig, microbatch_size: int) -> Mesh:
+    """A (data, model) mesh over every device of every process; sizes checked before compiling."""
+    n = jax.device_count()
+    if n % cfg.model:
+        raise ConfigError(f"train.json: mesh.model={cfg.model} does not divide the {n} devices")
+    data = cfg.data or n // cfg.model
+    if data * cfg.model != n:
+        raise ConfigError(f"train.json: mesh data={data} x model={cfg.model} = {data * cfg.model} "
+                          f"devices, but {n} are available")
+    if cfg.model > jax.local_device_count() or jax.local_device_count() % cfg.model:
+        raise ConfigError(f"train.json: mesh.model={cfg.model} must divide the "
+                          f"{jax.local_device_count()} devices of one process (tensor parallelism "
+                          f"stays inside a host)")
+    if microbatch_size % data:
+        raise ConfigError(f"train.json: microbatch_size={microbatch_size} does not divide by the "
+                          f"mesh data axis ({data} devices)")
+    # Auto axes: the partitioner propagates shardings from the annotated parameters and batches
+    # (jax.make_mesh's default Explicit axes would demand annotations on every intermediate).
+    return jax.make_mesh((data, cfg.model), (DATA, MODEL),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def state_shardings(state: Any, mesh: Mesh, fsdp: bool) -> Any:
+    """NamedShardings for an nnx.State (parameters, or optimiser state that mirrors them)."""
+    with nnx.logical_axis_rules(logical_rules(fsdp)):
+        specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs,
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def check_divisible(state: Any, shardings: Any, where: str) -> None:
+    """Every sharded dimension must divide by its mesh axes; say which one does not, by name."""
+    flat_state = nnx.to_flat_state(state)
+    flat_shard = dict(nnx.to_flat_state(shardings))
+    for path, var in flat_state:
+        sharding = flat_shard[path].get_value() if hasattr(flat_shard[path], "get_value") else flat_shard[path]
+        shape = var.get_value().shape
+        for dim, axes in zip(shape, sharding.spec):
+            if axes is None:
+                continue
+            size = math.prod(sharding.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+            if dim % size:
+                name = ".".join(map(str, path))
+                raise ConfigError(f"{where}: parameter {name} has a dimension of {dim}, which does not "
+                                  f"divide by mesh axis {axes} of size {size}")
+
+
+def create_sharded(build: Any, mesh: Mesh, fsdp: bool, where: str) -> Any:
+    """Run `build()` (returning modules) so that every array is born on its shard.
+
+    Building inside jit with sharding constraints means no device ever holds a full unsharded
+    copy, and the optimiser state inherits each parameter's sharding.
+    """
+    abstract = nnx.eval_shape(build)
+    shardings = state_shardings(nnx.state(abstract), mesh, fsdp)
+    check_divisible(nnx.state(abstract), shardings, where)
+
+    @nnx.jit
+    def create() -> Any:
+        objs = build()
+        state = jax.lax.with_sharding_constraint(nnx.state(objs), shardings)
+        nnx.update(objs, state)
+        return objs
+
+    return create()
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Batches are (..., B, T): rows over the data axis, everything else replicated."""
+    return NamedSharding(mesh, P(*([None] * (ndim - 2)), DATA, None))
+
+
+def local_rows(mesh: Mesh, global_rows: int) -> slice:
+    """The batch rows whose data lives on this process's devices (contiguous by construction)."""
+    sharding = NamedSharding(mesh, P(DATA))
+    index = sharding.addressable_devices_indices_map((global_rows,))
+    starts = [idx[0].start or 0 for idx in index.values()]
+    stops = [global_rows if idx[0].stop is None else idx[0].stop for idx in index.values()]
+    return slice(min(starts), max(stops))
+
+
+def put_batch(local: np.ndarray, mesh: Mesh, global_rows: int) -> jax.Array:
+    """Assemble the global batch from this process's rows ((..., local B, T) host array)."""
+    sharding = batch_sharding(mesh, local.ndim)
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    shape = (*local.shape[:-2], global_rows, local.shape[-1])
+    return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0
+
+
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """Process 0 runs the block first (preparing shared files); the others run it after."""
+    if jax.process_count() == 1:
+        yield
+        return
+    if not is_main_process():
+        multihost_utils.sync_global_devices("main_process_first")
+    yield
+    if is_main_process():
+        multihost_utils.sync_global_devices("main_process_first")

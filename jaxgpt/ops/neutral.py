@@ -1,0 +1,181 @@
+"""The model's matmuls and attention as every backend runs them (GPU, TPU): the neutral `Ops`.
+
+The model (jaxgpt/model/) calls these operations and nothing else that depends on the hardware:
+
+    ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
+    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says), the latter as nnx.Linear calls it
+    ops.attention(q, k, v)         causal softmax attention, (B, T, H, D) each -> (B, T, H*D) float32
+    ops.vecmat(a, b)               a decode step's attention products: (..., K) x (..., K, N) -> (..., N) float32
+
+- with compute_dtype "bfloat16" each matmul multiplies bfloat16 operands into a float32 result
+  (float32 accumulation), in the forward pass and in both backward products, as torch.autocast
+  does; parameters, activations, LayerNorm, softmax and the loss stay float32.
+- plain dot_generals, laid out by XLA as it likes (cuBLAS / the MXU take transposed operands for
+  free); attention is cuDNN's flash attention through `jax.nn.dot_product_attention` where cuDNN
+  can run the model's shapes in bfloat16, otherwise XLA's batched-head attention
+  (`causal_attention` below).
+
+`Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (sampling.py): its
+dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
+The CPU's forms are cpu.py's `CpuOps`; select.py chooses between them, once per config and backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Product = Callable[[str, jax.Array, jax.Array], jax.Array]  # (spec, x, y) -> float32 einsum
+
+
+def plain_product(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """A backward product as XLA sees fit: one dot_general, float32 accumulation and result."""
+    return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any, product: Product = plain_product) -> jax.Array:
+    """A two-operand einsum (every index of an operand also in the other or in the output, as in
+    any batched matmul) of `dtype` operands into float32, in the backward pass too.
+
+    Plain autodiff of `einsum(a16, b16, preferred_element_type=float32)` would multiply the
+    float32 cotangent with a bfloat16 operand: a float32 (or mixed) dot. Here both backward
+    products take the cotangent in `dtype` too, and the forward keeps only the `dtype` operands
+    for the backward pass (half the saved-activation memory). `product` computes the two
+    backward einsums (the CPU passes its own layouts, jaxgpt.cpu.kernels.bf16_product).
+    """
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(spec: str, a: jax.Array, b: jax.Array, dtype: Any,
+                      product: Product) -> tuple[jax.Array, tuple[Any, ...]]:
+    a16, b16 = a.astype(dtype), b.astype(dtype)
+    # The primal dtypes ride along as empty arrays (residuals must be JAX values).
+    return jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32), (
+        a16, b16, jnp.zeros(0, a.dtype), jnp.zeros(0, b.dtype))
+
+
+def _mixed_einsum_bwd(spec: str, dtype: Any, product: Product, res: tuple[Any, ...],
+                      g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    a16, b16, a_dtype, b_dtype = res
+    (sa, sb), so = spec.replace(" ", "").split("->")[0].split(","), spec.split("->")[1].strip()
+    g16 = g.astype(dtype)
+    da = product(f"{so},{sb}->{sa}", g16, b16)
+    db = product(f"{sa},{so}->{sb}", a16, g16)
+    return da.astype(a_dtype.dtype), db.astype(b_dtype.dtype)
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
+                     dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+    """Causal softmax attention over all heads at once. q, k, v: (B, T, H, D) -> (B, T, H*D).
+
+    The two products go through `einsum` (the compute dtype's), scores and softmax are float32,
+    and `dropout` (if any) applies to the attention weights.
+    """
+    B, T, H, D = q.shape
+    att = einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)  # (B, H, T, T) float32
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+    if dropout is not None:
+        att = dropout(att)
+    return einsum("bhts,bshd->bthd", att, v).reshape(B, T, H * D)  # (B, T, C)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """How one model's matmuls and attention run; built by `select`, never by the model.
+
+    Frozen and hashable: it is a static attribute of the model, part of its nnx graphdef.
+    """
+
+    backend: str  # the JAX platform it was chosen for: "cpu", "gpu", "tpu", ...
+    compute_dtype: str  # the matmul operands' dtype: model.json compute_dtype, "auto" resolved
+    attention_kernel: str  # "cudnn", "xla" or "per_head" (model.json attention, resolved)
+    product: Product = plain_product  # the backward products of a bfloat16 matmul
+    # How dense weights arrive. None: float32 parameters, cast to compute_dtype at every product
+    # (training, evaluation, prefill). Else a decoder's copies (`for_decoding`), made once by
+    # `decode_kernel`: stored in this dtype, and laid out (out, in) where `kernels_out_in`.
+    weight_dtype: str | None = None
+    kernels_out_in: bool = False
+    native_matvec: bool = False  # dense layers of a few rows through a native kernel (CpuOps)
+
+    def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+        """A two-operand einsum in the compute dtype, float32 accumulation and result."""
+        if self.compute_dtype == "float32":
+            return jnp.einsum(spec, a, b)
+        return mixed_einsum(spec, a, b, jnp.dtype(self.compute_dtype), self.product)
+
+    def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32, in the compute
+        dtype: a decode step's attention, one query row per head against the cache."""
+        idx = "abcdefgh"[:a.ndim - 1]
+        return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
+
+    def decode_compiler_options(self) -> dict[str, Any]:
+        """XLA options for a decode step's program."""
+        return {}
+
+    def linear(self, x: jax.Array, w: jax.Array, *, transposed: bool = False) -> jax.Array:
+        """x (..., K) @ w (K, M), or w (M, K) transposed -> (..., M) float32.
+
+        Weights already in the compute dtype (a decoder's copies) are not cast again: XLA drops
+        the pair of converts of nnx.Linear's promotion to float32 and back."""
+        idx = "nopqrs"[:x.ndim - 1]
+        return self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
+
+    def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """A dense layer: x (..., K) and its kernel, (K, M) or, where `kernels_out_in`, (M, K)."""
+        return self.linear(x, w, transposed=self.kernels_out_in)
+
+    def dot_general(self, x: jax.Array, w: jax.Array, dimension_numbers: Any, precision: Any = None,
+                    preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
+        """nnx.Linear's dot_general: x (..., K) contracted with its kernel (see `dense`)."""
+        del precision, preferred_element_type, out_sharding  # the compute dtype decides
+        assert w.ndim == 2 and dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
+        return self.dense(x, w)
+
+    def for_decoding(self, rows: int) -> Ops:
+        """These operations for a decoder's copy of the model whose steps feed `rows` tokens,
+        its dense kernels converted once by `decode_kernel`, so that no step casts a weight:
+        kept in the compute dtype, laid out as the model's (CpuOps chooses otherwise)."""
+        return dataclasses.replace(self, weight_dtype=self.compute_dtype, kernels_out_in=False)
+
+    def decode_kernel(self, w: jax.Array) -> jax.Array:
+        """A dense kernel (K, M) float32 as these decoding operations take it (`for_decoding`): a
+        new array, or `w` itself where nothing changes (float32 kernels for several rows)."""
+        assert self.weight_dtype is not None, "decode_kernel is for the operations of for_decoding"
+        if w.dtype == self.weight_dtype == self.compute_dtype and not self.kernels_out_in:
+            return w
+        return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
+
+    def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                  dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+        """Causal attention, q, k, v: (B, T, H, D) float32 -> (B, T, H*D) float32.
+
+        `dropout` on the attention weights needs the weights themselves, which no fused kernel
+        gives: with it, attention is spelled out over all heads.
+        """
+        if self.attention_kernel == "cudnn" and dropout is None:
+            B, T, H, D = q.shape
+            dtype = jnp.dtype(self.compute_dtype)  # cuDNN has no float32 kernel
+            y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
+                                             is_causal=True, implementation="cudnn")  # (B, T, H, D)
+            return y.astype(jnp.float32).reshape(B, T, H * D)
+        return causal_attention(q, k, v, self.einsum, dropout)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _decode_kernel(w: jax.Array, compute_dtype: str, weight_dtype: str, out_in: bool) -> jax.Array:
+    """Ops.decode_kernel's conversion: one small program per kernel shape, compiled once per process."""
+    w = w.astype(compute_dtype).astype(weight_dtype)  # the compute dtype's values
+    return w.T if out_in else w

@@ -1,0 +1,54 @@
+"""Ctrl-C and SIGTERM as a request to stop at the end of the step, with a checkpoint (train.py installs it)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class StopFlag:
+    """SIGINT and SIGTERM ask the run to finish its step, write a checkpoint and exit 130.
+
+    One request often arrives more than once: a signal to the process group (a job scheduler,
+    systemd, a container stop, `kill -INT -- -PGID`) reaches both `uv` and python, and uv
+    forwards its copy too. So every signal within REPEAT_S of the first is the same request, and
+    SIGTERM never aborts (SLURM and Kubernetes send SIGTERM, then SIGKILL after a grace period:
+    the checkpoint is the point). Only a later, distinct SIGINT (a second Ctrl-C, on purpose)
+    aborts at once, raising KeyboardInterrupt. Installed by train.py before anything else runs,
+    so a request during set-up or compilation is kept for the loop to honour.
+    """
+
+    REPEAT_S = 2.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.requested = self.aborted = False
+        self._clock = clock
+        self._first: float | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def check_abort(self) -> None:
+        """Raise KeyboardInterrupt if an abort was asked for and some library swallowed it."""
+        if self.aborted:
+            raise KeyboardInterrupt
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        now = self._clock()
+        if self._first is None:
+            self._first, self.requested = now, True
+            print(f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
+                  f"(Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+        elif signum == signal.SIGINT and now - self._first > self.REPEAT_S:
+            self.aborted = True  # whatever becomes of the KeyboardInterrupt in native code on its way up
+            raise KeyboardInterrupt

@@ -1,0 +1,206 @@
+"""A run's training charts, drawn from its records: loss, learning rate, gradient norm, throughput, HellaSwag.
+
+    paths = draw_charts(Path("runs/demo"), log_y=True)    # -> runs/demo/charts/*.png
+
+loss.png: every step's training loss, raw and smoothed, the min-max band of each checkpoint
+window over the steps it covers, and every validation; lr.png; grad_norm.png (log scale, with the
+clip threshold and dropped steps); throughput.png (tokens/s per step and its running median; MFU
+is the right axis' scale) and, when the run scores HellaSwag, hellaswag.png. The series come from
+history.py; several runs on one chart is compare.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+from jaxgpt.tracking.figures import SIZE, legend, plain_log_y, plt, save
+from jaxgpt.tracking.history import (
+    flagged_steps,
+    is_number,
+    load_history,
+    median_window,
+    per_step,
+    rolling_median,
+    smooth,
+    smoothing_span,
+    validation,
+    windows,
+)
+
+__all__ = ["draw_charts", "load_history"]
+
+
+def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool,
+                val: tuple[list[int], list[float]]) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=SIZE)
+    # Each window's band spans the steps it covers (from the previous checkpoint to its own), so
+    # the first window's range, which holds the untrained step 1, stays over the first steps.
+    for i, (first, last, lo, hi) in enumerate(windows(records)):
+        ax.fill_between([first - 1, last], [lo, lo], [hi, hi], color="tab:blue", alpha=0.12, linewidth=0,
+                        label="train min-max of each checkpoint window" if i == 0 else None)
+    steps, losses = per_step(records, "loss")
+    if steps:  # every step's loss (meta.json series), raw and smoothed
+        span = smoothing_span(len(losses))
+        ax.plot(steps, losses, color="tab:blue", alpha=0.35, linewidth=0.6, label="train, each step")
+        ax.plot(steps, smooth(losses, span), color="tab:blue", linewidth=1.8,
+                label=f"train, smoothed ({span}-step EMA)" if span > 1 else "train")
+    else:
+        ax.plot([r["step"] for r in records], [r["train_loss"]["mean"] for r in records], marker=".",
+                color="tab:blue", label="train, mean of each window")
+    if val[0]:
+        ax.plot(*val, marker="o", markersize=4, color="tab:orange", linewidth=1.5, label="validation")
+    if log_y:
+        plain_log_y(ax)
+    ax.set(title=f"Loss: {title}", xlabel="optimiser step", ylabel="cross-entropy loss")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+    return fig
+
+
+def _mfu_per_token_rate(records: list[dict[str, Any]]) -> float | None:
+    """MFU / (tokens/s) when it is one number over the run (one model, one peak), else None: a run
+    resumed on another chip or dtype has a different peak, and one right-axis scale would lie."""
+    ratios = []
+    for rec in records:
+        series = rec.get("series") or {}
+        pairs = zip(series.get("tokens_per_s") or [], series.get("mfu") or [])
+        ratios += [m / t for t, m in pairs if is_number(t) and is_number(m) and t > 0]
+        rate = rec.get("throughput_tokens_per_s")
+        if not series.get("mfu") and is_number(rec.get("mfu")) and is_number(rate) and rate > 0:
+            ratios.append(rec["mfu"] / rec["throughput_tokens_per_s"])
+    if ratios and max(ratios) - min(ratios) <= 1e-6 * max(ratios):
+        return ratios[0]
+    return None
+
+
+def _rate_lines(ax: plt.Axes, steps: list[int], values: list[float], color: str, unit: str) -> None:
+    """Each step faint, its running median bold; the y range set by the bulk of the steps, so one
+    spike (a fast read after a slow validation) does not flatten the rest."""
+    window = median_window(len(values))
+    at, median = rolling_median(values, window)
+    top = 1.15 * max(float(np.percentile(values, 99, method="lower")), max(median))
+    above = sum(v > top for v in values)
+    ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.7,
+            label=f"{unit}, each step" + (f" ({above} above the top of the axis)" if above else ""))
+    ax.plot([steps[i] for i in at], median, color=color, linewidth=2,
+            label=f"{unit}, median of the last {window} steps")
+    ax.set_ylim(0, top if top > 0 else None)
+
+
+def _throughput_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    steps, rates = per_step(records, "tokens_per_s")
+    mfu_steps, mfu = per_step(records, "mfu")
+    ratio = _mfu_per_token_rate(records)
+    # tokens/s and MFU are proportional: on twin axes their lines coincide. One line then, with MFU
+    # as the right axis' scale; only a run whose peak changed (resumed elsewhere) gets its own panel.
+    own_panel = bool(mfu_steps) and ratio is None
+    fig, axes = plt.subplots(2 if own_panel else 1, 1, sharex=True, squeeze=False,
+                             figsize=(SIZE[0], SIZE[1] * (1.4 if own_panel else 1)),
+                             gridspec_kw={"height_ratios": [2, 1]} if own_panel else None)
+    ax = axes[0][0]
+    if steps:
+        _rate_lines(ax, steps, rates, "tab:green", "tokens/s")
+    ax.set(title=f"Throughput: {title}", ylabel="tokens / second")
+    if ratio is not None:
+        right = ax.secondary_yaxis("right", functions=(lambda t: 100 * ratio * t, lambda m: m / (100 * ratio)))
+        right.set_ylabel("MFU (%)")
+    if own_panel:
+        low = axes[1][0]
+        _rate_lines(low, mfu_steps, [100 * v for v in mfu], "tab:purple", "MFU %")
+        low.set(ylabel="MFU (%)", title="MFU (the peak changed during the run)")
+        low.grid(True, alpha=0.3)
+        legend(low)
+    axes[-1][0].set_xlabel("optimiser step")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+    return fig
+
+
+def _lr_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=SIZE)
+    steps, lrs = per_step(records, "learning_rate")
+    if steps:
+        ax.plot(steps, lrs, label=f"peak {max(lrs):.3g}, last {lrs[-1]:.3g}")
+    ax.set(title=f"Learning rate: {title}", xlabel="optimiser step", ylabel="learning rate")
+    # Each tick as a number (0.0015), not an offset printed above the axis (1e-3) to multiply in.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+    return fig
+
+
+def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=SIZE)
+    steps, norms = per_step(records, "grad_norm")
+    if steps:
+        window = median_window(len(norms))
+        at, median = rolling_median(norms, window)
+        ax.plot(steps, norms, color="tab:blue", alpha=0.4, linewidth=0.7, label="pre-clip norm, each step")
+        ax.plot([steps[i] for i in at], median, color="tab:blue", linewidth=1.8,
+                label=f"median of the last {window} steps")
+    # The latest record holds the clip threshold currently in force (it may change when a run is resumed).
+    clip = next((r["clip_max_norm"] for r in reversed(records) if is_number(r.get("clip_max_norm"))), None)
+    if clip is not None and math.isfinite(clip):
+        above = sum(n > clip for n in norms)
+        ax.axhline(clip, color="tab:red", linestyle="--",
+                   label=f"clip at {clip:g}: {above} of {len(norms)} steps above")
+    dropped = flagged_steps(records, "dropped")
+    for i, s in enumerate(dropped):  # no norm for these: their gradient was not finite
+        ax.axvline(s, color="tab:red", alpha=0.4, linewidth=0.8,
+                   label=f"dropped step (non-finite gradient): {len(dropped)}" if i == 0 else None)
+    if norms and min(norms) > 0:  # log: a spike does not flatten the steps near the threshold
+        plain_log_y(ax)  # after the clip line, so its limits include it
+    ax.set(title=f"Gradient norm: {title}", xlabel="optimiser step", ylabel="global L2 norm")
+    ax.set_xlim(left=0)
+    ax.grid(True, which="both", alpha=0.3)
+    legend(ax)
+    return fig
+
+
+def _hellaswag_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+    points = sorted((h["step"], h["acc"], h["acc_norm"]) for r in records for h in r.get("hellaswag") or []
+                    if isinstance(h, dict) and all(is_number(h.get(k)) for k in ("step", "acc", "acc_norm")))
+    fig, ax = plt.subplots(figsize=SIZE)
+    steps, acc, acc_norm = zip(*points)
+    ax.plot(steps, acc, marker="o", label="acc (summed ending loss)")
+    ax.plot(steps, acc_norm, marker="o", label="acc_norm (mean ending loss)")
+    ax.axhline(0.25, color="grey", linestyle=":", label="chance (1 in 4)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set(title=f"HellaSwag: {title}", xlabel="optimiser step", ylabel="accuracy")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+    return fig
+
+
+def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
+    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png when meta.json
+    has HellaSwag results: train.json hellaswag_interval) into run_dir/charts; their paths."""
+    run_dir = Path(run_dir)
+    records = load_history(run_dir)
+    val = validation(run_dir, records)
+    out = run_dir / "charts"
+    out.mkdir(parents=True, exist_ok=True)
+    title = run_dir.resolve().name
+    figures = {
+        "loss.png": lambda: _loss_chart(records, title, log_y, val),
+        "lr.png": lambda: _lr_chart(records, title),
+        "grad_norm.png": lambda: _grad_norm_chart(records, title),
+        "throughput.png": lambda: _throughput_chart(records, title),
+    }
+    if any(r.get("hellaswag") for r in records):  # drawn once there are results (train.json hellaswag_interval)
+        figures["hellaswag.png"] = lambda: _hellaswag_chart(records, title)
+    paths = []
+    for name, build in figures.items():
+        save(build(), out / name)
+        paths.append(out / name)
+    return paths

@@ -1,0 +1,103 @@
+"""Model FLOPs utilisation: FLOPs per token from the model config, and the peak they are set against.
+
+    flops_per_token(model_cfg, seq_len)   # training (forward + backward) FLOPs of one token
+    peak_flops("bfloat16")                # (FLOP/s, where the figure comes from) for this machine
+
+MFU = tokens/s x flops_per_token / peak. The trainer (progress bar, checkpoint line, meta.json,
+TensorBoard) and the benchmarks (bench/) use these same functions.
+
+The peak of an accelerator is its spec sheet's bf16 dense figure (CHIP_PEAKS_TFLOPS, times the
+number of devices); a CPU, or a chip the table does not know, gets a measured matmul peak of the
+compute dtype instead, measured once and cached per machine (in $JAXGPT_CACHE_DIR, default
+~/.cache/jaxgpt/peak_flops.json, keyed by device kind, CPU model, core count, jax and dtype).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from jaxgpt import caches
+from jaxgpt.config import ModelConfig
+
+FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
+                    "plus attention scores/values, not halved for the causal mask (PaLM appendix B, "
+                    "nanoGPT's estimate_mfu; biases, LayerNorms and embedding lookups not counted)")
+
+# bfloat16 dense peaks (TFLOP/s, no sparsity; the vendors' spec sheets) by device_kind, first
+# match wins: MFU on an accelerator is against the chip's peak, not a measured matmul.
+CHIP_PEAKS_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756), ("H100 NVL", 835), ("H100", 989), ("H200", 989), ("H800", 989), ("B200", 2250),
+    ("A100", 312), ("L40S", 362), ("L40", 181), ("L4", 121),
+    ("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5", 459), ("TPU v6 lite", 918), ("TPU v6e", 918),
+)
+
+
+def flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """Training (forward + backward = 3 x forward) FLOPs of one token of a length-`seq_len` sequence.
+
+    Each weight of a matmul costs 2 FLOPs a token forward and 4 backward: 6 N for the N = 12 L C^2
+    block weights (qkv 3 C^2, projection C^2, MLP 8 C^2) plus V C of the output head. Attention's
+    two products (q k^T and a v) add 2 x 2 T C per layer forward, 12 L T C for training: the full
+    T x T square, as PaLM and nanoGPT's estimate_mfu count it (a causal kernel skips about half of
+    it, but MFU compares runs and papers by this convention).
+    """
+    matmul_params = model.vocab_size * model.emb_dim  # the output head
+    if model.architecture == "gpt2":
+        matmul_params += model.n_layers * 12 * model.emb_dim**2
+        return 6 * matmul_params + 12 * model.n_layers * seq_len * model.emb_dim
+    return 6 * matmul_params  # a-to-a: embedding -> head, no attention
+
+
+def chip_peak_flops(device_kind: str) -> tuple[float, str] | None:
+    """(bf16 dense peak FLOP/s, where it comes from) for a JAX device_kind, or None if unknown."""
+    for name, tflops in CHIP_PEAKS_TFLOPS:
+        if name.lower() in device_kind.lower():
+            return tflops * 1e12, f"spec sheet: {name} bf16 dense {tflops:g} TFLOP/s"
+    return None
+
+
+def matmul_flops(size: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+    """Best FLOP/s of a jitted size^3 matmul on the default device: what a training step whose
+    matmuls run in that dtype can reach at most."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((size, size), jnp.dtype(dtype))
+    # float32 accumulation and result, as the model's matmuls (model.mixed_einsum): XLA:CPU runs
+    # bf16 x bf16 -> f32 on its native bf16 kernels, but upcasts a bf16 -> bf16 product.
+    matmul = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
+    matmul(a, a).block_until_ready()  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+CACHE = "peak_flops.json"  # in caches.cache_root()
+
+
+def peak_flops(compute_dtype: str) -> tuple[float, str]:
+    """(peak FLOP/s of all this job's devices, where the figure comes from) for MFU."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        chip = chip_peak_flops(device.device_kind)
+        if chip is not None:
+            return chip[0] * jax.device_count(), f"{chip[1]} x {jax.device_count()} device(s)"
+    dtype = "float32" if compute_dtype == "float32" else "bfloat16"
+    # One CPU device runs on every core: its measured peak is the machine's, not multiplied.
+    count = 1 if device.platform == "cpu" else jax.device_count()
+    key = f"{device.platform}|{device.device_kind}|{caches.cpu_model()}|{os.cpu_count()} cores|jax {jax.__version__}|{dtype}"
+    cached = caches.recall(CACHE, key)
+    if not isinstance(cached, (int, float)):
+        cached = matmul_flops(2048, repeats=5, dtype=dtype)
+        caches.remember(CACHE, key, cached)
+    return cached * count, f"measured {dtype} 2048^3 matmul on {device.device_kind} ({caches.cache_root() / CACHE})"
+
+
+def mfu(tokens_per_s: float, per_token: float, peak: float) -> float:
+    return tokens_per_s * per_token / peak

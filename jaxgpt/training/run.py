@@ -1,0 +1,282 @@
+"""Run set-up: load and cross-check a run directory's configs, dataset and checkpoints, without JAX.
+
+train.py calls `prepare_run` before anything imports JAX, so a malformed config, a missing or
+mismatched dataset, a corrupt checkpoint or a resume that would change the data order is one
+line on stderr within a second, never after a backend start-up or a compile. This module, and
+everything it imports (config, data, download_dataset, tokenizer, checkpoint_files), must stay
+free of JAX, Flax and Orbax: tests/test_run_setup.py checks that in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from jaxgpt.checkpoints import layout as ckpt
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
+from jaxgpt.data.batches import BatchSampler, WholeSplit
+from jaxgpt.data.prepare import prepare_dataset
+from jaxgpt.data.shards import DataError, Dataset, open_dataset
+from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
+
+INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (it diverged): one line, the last good checkpoint kept."""
+
+
+@dataclass
+class Run:
+    """Everything validated before any compile: configs, dataset, samplers, resume point."""
+
+    run_dir: Path
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    dataset: Dataset
+    train_batches: BatchSampler
+    val_batches: BatchSampler | WholeSplit  # WholeSplit for validation_batches "all"
+    total_steps: int
+    resume_from: Path | None
+    init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
+    hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
+
+
+def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
+    """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each.
+
+    lock: take the run directory's lock (a second trainer on it is refused); in a multi-process
+    run only process 0 takes it. Then the checkpoint folder must be writable with room for one
+    checkpoint, the validation split's ids must fit the model, and the checkpoint to resume from
+    must verify (a damaged `latest` is set aside and the one before it used).
+    """
+    model_cfg, train_cfg = load_run_configs(run_dir)
+    if lock:
+        lock_run(run_dir)
+    check_writable(run_dir, model_cfg, tidy=lock)
+    ds_path = prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
+                              options=train_cfg.dataset.options,  # the length decides how many FineWeb files
+                              train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
+    dataset = open_dataset(ds_path)
+    _check_dataset(run_dir, model_cfg, train_cfg, dataset)
+    seq_len = train_cfg.seq_len(model_cfg)
+    common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
+                  seed=train_cfg.seed, targets=train_cfg.targets)
+    train_batches = BatchSampler(dataset.train, shuffle=True, **common)
+    val_batches: BatchSampler | WholeSplit
+    if train_cfg.validation_batches == "all":
+        val_batches = WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
+                                 targets=train_cfg.targets)
+    else:
+        val_batches = BatchSampler(dataset.val, shuffle=False, **common)
+    if train_batches.n_windows < train_cfg.sequences_per_step:
+        raise DataError(
+            f"{ds_path}: train split has {train_batches.n_windows} sequences of {seq_len} tokens, "
+            f"fewer than one optimiser step needs ({train_cfg.sequences_per_step})")
+    if restart:
+        moved = ckpt.archive_checkpoints(run_dir)
+        if moved:
+            print(f"Moved old checkpoints aside to {moved}")
+    resume_from = _resume_point(run_dir)
+    if resume_from is not None:
+        _check_resume(resume_from, model_cfg, train_cfg, dataset)
+    init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
+    examples = None
+    if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
+        examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
+    return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples)
+
+
+# ----------------------------------------------------------------------------- the run directory
+
+LOCK_FILE = ".train.lock"
+_held: dict[Path, int] = {}  # run directory -> the open lock file this process holds
+
+
+def lock_run(run_dir: Path) -> None:
+    """An exclusive advisory lock on <run_dir>/.train.lock for the rest of this process.
+
+    flock: the kernel releases it when the process ends in any way (kill -9 included), so there
+    is never a stale lock to clean up. The file says who holds it, for the refusal's message.
+    Taken again by the same process (tests, a second train.main call), it is the same lock.
+    """
+    key = Path(run_dir).resolve()
+    if key in _held:
+        return
+    path = key / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{run_dir}: cannot write there ({e.strerror or e}: {path}); make the run directory "
+                          f"writable or copy it somewhere that is") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{run_dir}: already being trained ({holder}; lock {path}); "
+                          f"wait for that run to end or stop it") from None
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode(), 0)
+    _held[key] = fd
+
+
+def check_writable(run_dir: Path, model: ModelConfig, *, tidy: bool = True) -> None:
+    """The checkpoint folder can be created and written, with room for one more checkpoint:
+    found now rather than after compiling and training a whole checkpoint interval. tidy (the
+    lock holder only): remove what a killed or failed save left behind."""
+    root = ckpt.checkpoints_dir(run_dir)
+    probe = root / f".write-test-{os.getpid()}"
+    existed = root.is_dir()
+    try:
+        if existed and tidy:  # never a checkpoint, and no other trainer writes here: we hold the lock
+            ckpt.remove_leftovers(root)
+        root.mkdir(exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            os.fsync(f.fileno())
+        probe.unlink()
+        free = shutil.disk_usage(root).free
+        if not existed:
+            root.rmdir()  # leave no trace: --restart would move an empty folder aside
+    except OSError as e:
+        raise ConfigError(f"{root}: cannot write checkpoints there ({e.strerror or e}); make the run "
+                          f"directory writable or copy it somewhere that is") from None
+    need = checkpoint_bytes(model)
+    if free < need:
+        raise ConfigError(f"{root}: {free / 2**20:,.0f} MiB free, one checkpoint of this model needs about "
+                          f"{need / 2**20:,.0f} MiB; free some space there first")
+
+
+def checkpoint_bytes(model: ModelConfig) -> int:
+    """About one checkpoint's size: float32 weights, AdamW's two moments and the MultiSteps
+    accumulator (4 x 4 bytes per parameter), plus the small files."""
+    V, C, L = model.vocab_size, model.emb_dim, model.n_layers
+    params = V * C * (1 if model.tie_embeddings else 2)
+    if model.architecture == "gpt2":
+        params += model.context_length * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 16 * params + (1 << 20)
+
+
+def _resume_point(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; damaged newer ones are set aside (renamed, never
+    deleted), `latest` is moved to it, and `best` repaired, each said in one line."""
+    while (found := ckpt.latest_checkpoint(run_dir)) is not None:
+        problem = ckpt.verify_checkpoint(found)
+        if problem is None:
+            break
+        moved = ckpt.quarantine(found)
+        print(f"warning: checkpoint {found.name} is damaged ({problem}); moved aside to {moved.name}",
+              file=sys.stderr)
+    root = ckpt.checkpoints_dir(run_dir)
+    if found is not None and (root / "latest").resolve() != found:
+        ckpt.point(root, "latest", found.name)
+        print(f"Resuming from {found.name}, the newest checkpoint that verifies", file=sys.stderr)
+    repaired = ckpt.repair_best(run_dir)
+    if repaired:
+        print(f"Note: {repaired}", file=sys.stderr)
+    return found
+
+
+# Keys that decide the parameters' shapes: init_from weights must agree on all of them.
+_SHAPE_KEYS = ("architecture", "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers",
+               "qkv_bias", "bias", "tie_embeddings")
+
+
+def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
+    """The checkpoint folder train.json `init_from` names (relative to the run directory), checked
+    against model.json now, before JAX starts."""
+    if train.init_from is None:
+        return None
+    try:
+        found = ckpt.resolve_checkpoint(Path(run_dir) / train.init_from)
+    except ckpt.CheckpointError as e:
+        raise ConfigError(f"{run_dir}/train.json: init_from={train.init_from!r}: {e}") from None
+    saved = ckpt.read_configs(found).get("model.json")
+    if saved is not None:
+        for key in _SHAPE_KEYS:
+            if saved.get(key) != getattr(model, key):
+                raise ConfigError(f"{run_dir}/model.json: {key}={getattr(model, key)!r} differs from the "
+                                  f"init_from weights {found} ({key}={saved.get(key)!r})")
+    return found
+
+
+def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Dataset) -> None:
+    manifest = ds.path / "manifest.json"
+    if ds.tokenizer != train.tokenizer:
+        raise DataError(f"{manifest}: dataset tokenizer {ds.tokenizer!r} does not match "
+                        f"{run_dir}/train.json tokenizer={train.tokenizer!r}")
+    if model.vocab_size < ds.vocab_size:
+        raise ConfigError(f"{run_dir}/model.json: vocab_size={model.vocab_size} is smaller than the "
+                          f"{ds.tokenizer} tokenizer's {ds.vocab_size} ids ({manifest})")
+    if ds.max_token_id >= model.vocab_size:
+        raise DataError(f"{manifest}: token id {ds.max_token_id} is out of range for "
+                        f"{run_dir}/model.json vocab_size={model.vocab_size}")
+    # The manifest vouches for the training shards (each batch is checked against it as it is
+    # read); the validation split is small, so its ids are read now rather than found bad at
+    # the first validation, an interval into training.
+    for shard, path in zip(ds.val.shards, ds.val.files):
+        if shard.size and int(shard.max()) >= model.vocab_size:
+            at = int(np.argmax(shard >= model.vocab_size))
+            raise DataError(f"{path}: token id {int(shard[at])} at position {at} is out of range for "
+                            f"{run_dir}/model.json vocab_size={model.vocab_size}")
+
+
+# Changing these mid-run would silently change which batches come next or what the weights mean.
+_DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "microbatch_size",
+                    "gradient_accumulation_steps", "seed")
+
+# How the model runs, not what it is (model.json's speed options): free to change on resume.
+# scan_layers is not among them: it changes the optimiser state's layout.
+_RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+
+
+def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, dataset: Dataset) -> None:
+    meta = ckpt.read_meta(ckpt_dir)
+    fingerprint = meta.get("data_position", {}).get("fingerprint")
+    if fingerprint is not None and fingerprint != dataset.manifest.get("fingerprint"):
+        raise DataError(f"{dataset.path}/manifest.json: dataset differs from the one checkpoint "
+                        f"{ckpt_dir.name} was trained on (fingerprint {fingerprint!r}), so the batches "
+                        f"would not continue where they stopped; use --restart, or restore that dataset")
+    saved = ckpt.read_configs(ckpt_dir)
+    old_model, old_train = saved.get("model.json"), saved.get("train.json")
+    if old_model is not None:
+        # Through today's loader, so keys added since the checkpoint was written take their defaults.
+        old_model = to_dict(from_dict(ModelConfig, old_model, f"{ckpt_dir}/model.json"))
+        diff = {k: (old_model[k], v) for k, v in to_dict(model).items() if old_model[k] != v}
+        fixed = {k: d for k, d in diff.items() if k not in _RUNTIME_KEYS}
+        if fixed:
+            key, (was, now) = next(iter(fixed.items()))
+            raise ConfigError(f"model.json: {key}={now!r} differs from checkpoint {ckpt_dir.name} "
+                              f"({key}={was!r}); use --restart to train a new model")
+        if diff:
+            print(f"Note: model.json's {', '.join(f'{k}={v[1]!r}' for k, v in diff.items())} "
+                  f"differ from {ckpt_dir.name}; same weights, run differently")
+    if old_train is not None:
+        try:  # through today's loader too: keys added since take their defaults (optimizer "adamw", ...)
+            old_train = to_dict(from_dict(TrainConfig, old_train, f"{ckpt_dir}/train.json"))
+        except ConfigError:
+            pass  # a key since removed: compare what is there
+        if old_train.get("optimizer", "adamw") != train.optimizer:
+            raise ConfigError(f"train.json: optimizer={train.optimizer!r} differs from checkpoint {ckpt_dir.name} "
+                              f"(optimizer={old_train.get('optimizer', 'adamw')!r}), whose optimiser state has "
+                              f"the other's layout; use --restart (or init_from its weights in a new run)")
+        for key in _DATA_ORDER_KEYS:
+            if old_train.get(key) != to_dict(train)[key]:
+                raise ConfigError(f"train.json: {key}={to_dict(train)[key]!r} differs from checkpoint "
+                                  f"{ckpt_dir.name} ({key}={old_train.get(key)!r}), which would change "
+                                  f"the data order on resume; use --restart")
+        changed = [k for k, v in to_dict(train).items() if old_train.get(k) != v]
+        if changed:
+            print(f"Note: train.json changed since {ckpt_dir.name}: {', '.join(changed)}")

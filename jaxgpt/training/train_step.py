@@ -1,0 +1,115 @@
+"""The train step: one optimiser step over k microbatches, compiled once; and its dropout key.
+
+A train step is a pure function of (model, optimiser, batch, key): the loop around it (loop.py)
+only fetches data, steps, logs, evaluates and saves. The loss is jaxgpt/model/loss.py's; the
+validation program is jaxgpt/evaluation/scoring.py's eval_sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxgpt.model.loss import loss_fn
+from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
+
+
+def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
+                targets: jax.Array, step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
+
+    inputs, targets: (k, B, T) int32; step_key: the dropout key of this step.
+    Returns the k microbatch losses (k,) and the optimiser statistics after the step.
+
+    The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
+    loop would unroll k forward/backward passes into one program: the seed's OOM). Each
+    microbatch still goes through `optimizer.update`, so MultiSteps and apply_if_finite keep
+    their semantics: gradients are averaged over the window, and a non-finite microbatch is
+    skipped and counted; a step that lost a microbatch that way is dropped whole, so every call
+    stays exactly one optimiser step (optimizer.close_skipped_window).
+    """
+    k = inputs.shape[0]
+    dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
+    keys = jax.random.split(step_key, k)
+    graphdef, state = nnx.split((model, optimizer))
+
+    def microstep(state: nnx.State, xs: tuple[jax.Array, ...]) -> tuple[nnx.State, jax.Array]:
+        model, optimizer = nnx.merge(graphdef, state)
+        x, y, key = xs
+        rngs = nnx.Rngs(dropout=key) if dropout else None
+        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    applied_before = optimizer_stats(optimizer)["gradient_step"]
+    state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys))
+    nnx.update((model, optimizer), state)
+    close_skipped_window(optimizer)
+    stats = optimizer_stats(optimizer)
+    # Dropped: no optimiser step applied, whether some of the k microbatches were skipped (an
+    # open window closed) or all of them (a window that never opened).
+    return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
+
+
+train_step = nnx.jit(_train_step, donate_argnums=(0, 1))
+train_step.__doc__ = _train_step.__doc__
+
+
+class StepRunner:
+    """train_step on the model and optimiser held as flat arrays between calls: what the trainer
+    and the benchmark run.
+
+    nnx.jit walks the model and optimiser graphs (hundreds of Variables) in and out on every
+    call: Python time that on a small CPU competes with the step itself for the cores, and which
+    a loop that reads each step's loss cannot hide (docs/performance.md "Performance" has the figures). Here
+    the graph is split once and jax.jit takes the flat list of arrays; the arrays are donated and come back with the shardings they went in with. Between calls the model and
+    optimiser objects hold stale (donated) arrays: `sync()` writes the current ones back before
+    anything reads them (validation, checkpoints).
+    """
+
+    def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        graphdef, state = nnx.split((model, optimizer))
+        self.leaves, self.treedef = jax.tree.flatten(state)
+        treedef = self.treedef
+
+        def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array,
+                 key: jax.Array) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
+            model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+            losses, stats = _train_step(model, optimizer, inputs, targets, key)
+            new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
+            assert new_treedef == treedef, "the train step changed the model/optimiser structure"
+            return new_leaves, losses, stats
+
+        self._step = jax.jit(pure, donate_argnums=0,
+                             out_shardings=([leaf.sharding for leaf in self.leaves], None, None))
+
+    def __call__(self, inputs: jax.Array, targets: jax.Array,
+                 step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """One optimiser step, dispatched asynchronously: see train_step."""
+        self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key)
+        return losses, stats
+
+    def lower(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array) -> Any:
+        return self._step.lower(self.leaves, inputs, targets, step_key)
+
+    def export(self, inputs: Any, targets: Any, step_key: jax.Array, platforms: Sequence[str]) -> jax.export.Exported:
+        """This step as the program `platforms` would run (jax.export: StableHLO, donation kept).
+
+        Lowering needs no such device: a CPU machine can export for "cuda" and audit the program
+        a GPU would run. inputs, targets: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
+        """
+        return jax.export.export(self._step, platforms=platforms)(self.leaves, inputs, targets, step_key)
+
+    def sync(self) -> None:
+        """Point the model and optimiser at the current arrays."""
+        nnx.update((self.model, self.optimizer), jax.tree.unflatten(self.treedef, self.leaves))
+
+
+def step_key(seed: int, step: int) -> jax.Array:
+    """The dropout key of optimiser step `step`: a pure function of (seed, step), so a resumed
+    run draws exactly the dropout masks the uninterrupted run would have."""
+    return jax.random.fold_in(jax.random.key(seed), step)
