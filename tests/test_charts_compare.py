@@ -1,43 +1,42 @@
-"""Tests for charts_compare.py and `charts.py ... --compare`: what the chart draws (tokens, not
-steps, on x; every validation; one colour per run; the target), its errors, and two real runs."""
+"""Tests for jaxgpt/tracking/compare.py and `charts.py ... --compare`: what the chart draws from each
+run's record (tokens, not steps, on x; every validation; one colour per run; the target), its
+errors (a record without train/tokens among them), and two real runs trained here."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
 from conftest import write_run
-from test_charts import assert_png, legend_inside
+from test_charts import (assert_png, checkpoint, configs, legend_inside, legend_texts, train_step, validation,
+                         write_record)
 
 import charts
 import train
+from jaxgpt.checkpoints import layout as cf
 from jaxgpt.tracking import charts as drawing
 from jaxgpt.tracking import compare as cc
 from jaxgpt.tracking import history as rh
 from jaxgpt.tracking import metrics
 
 
-def meta(step: int, tokens_per_step: int, val: float) -> dict:
-    """A checkpoint whose window is the 10 steps up to `step`, each with loss 10 / step."""
-    steps = list(range(step - 9, step + 1))
-    return {"step": step, "tokens_seen": step * tokens_per_step, "val_loss": val,
-            "train_loss": {"min": 1.0, "max": 3.0, "mean": 2.0},
-            "series": {"step": steps, "loss": [10.0 / s for s in steps]}}
-
-
-def fake_run(root: Path, name: str, tokens_per_step: int, vals: dict[int, float]) -> Path:
-    """A run dir with checkpoints every 10 steps and metrics.jsonl validations every 5."""
-    run = root / name
-    for step in range(10, max(vals) + 1, 10):
-        path = run / "checkpoints" / f"20260101T0000{step:02d}Z-step-{step}" / "meta.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(meta(step, tokens_per_step, vals[step])))
-    lines = [{"step": s, "val/loss": v, "val/tokens": 100} for s, v in sorted(vals.items())]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return run
+def fake_run(root: Path, name: str, tokens_per_step: int, vals: dict[int, float | None], *,
+             tokens: bool = True) -> Path:
+    """A run whose record has steps 1 to the last validation (loss 10 / step, tokens_per_step a
+    step), its validations and a checkpoint every 10 steps, as RunLog writes them. tokens=False:
+    a record written before train/tokens existed."""
+    lines = [configs(0)]
+    for step in range(1, max(vals) + 1):
+        line = train_step(step, 10.0 / step, tokens=step * tokens_per_step)
+        lines.append(line if tokens else {k: v for k, v in line.items() if k != "train/tokens"})
+        if step in vals:
+            lines.append(validation(step, vals[step]))
+        if step % 10 == 0:
+            lines.append(checkpoint(step))
+    write_record(root / name, lines)
+    return root / name
 
 
 @pytest.fixture
@@ -108,6 +107,46 @@ def test_cli_compare(runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFix
     assert all((run / "charts" / "loss.png").is_file() for run in runs)
 
 
+def test_run_curves_are_the_records_losses_against_its_tokens(tmp_path: Path) -> None:
+    # Step 10's validation was not finite (null): no point; step 7's is not a checkpoint: drawn.
+    run = fake_run(tmp_path, "gaps", 50, {7: 2.5, 10: None, 14: 2.0})
+    curve = cc.run_curves(run, "gaps")
+    assert curve.name == "gaps"
+    assert (curve.val_tokens, curve.val_loss) == ([350.0, 700.0], [2.5, 2.0])
+    assert curve.train_tokens == [50.0 * s for s in range(1, 15)]
+    assert curve.train_loss == rh.smooth([10.0 / s for s in range(1, 15)], rh.smoothing_span(14))
+    assert cc.first_below(curve, 2.2) == 700.0 and cc.first_below(curve, 1.0) is None
+
+
+def test_a_record_without_train_tokens_cannot_be_compared(runs: list[Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    old = fake_run(tmp_path, "old", 100, {5: 3.0, 10: 2.5}, tokens=False)
+    with pytest.raises(ValueError, match="no train/tokens at step 1") as err:
+        cc.run_curves(old, "old")
+    assert str(old / "metrics.jsonl") in str(err.value) and "\n" not in str(err.value)
+    out = tmp_path / "out" / "c.png"
+    with pytest.raises(ValueError, match="no train/tokens"):
+        cc.draw_compare([runs[0], old], out)
+    assert not out.exists()  # nothing half drawn
+    assert charts.main([str(runs[0]), str(old), "--compare", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ") and captured.err.count("\n") == 1
+    assert str(old / "metrics.jsonl") in captured.err and "no train/tokens at step 1" in captured.err
+    # Its own charts are by step: they draw.
+    assert charts.main([str(old)]) == 0 and (old / "charts" / "loss.png").is_file()
+
+
+def test_a_malformed_record_fails_the_comparison_naming_the_file(runs: list[Path], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = runs[1] / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"step": 7,', '"step": "7",', 1))
+    out = tmp_path / "c.png"
+    assert charts.main([*map(str, runs), "--compare", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: malformed record {path}: line ") and err.count("\n") == 1
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------- two real runs
 
 MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 32, "emb_dim": 16}
@@ -118,7 +157,8 @@ TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "sam
 
 def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
     """Two trained runs with different tokens per step (4 x 32 and 2 x 2 x 16 = 128 vs 64): every
-    validation of metrics.jsonl lands at step x tokens per step; the per-run bands span the windows."""
+    validation of the record lands at step x tokens per step; the loss chart's bands span the
+    checkpoint windows, the pruned checkpoint's included; the grad-norm chart clips at train.json's."""
     settings = {"narrow": {"microbatch_size": 4}, "accum": {"microbatch_size": 2, "gradient_accumulation_steps": 2,
                                                             "sequence_length": 16}}
     runs = []
@@ -136,10 +176,26 @@ def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
         assert validations == [2, 4, 6, 8]  # 2 and 6 were not checkpoints
         assert curve.val_tokens == [s * per_step[curve.name] for s in validations]
         assert curve.train_tokens == [s * per_step[curve.name] for s in range(1, 9)]
-    for run in runs:  # keep_last 1: step 4's meta lives on in history/, its band over steps 0-4
-        records = rh.load_history(run)
-        fig = drawing._loss_chart(records, run.name, False, rh.validation(run, records))
+    for run in runs:
+        record = rh.read_record(run)
+        steps, losses = record.series("train/loss")
+        lows, highs = record.series("train/loss_min")[1], record.series("train/loss_max")[1]
+        assert steps == list(range(1, 9)) and all(lo <= v <= hi for lo, v, hi in zip(lows, losses, highs))
+        # keep_last 1: step 4's checkpoint was pruned (step 8 is the latest and the best), but the
+        # record keeps its line and so its window: bands over steps 0-4 and 4-8.
+        on_disk = [p.name for p in cf.list_checkpoints(run)]
+        assert [s for s, _ in record.checkpoints] == [4, 8] and on_disk == [record.checkpoints[1][1]]
+        assert [(first, last) for first, last, *_ in record.windows()] == [(1, 4), (5, 8)]
+        assert record.configs["train.json"]["clipping_max_norm"] == 1.0  # the default, as the run resolved it
+        fig = drawing._loss_chart(record, run.name, False)
         ax = fig.axes[0]
         assert [(b.x0, b.x1) for b in (c.get_datalim(ax.transData) for c in ax.collections)] == [(0, 4), (4, 8)]
-        assert list(ax.get_lines()[-1].get_xdata()) == [2, 4, 6, 8]
+        raw, _smoothed, val = ax.get_lines()
+        assert list(raw.get_xdata()) == list(range(1, 9)) and list(val.get_xdata()) == [2, 4, 6, 8]
+        fig = drawing._grad_norm_chart(record, run.name)
+        norms = record.series("optim/grad_norm")[1]
+        assert len(norms) == 8 and any(label.startswith(f"clip at 1: {sum(n > 1 for n in norms)} of 8 steps")
+                                       for label in legend_texts(fig.axes[0]))
         plt.close("all")
+        assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
+                                                                     "throughput.png"]  # drawn by train.py

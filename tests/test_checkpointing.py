@@ -193,7 +193,7 @@ def test_same_step_saved_twice_in_one_second_keeps_the_newer(run: Path, ckpt: Pa
 # ----------------------------------------------------------------------------- pruning
 
 
-def test_prune_keeps_last_k_and_best_and_records_history(tmp_path: Path, trained) -> None:
+def test_prune_keeps_last_k_and_best_and_nothing_else(tmp_path: Path, trained) -> None:
     model, optimizer, _ = trained
     run = tmp_path / "run"
     root = run / "checkpoints"
@@ -209,11 +209,8 @@ def test_prune_keeps_last_k_and_best_and_records_history(tmp_path: Path, trained
     assert os.readlink(root / "latest") == paths[5].name
     for step in (1, 3):
         assert not paths[step].exists()
-    assert entries(root) == {paths[2].name, paths[4].name, paths[5].name, "latest", "best", "history"}
-    history = root / "history"
-    assert entries(history) == {f"{paths[1].name}.json", f"{paths[3].name}.json"}
-    for step in (1, 3):
-        assert without_files(json.loads((history / f"{paths[step].name}.json").read_text())) == metas[step]
+    # Nothing of the pruned ones is left (the run's record, metrics.jsonl, keeps their steps).
+    assert entries(root) == {paths[2].name, paths[4].name, paths[5].name, "latest", "best"}
     # The kept best is still a complete checkpoint, loadable into make_optimizer's optimiser.
     model2 = build_model(MCFG, seed=4)
     optimizer2 = make_optimizer(model2, TCFG, TOTAL_STEPS)

@@ -21,6 +21,7 @@ import train
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.checkpoints.gpt2 import export_run, import_run, infer_config
 from jaxgpt.checkpoints.store import load_model
+from jaxgpt.tracking.history import read_record
 
 TOL = 1e-4
 
@@ -332,7 +333,7 @@ def test_imported_run_samples_evaluates_and_fine_tunes(tmp_path: Path, gpt2_data
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     first_loss = -np.take_along_axis(logp, y[..., None], -1).mean()
-    assert meta["series"]["loss"][0] == pytest.approx(first_loss, abs=1e-4)
+    assert read_record(run).series("train/loss")[1][0] == pytest.approx(first_loss, abs=1e-4)
     # ... and the run now samples from its own checkpoint, not from pretrained/.
     assert test_generation.main([str(run), "--max-new-tokens", "3"]) == 0
     assert "step-2" in capsys.readouterr().out

@@ -25,7 +25,7 @@ import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.config import ModelConfig
 from jaxgpt.tracking import metrics
-from jaxgpt.tracking.charts import load_history
+from jaxgpt.tracking.history import read_record
 from jaxgpt.training import mfu
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
@@ -54,8 +54,7 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
     losses = {}
-    for meta in load_history(run_dir):
-        losses.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    losses.update(zip(*read_record(run_dir).series("train/loss")))
     return losses
 
 
@@ -74,10 +73,11 @@ def test_a_run_writes_every_tag_once_a_step_and_the_same_to_metrics_jsonl(short_
     assert [s for s, _ in tb["val/loss"]] == [3, 6, 9, 12]
     assert {v for _, v in tb["val/tokens"]} == {1 * 4 * 32}  # validation_batches x B x T targets
 
-    # The values are the loop's: the per-step loss meta.json keeps, to float32 (TensorBoard's type).
+    # The values are the loop's: the per-step loss the record keeps, to float32 (TensorBoard's type).
     loss = per_step_losses(short_run)
     np.testing.assert_allclose([v for _, v in tb["train/loss"]], [loss[s] for s in range(1, 13)], rtol=1e-6)
-    for meta in load_history(short_run):
+    for ckpt in cf.list_checkpoints(short_run):  # each checkpoint's val_loss is the validation at its step
+        meta = cf.read_meta(ckpt)
         assert meta["val_loss"] == pytest.approx(dict(tb["val/loss"])[meta["step"]], rel=1e-6)
 
     lines = metrics.read_metrics(short_run / metrics.METRICS_FILE)
@@ -94,14 +94,22 @@ def test_a_run_writes_every_tag_once_a_step_and_the_same_to_metrics_jsonl(short_
                                                        / r["perf/step_time_s"])
         assert r["perf/mfu"] == pytest.approx(r["perf/tokens_per_s"] * meta["flops_per_token"] / meta["peak_flops"])
     assert 0 < meta["mfu"] < 1 and meta["peak_flops_source"]
-    assert meta["series"]["mfu"] == pytest.approx([r["perf/mfu"] for r in steps if r["step"] > 6])
+    assert "series" not in meta and meta["format"] == 2  # every step's figures are the record's alone
+    # The record names every checkpoint at its step, after that step's lines, and starts with the configs.
+    assert [(r["step"], r["checkpoint"]) for r in lines if "checkpoint" in r] == [
+        (cf.step_of(c), c.name) for c in cf.list_checkpoints(short_run)]
+    assert lines[0]["step"] == 0 and set(lines[0]["configs"]) == {"model.json", "train.json"}
+    for r in steps:
+        assert r["train/loss_min"] <= r["train/loss"] <= r["train/loss_max"]
+        assert r["train/tokens"] == r["step"] * TRAIN["gradient_accumulation_steps"] * 4 * 32
 
 
 def test_the_resolved_configs_are_in_tensorboard_as_text(short_run: Path) -> None:
     acc = event_accumulator.EventAccumulator(str(short_run / metrics.TENSORBOARD_DIR))
     acc.Reload()
-    assert {"config/model.json", "config/train.json"} <= set(acc.Tags()["tensors"])
-    (event,) = acc.Tensors("config/train.json")
+    # tensorboardX's add_text names the text plugin's tag <tag>/text_summary.
+    assert {"config/model.json/text_summary", "config/train.json/text_summary"} <= set(acc.Tags()["tensors"])
+    (event,) = acc.Tensors("config/train.json/text_summary")
     text = event.tensor_proto.string_val[0].decode()
     assert json.loads(text.removeprefix("```json\n").removesuffix("\n```"))["validation_interval"] == 3
 

@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 
 import train
 from jaxgpt.checkpoints import layout as cf
-from jaxgpt.tracking.charts import load_history
+from jaxgpt.tracking.history import read_record
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
@@ -83,8 +83,7 @@ def saving(run: Path, step: int) -> bool:
 
 def per_step_losses(run: Path) -> dict[int, float]:
     losses = {}
-    for meta in load_history(run):
-        losses.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    losses.update(zip(*read_record(run).series("train/loss")))
     return losses
 
 

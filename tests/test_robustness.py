@@ -22,7 +22,7 @@ import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.data.shards import DataError
 from jaxgpt.stopping import StopFlag
-from jaxgpt.tracking.charts import load_history
+from jaxgpt.tracking.history import read_record
 from jaxgpt.training import run as run_setup
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
@@ -50,8 +50,7 @@ def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, **kw) -> subpro
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
     losses = {}
-    for meta in load_history(run_dir):
-        losses.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    losses.update(zip(*read_record(run_dir).series("train/loss")))
     return losses
 
 
@@ -227,9 +226,11 @@ def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(
     latest = cf.latest_checkpoint(run)
     assert "the last 5 optimiser steps" in err and f"checkpoints/latest is {latest.name}" in err, err
     meta = cf.read_meta(latest)
-    dropped = meta["series"]["dropped"]
-    assert not dropped[-1]  # saved on an applied step: the last good one
-    assert meta["skipped_updates"]["dropped_steps"] == sum(dropped)
+    skipped = dict(zip(*read_record(run).series("optim/skipped")))
+    assert skipped[meta["step"]] == 0  # saved on an applied step: the last good one
+    since = [s for s, _ in read_record(run).checkpoints if s < meta["step"]]
+    assert meta["skipped_updates"]["dropped_steps"] == sum(v for s, v in skipped.items()
+                                                           if (since[-1] if since else 0) < s <= meta["step"])
     assert "checkpoint postponed" in done.stdout  # the storm's steps wrote none
     postponed = [int(line.split()[1].rstrip(":")) for line in done.stdout.splitlines() if "postponed" in line]
     assert min(postponed) > cf.step_of(latest) or max(postponed) < cf.step_of(latest), postponed
@@ -240,7 +241,8 @@ def test_dropped_steps_are_counted_and_have_no_grad_norm(tmp_path: Path, data_ro
                                               "checkpoint_interval": 12, "max_dropped_steps": 1000})
     assert run_main(run, data_root) == 0
     meta = cf.read_meta(cf.latest_checkpoint(run))
-    norms, flags = meta["series"]["grad_norm"], meta["series"]["dropped"]
+    lines = [r for r in read_record(run).lines if "train/loss" in r]  # each step's line
+    norms, flags = [r["optim/grad_norm"] for r in lines], [r["optim/skipped"] == 1 for r in lines]
     dropped = sum(flags)
     assert dropped >= 6, (norms, flags)  # lr 1e6: the weights blow up after the first steps
     assert all(g is None for g, d in zip(norms, flags) if d)  # no stale norm for a dropped step

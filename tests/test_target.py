@@ -20,7 +20,7 @@ from conftest import ROOT, wait_for_step, write_run
 import train
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.tracking import metrics
-from jaxgpt.tracking.charts import load_history
+from jaxgpt.tracking.history import read_record
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
@@ -43,8 +43,7 @@ def records(run_dir: Path) -> list[dict]:
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
     out = {}
-    for meta in load_history(run_dir):
-        out.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    out.update(zip(*read_record(run_dir).series("train/loss")))
     return out
 
 

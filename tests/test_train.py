@@ -20,7 +20,7 @@ import train
 from jaxgpt import ops
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ModelConfig
-from jaxgpt.tracking.charts import load_history
+from jaxgpt.tracking.history import read_record
 
 A_TO_A_MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 64}
 A_TO_A_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same",
@@ -40,8 +40,7 @@ def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
     losses = {}
-    for meta in load_history(run_dir):
-        losses.update(zip(meta["series"]["step"], meta["series"]["loss"]))
+    losses.update(zip(*read_record(run_dir).series("train/loss")))
     return losses
 
 
@@ -55,7 +54,7 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
     assert meta["step"] == 300 and meta["tokens_seen"] == 300 * 2 * 8 * 64
     assert meta["train_loss"]["last"] < 0.01, meta["train_loss"]
     assert meta["val_loss"] < 0.01
-    # keep_last=2 plus the best; the pruned ones live on in history/ for the charts
+    # keep_last=2 plus the best; the record keeps every step of the pruned ones for the charts
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [200, 300]
     assert sorted(per_step_losses(run)) == list(range(1, 301))
     assert (run / "checkpoints" / "best").is_symlink()

@@ -10,7 +10,6 @@ Layout of a run's checkpoints (written by jaxgpt/checkpoints/store.py, the only 
             meta.json                   step, losses, lr, grad norm, data position, RNG ... (written last)
         latest -> 2026...-step-100      relative symlinks, swapped atomically
         best   -> 2026...-step-80
-        history/<checkpoint>.json       meta.json of pruned checkpoints, so charts keep the whole run
 
 A checkpoint is assembled in `.tmp-<name>/` and renamed into place; `latest` is replaced by
 rename too. A kill at any instant therefore leaves the previous checkpoint complete and
@@ -35,8 +34,8 @@ CHECKPOINTS = "checkpoints"
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer"
 META = "meta.json"
-# A run's records of its training (metrics.py): they describe the checkpoints' history, so
-# --restart moves them aside together with the checkpoints.
+# A run's record (metrics.jsonl) and its TensorBoard events (jaxgpt/tracking/metrics.py) describe the
+# checkpoints' history, so --restart moves them aside together with the checkpoints.
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-step-(\d+)$")
@@ -165,7 +164,8 @@ def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
 
 
 def prune(run_dir: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` checkpoints and the best one; keep their meta.json."""
+    """Delete all but the newest `keep_last` checkpoints and the best one (the run's record,
+    metrics.jsonl, keeps every step of the pruned ones)."""
     root = checkpoints_dir(run_dir)
     found = list_checkpoints(run_dir)
     keep = set(found[-keep_last:])
@@ -175,13 +175,10 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
     for link in ("best", "latest"):
         if (root / link).is_symlink():
             keep.add((root / link).resolve())
-    history = root / "history"
     removed = []
     for ckpt in found:
         if ckpt.resolve() in {k.resolve() for k in keep}:
             continue
-        history.mkdir(exist_ok=True)
-        shutil.copyfile(ckpt / META, history / f"{ckpt.name}.json")
         doomed = root / f".pruned-{ckpt.name}"
         os.rename(ckpt, doomed)  # atomic: never a half-deleted folder under a checkpoint name
         shutil.rmtree(doomed)

@@ -11,47 +11,39 @@ history.py; several runs on one chart is compare.py.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
 from jaxgpt.tracking.figures import SIZE, legend, plain_log_y, plt, save
 from jaxgpt.tracking.history import (
-    flagged_steps,
+    Record,
     is_number,
-    load_history,
     median_window,
-    per_step,
+    read_record,
     rolling_median,
     smooth,
     smoothing_span,
-    validation,
-    windows,
 )
 
-__all__ = ["draw_charts", "load_history"]
+__all__ = ["draw_charts", "read_record"]
 
 
-def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool,
-                val: tuple[list[int], list[float]]) -> plt.Figure:
+def _loss_chart(record: Record, title: str, log_y: bool) -> plt.Figure:
     fig, ax = plt.subplots(figsize=SIZE)
     # Each window's band spans the steps it covers (from the previous checkpoint to its own), so
     # the first window's range, which holds the untrained step 1, stays over the first steps.
-    for i, (first, last, lo, hi) in enumerate(windows(records)):
+    for i, (first, last, lo, hi) in enumerate(record.windows()):
         ax.fill_between([first - 1, last], [lo, lo], [hi, hi], color="tab:blue", alpha=0.12, linewidth=0,
                         label="train min-max of each checkpoint window" if i == 0 else None)
-    steps, losses = per_step(records, "loss")
-    if steps:  # every step's loss (meta.json series), raw and smoothed
+    steps, losses = record.series("train/loss")
+    if steps:  # every step's loss, raw and smoothed
         span = smoothing_span(len(losses))
         ax.plot(steps, losses, color="tab:blue", alpha=0.35, linewidth=0.6, label="train, each step")
         ax.plot(steps, smooth(losses, span), color="tab:blue", linewidth=1.8,
                 label=f"train, smoothed ({span}-step EMA)" if span > 1 else "train")
-    else:
-        ax.plot([r["step"] for r in records], [r["train_loss"]["mean"] for r in records], marker=".",
-                color="tab:blue", label="train, mean of each window")
+    val = record.series("val/loss")
     if val[0]:
         ax.plot(*val, marker="o", markersize=4, color="tab:orange", linewidth=1.5, label="validation")
     if log_y:
@@ -63,17 +55,11 @@ def _loss_chart(records: list[dict[str, Any]], title: str, log_y: bool,
     return fig
 
 
-def _mfu_per_token_rate(records: list[dict[str, Any]]) -> float | None:
+def _mfu_per_token_rate(record: Record) -> float | None:
     """MFU / (tokens/s) when it is one number over the run (one model, one peak), else None: a run
     resumed on another chip or dtype has a different peak, and one right-axis scale would lie."""
-    ratios = []
-    for rec in records:
-        series = rec.get("series") or {}
-        pairs = zip(series.get("tokens_per_s") or [], series.get("mfu") or [])
-        ratios += [m / t for t, m in pairs if is_number(t) and is_number(m) and t > 0]
-        rate = rec.get("throughput_tokens_per_s")
-        if not series.get("mfu") and is_number(rec.get("mfu")) and is_number(rate) and rate > 0:
-            ratios.append(rec["mfu"] / rec["throughput_tokens_per_s"])
+    rates = dict(zip(*record.series("perf/tokens_per_s")))
+    ratios = [m / rates[s] for s, m in zip(*record.series("perf/mfu")) if rates.get(s, 0) > 0]
     if ratios and max(ratios) - min(ratios) <= 1e-6 * max(ratios):
         return ratios[0]
     return None
@@ -93,10 +79,10 @@ def _rate_lines(ax: plt.Axes, steps: list[int], values: list[float], color: str,
     ax.set_ylim(0, top if top > 0 else None)
 
 
-def _throughput_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
-    steps, rates = per_step(records, "tokens_per_s")
-    mfu_steps, mfu = per_step(records, "mfu")
-    ratio = _mfu_per_token_rate(records)
+def _throughput_chart(record: Record, title: str) -> plt.Figure:
+    steps, rates = record.series("perf/tokens_per_s")
+    mfu_steps, mfu = record.series("perf/mfu")
+    ratio = _mfu_per_token_rate(record)
     # tokens/s and MFU are proportional: on twin axes their lines coincide. One line then, with MFU
     # as the right axis' scale; only a run whose peak changed (resumed elsewhere) gets its own panel.
     own_panel = bool(mfu_steps) and ratio is None
@@ -123,9 +109,9 @@ def _throughput_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
     return fig
 
 
-def _lr_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+def _lr_chart(record: Record, title: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=SIZE)
-    steps, lrs = per_step(records, "learning_rate")
+    steps, lrs = record.series("optim/lr")
     if steps:
         ax.plot(steps, lrs, label=f"peak {max(lrs):.3g}, last {lrs[-1]:.3g}")
     ax.set(title=f"Learning rate: {title}", xlabel="optimiser step", ylabel="learning rate")
@@ -138,22 +124,22 @@ def _lr_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
     return fig
 
 
-def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
+def _grad_norm_chart(record: Record, title: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=SIZE)
-    steps, norms = per_step(records, "grad_norm")
+    steps, norms = record.series("optim/grad_norm")
     if steps:
         window = median_window(len(norms))
         at, median = rolling_median(norms, window)
         ax.plot(steps, norms, color="tab:blue", alpha=0.4, linewidth=0.7, label="pre-clip norm, each step")
         ax.plot([steps[i] for i in at], median, color="tab:blue", linewidth=1.8,
                 label=f"median of the last {window} steps")
-    # The latest record holds the clip threshold currently in force (it may change when a run is resumed).
-    clip = next((r["clip_max_norm"] for r in reversed(records) if is_number(r.get("clip_max_norm"))), None)
-    if clip is not None and math.isfinite(clip):
+    # The latest session's train.json holds the clip threshold in force (it may change on a resume).
+    clip = record.configs.get("train.json", {}).get("clipping_max_norm")
+    if is_number(clip):
         above = sum(n > clip for n in norms)
         ax.axhline(clip, color="tab:red", linestyle="--",
                    label=f"clip at {clip:g}: {above} of {len(norms)} steps above")
-    dropped = flagged_steps(records, "dropped")
+    dropped = record.flagged("optim/skipped")
     for i, s in enumerate(dropped):  # no norm for these: their gradient was not finite
         ax.axvline(s, color="tab:red", alpha=0.4, linewidth=0.8,
                    label=f"dropped step (non-finite gradient): {len(dropped)}" if i == 0 else None)
@@ -166,11 +152,10 @@ def _grad_norm_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
     return fig
 
 
-def _hellaswag_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
-    points = sorted((h["step"], h["acc"], h["acc_norm"]) for r in records for h in r.get("hellaswag") or []
-                    if isinstance(h, dict) and all(is_number(h.get(k)) for k in ("step", "acc", "acc_norm")))
+def _hellaswag_chart(record: Record, title: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=SIZE)
-    steps, acc, acc_norm = zip(*points)
+    steps, acc = record.series("hellaswag/acc")
+    acc_norm = record.series("hellaswag/acc_norm")[1]
     ax.plot(steps, acc, marker="o", label="acc (summed ending loss)")
     ax.plot(steps, acc_norm, marker="o", label="acc_norm (mean ending loss)")
     ax.axhline(0.25, color="grey", linestyle=":", label="chance (1 in 4)")
@@ -183,22 +168,22 @@ def _hellaswag_chart(records: list[dict[str, Any]], title: str) -> plt.Figure:
 
 
 def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
-    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png when meta.json
-    has HellaSwag results: train.json hellaswag_interval) into run_dir/charts; their paths."""
+    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png when the run
+    scores HellaSwag: train.json hellaswag_interval) into run_dir/charts from the run's record
+    (metrics.jsonl); their paths."""
     run_dir = Path(run_dir)
-    records = load_history(run_dir)
-    val = validation(run_dir, records)
+    record = read_record(run_dir)
     out = run_dir / "charts"
     out.mkdir(parents=True, exist_ok=True)
     title = run_dir.resolve().name
     figures = {
-        "loss.png": lambda: _loss_chart(records, title, log_y, val),
-        "lr.png": lambda: _lr_chart(records, title),
-        "grad_norm.png": lambda: _grad_norm_chart(records, title),
-        "throughput.png": lambda: _throughput_chart(records, title),
+        "loss.png": lambda: _loss_chart(record, title, log_y),
+        "lr.png": lambda: _lr_chart(record, title),
+        "grad_norm.png": lambda: _grad_norm_chart(record, title),
+        "throughput.png": lambda: _throughput_chart(record, title),
     }
-    if any(r.get("hellaswag") for r in records):  # drawn once there are results (train.json hellaswag_interval)
-        figures["hellaswag.png"] = lambda: _hellaswag_chart(records, title)
+    if record.series("hellaswag/acc")[0]:  # drawn once there are results
+        figures["hellaswag.png"] = lambda: _hellaswag_chart(record, title)
     paths = []
     for name, build in figures.items():
         save(build(), out / name)

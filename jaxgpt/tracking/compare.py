@@ -6,8 +6,8 @@
     draw_compare([Path("runs/a"), Path("runs/b")], Path("compare.png"), target=1.71)
 
 Tokens, not steps, are the common axis: runs with different batches or accumulation see different
-tokens per step. Each run gets one colour: its validations (every validation in metrics.jsonl, and
-each checkpoint's val_loss) bold with markers, its smoothed training loss light behind them.
+tokens per step. Each run gets one colour: its validations (every val/loss of its record,
+metrics.jsonl) bold with markers, its smoothed training loss light behind them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from matplotlib.ticker import EngFormatter, FuncFormatter
 
 from jaxgpt.tracking.figures import FORMATS, legend, plain_log_y, plt, save
-from jaxgpt.tracking.history import load_history, per_step, smooth, smoothing_span, tokens_at, validation
+from jaxgpt.tracking.history import read_record, smooth, smoothing_span
 
 _TOKENS = EngFormatter(sep="")  # 250k, 1.5M, 10B: a token count read at a glance
 
@@ -37,12 +37,12 @@ class RunCurves:
 
 def run_curves(run_dir: Path, name: str) -> RunCurves:
     """The run's validation and smoothed training loss, each against the tokens seen at its step."""
-    records = load_history(run_dir)
-    steps, losses = per_step(records, "loss")
-    val_steps, val = validation(run_dir, records)
-    return RunCurves(name=name, train_tokens=tokens_at(records, steps, str(run_dir)),
+    record = read_record(run_dir)
+    steps, losses = record.series("train/loss")
+    val_steps, val = record.series("val/loss")
+    return RunCurves(name=name, train_tokens=record.tokens_at(steps),
                      train_loss=smooth(losses, smoothing_span(len(losses))),
-                     val_tokens=tokens_at(records, val_steps, str(run_dir)), val_loss=val)
+                     val_tokens=record.tokens_at(val_steps), val_loss=val)
 
 
 def _names(run_dirs: list[Path]) -> list[str]:

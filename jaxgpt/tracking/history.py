@@ -1,19 +1,22 @@
-"""What a run has recorded, as the series the charts draw (no plotting here, no JAX).
+"""A run's record read back: the series the charts draw, and what any tool asks of a run (no JAX).
 
-    records = load_history(Path("runs/demo"))      # one meta.json per checkpoint step, sorted
-    steps, losses = per_step(records, "loss")      # every step's value from the meta series
-    val_steps, val = validation(run_dir, records)  # every validation (metrics.jsonl + meta.json)
-    tokens = tokens_at(records, steps)             # tokens seen after each of those steps
+    record = read_record(Path("runs/demo"))        # runs/demo/metrics.jsonl, the run's one record
+    steps, losses = record.series("train/loss")     # every step's value of a tag (metrics.TAGS)
+    val_steps, val = record.series("val/loss")      # every validation
+    tokens = record.tokens_at(val_steps)            # tokens seen after each of those steps
+    record.checkpoints                              # [(step, checkpoint folder name), ...]
 
-A run's checkpoints are run_dir/checkpoints/<time>-step-<N>/meta.json, and the meta.json of pruned
-ones is kept in run_dir/checkpoints/history/*.json. Each meta.json holds the per-step series of its
-window (the steps since the previous checkpoint). run_dir/metrics.jsonl (metrics.py) has a line for
-every step and every validation, including validations that were not checkpoints.
+metrics.py writes the record: a line per step, per validation, per HellaSwag score, per target
+reached, per checkpoint written, and one with the configs at the start of each session. A resumed
+session cuts it back to the step it resumes from first, so the record never holds a step past
+the checkpoint the run continues from; where one step has two lines of a kind (a configs line
+of each session resumed at it), the later one wins.
 """
 
 from __future__ import annotations
 
-import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,145 +24,77 @@ import numpy as np
 
 from jaxgpt.tracking.metrics import METRICS_FILE, read_metrics
 
-# Symlinks that point at a real checkpoint folder; reading them would count that checkpoint twice.
-_ALIASES = {"latest", "best"}
-
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    """Parse one meta.json and check the fields the charts need, naming the file on any problem."""
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed checkpoint metadata {path}: {exc}") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"malformed checkpoint metadata {path}: expected a JSON object, got {type(meta).__name__}")
-    step, train = meta.get("step"), meta.get("train_loss")
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise ValueError(f"malformed checkpoint metadata {path}: step={step!r} is not an integer")
-    if not isinstance(train, dict) or not all(is_number(train.get(k)) for k in ("min", "max", "mean")):
-        raise ValueError(f"malformed checkpoint metadata {path}: train_loss={train!r} lacks numeric min/max/mean")
-    tokens = meta.get("tokens_seen")
-    if tokens is not None and not (is_number(tokens) and tokens >= 0):
-        raise ValueError(f"malformed checkpoint metadata {path}: tokens_seen={tokens!r} is not a count")
-    series = meta.get("series") or {}
-    if not isinstance(series, dict):
-        raise ValueError(f"malformed checkpoint metadata {path}: series={series!r} is not an object")
-    n = len(series.get("step") or [])
-    for key, values in series.items():
-        # Per-step lists are zipped with series["step"]; a length mismatch would silently misalign the curves.
-        if not isinstance(values, list) or len(values) != n:
-            raise ValueError(f"malformed checkpoint metadata {path}: series[{key!r}] does not match series['step']")
-    return meta
+@dataclass(frozen=True)
+class Record:
+    """The lines of one run's metrics.jsonl, in order."""
+
+    path: Path
+    lines: tuple[dict[str, Any], ...]
+
+    def series(self, tag: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of every line carrying a finite number under `tag`, by step."""
+        points = {line["step"]: float(line[tag]) for line in self.lines if is_number(line.get(tag))}
+        steps = sorted(points)
+        return steps, [points[s] for s in steps]
+
+    def flagged(self, tag: str) -> list[int]:
+        """The steps whose 0/1 flag `tag` is 1 (e.g. optim/skipped: the step was dropped)."""
+        steps, values = self.series(tag)
+        return [s for s, v in zip(steps, values) if v == 1]
+
+    @property
+    def checkpoints(self) -> list[tuple[int, str]]:
+        """(step, folder name) of every checkpoint the run wrote, pruned ones included."""
+        found = {line["step"]: line["checkpoint"] for line in self.lines if isinstance(line.get("checkpoint"), str)}
+        return sorted(found.items())
+
+    @property
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """{"model.json": ..., "train.json": ...} of the latest session ({} when none is recorded)."""
+        return next((line["configs"] for line in reversed(self.lines) if isinstance(line.get("configs"), dict)), {})
+
+    def windows(self) -> list[tuple[int, int, float, float]]:
+        """(first step, last step, min, max) of the microbatch training losses of each checkpoint's
+        window: the steps since the previous checkpoint."""
+        steps, lows = self.series("train/loss_min")
+        highs = dict(zip(*self.series("train/loss_max")))
+        out, previous = [], 0
+        for step, _name in self.checkpoints:
+            inside = [(s, lo) for s, lo in zip(steps, lows) if previous < s <= step and s in highs]
+            if inside:
+                out.append((inside[0][0], inside[-1][0], min(lo for _, lo in inside),
+                            max(highs[s] for s, _ in inside)))
+            previous = step
+        return out
+
+    def tokens_at(self, steps: list[int]) -> list[float]:
+        """Tokens seen after each of `steps`: the train/tokens of that step's line."""
+        tokens = dict(zip(*self.series("train/tokens")))
+        missing = [s for s in steps if s not in tokens]
+        if missing:
+            raise ValueError(f"{self.path}: no train/tokens at step {missing[0]} (a record written by an "
+                             f"older train.py): retrain the run to compare it by tokens")
+        return [tokens[s] for s in steps]
 
 
-def load_history(run_dir: Path) -> list[dict[str, Any]]:
-    """Return the run's checkpoint meta records, one per step, sorted by step.
-
-    Live checkpoints win over history/ copies of the same step, since history only keeps pruned ones.
-    Raises ValueError when the run has no readable checkpoints or a meta file is malformed.
-    """
-    run_dir = Path(run_dir)
-    root = run_dir / "checkpoints"
-    if not root.is_dir():
-        raise ValueError(f"no checkpoints folder at {root} (is {run_dir} a run directory?)")
-    by_step: dict[int, dict[str, Any]] = {}
-    history = root / "history"
-    if history.is_dir():
-        for path in sorted(history.glob("*.json")):
-            meta = _read_meta(path)
-            by_step[meta["step"]] = meta
-    for ckpt in sorted(root.iterdir()):
-        # Dot folders are checkpoints still being written (".tmp-..."), aliases duplicate real folders,
-        # "corrupt-..." ones were found damaged on resume and set aside (their steps were trained again).
-        if (ckpt.name.startswith((".", "corrupt-")) or ckpt.name in _ALIASES or ckpt.is_symlink()
-                or ckpt == history):
-            continue
-        meta_path = ckpt / "meta.json"
-        if ckpt.is_dir() and meta_path.is_file():
-            meta = _read_meta(meta_path)
-            by_step[meta["step"]] = meta
-    if not by_step:
-        raise ValueError(f"no checkpoints with meta.json under {root}")
-    return [by_step[step] for step in sorted(by_step)]
-
-
-def per_step(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """Concatenate a per-step series over records, falling back to the checkpoint's own value when absent."""
-    points: dict[int, float] = {}
-    for rec in records:
-        series = rec.get("series") or {}
-        values = series.get(key) or []
-        if values:
-            points.update((s, v) for s, v in zip(series["step"], values) if is_number(v))
-        elif is_number(rec.get(key)):
-            points[rec["step"]] = rec[key]
-    steps = sorted(points)
-    return steps, [points[s] for s in steps]
-
-
-def flagged_steps(records: list[dict[str, Any]], key: str) -> list[int]:
-    """The steps whose per-step flag (a series of booleans, e.g. "dropped") is true."""
-    steps = set()
-    for rec in records:
-        series = rec.get("series") or {}
-        steps.update(s for s, flag in zip(series.get("step") or [], series.get(key) or []) if flag is True)
-    return sorted(steps)
-
-
-def windows(records: list[dict[str, Any]]) -> list[tuple[int, int, float, float]]:
-    """(first step, last step, min, max) of each checkpoint's training-loss window: the steps its
-    meta series lists, or, without a series, the steps since the previous checkpoint."""
-    out, previous = [], 0
-    for rec in records:
-        steps = (rec.get("series") or {}).get("step") or []
-        first, last = (steps[0], steps[-1]) if steps else (previous + 1, rec["step"])
-        out.append((first, last, rec["train_loss"]["min"], rec["train_loss"]["max"]))
-        previous = rec["step"]
-    return out
-
-
-def validation(run_dir: Path, records: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
-    """Every validation loss of the run by step: checkpoints' val_loss, and metrics.jsonl's val/loss
-    lines, which also hold the validations between checkpoints (validation_interval)."""
-    points = {r["step"]: r["val_loss"] for r in records if is_number(r.get("val_loss"))}
+def read_record(run_dir: Path) -> Record:
+    """The run's record; ValueError naming the file when it is missing or malformed."""
     path = Path(run_dir) / METRICS_FILE
-    if path.is_file():
-        try:
-            lines = read_metrics(path)
-        except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ValueError(f"malformed metrics log {path}: {exc}") from None
-        for line in lines:
-            # A non-finite loss is written as null (metrics.py); a line without val/loss is a step's.
-            if isinstance(line, dict) and is_number(line.get("step")) and is_number(line.get("val/loss")):
-                points[int(line["step"])] = line["val/loss"]
-    steps = sorted(points)
-    return steps, [points[s] for s in steps]
-
-
-def tokens_at(records: list[dict[str, Any]], steps: list[int], where: str = "run") -> list[float]:
-    """Tokens seen after each step. A checkpoint's tokens_seen / step is the tokens per step of the
-    session that trained its window (the batch cannot change on resume, but a resumed session
-    recomputes tokens_seen from its own batch), so tokens are summed window by window; steps past
-    the last checkpoint continue at its rate."""
-    ends, totals, total, previous = [0], [0.0], 0.0, 0
-    for rec in records:
-        if not is_number(rec.get("tokens_seen")) or rec["step"] <= 0:
-            raise ValueError(f"{where}: the meta.json of step {rec['step']} has no tokens_seen, so its "
-                             f"tokens cannot be counted")
-        rate = rec["tokens_seen"] / rec["step"]
-        total += (rec["step"] - previous) * rate
-        ends.append(rec["step"])
-        totals.append(total)
-        previous = rec["step"]
-    last_rate = records[-1]["tokens_seen"] / records[-1]["step"]
-    out = np.interp(steps, ends, totals)  # exact: the count is linear in the step within a window
-    beyond = np.asarray(steps, dtype=float) > ends[-1]
-    out[beyond] = totals[-1] + (np.asarray(steps, dtype=float)[beyond] - ends[-1]) * last_rate
-    return out.tolist()
+    if not path.is_file():
+        raise ValueError(f"{path}: no such record (is {run_dir} a run directory that has trained?)")
+    try:
+        lines = read_metrics(path)
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"malformed record {path}: {exc}") from None
+    for i, line in enumerate(lines, 1):
+        if not isinstance(line, dict) or not isinstance(line.get("step"), int) or isinstance(line["step"], bool):
+            raise ValueError(f"malformed record {path}: line {i} has no integer step")
+    return Record(path, tuple(lines))
 
 
 def smooth(values: list[float], span: int) -> list[float]:
@@ -192,4 +127,3 @@ def rolling_median(values: list[float], window: int, max_points: int = 1000) -> 
 def smoothing_span(n: int) -> int:
     """Steps to smooth over: about a fiftieth of the series, so the shape survives at any length."""
     return max(1, n // 50)
-

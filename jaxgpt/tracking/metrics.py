@@ -1,35 +1,46 @@
-"""What a run records while it trains: TensorBoard event files and a per-step JSON-lines log.
+"""A run's record while it trains: runs/<name>/metrics.jsonl, and TensorBoard events beside it.
 
-    runs/<name>/tensorboard/events.out.tfevents.*   # `uv run tensorboard --logdir runs`
-    runs/<name>/metrics.jsonl                        # one JSON object a step (and one a validation)
+    runs/<name>/metrics.jsonl                        # the record: what the charts and any tool read
+    runs/<name>/tensorboard/events.out.tfevents.*   # the same scalars for `uv run tensorboard --logdir runs`
 
-Both carry the same scalars under the same names (TAGS); process 0 alone writes them. A resumed
-run trains again the steps since its checkpoint, so each session first cuts the record back to
-the step it resumes from: metrics.jsonl is truncated after that step's line (a line torn by a
-kill is dropped with it), and the new event file starts with a SessionLog.START event at the
-next step, which TensorBoard's readers take as "discard every event from this step on" (the
-mechanism behind tensorboardX's purge_step). The events are written with the `tensorboard`
-package's own writer: no TensorFlow, no tensorboardX.
+metrics.jsonl holds one JSON object a line: a line per step (TAGS' train/, optim/ and perf/ tags),
+one per validation (val/), per HellaSwag score (hellaswag/), per target reached (target/), one
+naming each checkpoint written ({"step": N, "checkpoint": "<folder>"}) and one with the configs at
+the start of each session ({"step": N, "configs": {"model.json": ..., "train.json": ...}}). Every
+line has "step" and "time" (Unix seconds). jaxgpt/tracking/history.py reads it back.
+
+Process 0 alone writes. A resumed run trains again the steps since its checkpoint, so each
+session first cuts the record back to the step it resumes from: metrics.jsonl is truncated after
+that step's lines (a line torn by a kill is dropped with them), and the TensorBoard writer starts
+with tensorboardX's purge_step at the next step, which TensorBoard's readers take as "discard
+every event from this step on". The event files are an output written alongside the record, with
+tensorboardX's SummaryWriter (no TensorFlow).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins.text.summary_v2 import text_pb
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tensorboardX import SummaryWriter
 
-from jaxgpt.checkpoints.layout import METRICS_FILE, TENSORBOARD_DIR  # noqa: F401 (the run directory's layout)
+# tensorboardX warns on every non-finite scalar; a diverging step's loss is the trainer's to report
+# (one line, and the record writes it as null), not a warning per tag and step on stderr.
+logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
+
+from jaxgpt.checkpoints.layout import METRICS_FILE, TENSORBOARD_DIR  # noqa: E402 (after the logger is quieted)
 
 # tag: meaning. Per step unless said otherwise; docs/watching.md's table of tags is this one.
 TAGS = {
     "train/loss": "training loss of the step (mean over its microbatches)",
+    "train/loss_min": "the lowest of the step's microbatch losses",
+    "train/loss_max": "the highest of the step's microbatch losses",
+    "train/tokens": "training tokens seen after the step",
     "optim/lr": "learning rate the step's update used (optimizer muon: the Muon matrices')",
     "optim/lr_embed": "optimizer muon: the embeddings' AdamW learning rate (token embedding, positions)",
     "optim/lr_head": "optimizer muon: the untied output head's AdamW learning rate",
@@ -106,18 +117,17 @@ class TensorBoardLog:
     """Scalar and text events under runs/<name>/tensorboard/, one event file per session."""
 
     def __init__(self, logdir: Path, resume_step: int, flush_secs: float = 5.0) -> None:
-        self.writer = EventFileWriter(str(logdir), flush_secs=flush_secs)
         # Whatever an interrupted session wrote past the checkpoint is discarded by the readers.
-        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=resume_step + 1,
-                                              session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+        self.writer = SummaryWriter(str(logdir), purge_step=resume_step + 1, flush_secs=flush_secs)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(v))
-                                             for tag, v in values.items() if v is not None])
-        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        now = time.time()
+        for tag, v in values.items():
+            if v is not None:
+                self.writer.add_scalar(tag, float(v), step, walltime=now)
 
     def text(self, step: int, tag: str, markdown: str) -> None:
-        self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=text_pb(tag, markdown)))
+        self.writer.add_text(tag, markdown, step)
 
     def flush(self) -> None:
         self.writer.flush()
@@ -127,7 +137,7 @@ class TensorBoardLog:
 
 
 class RunLog:
-    """Both records of a run; on every process but 0 each call does nothing."""
+    """The record and the event files of a run; on every process but 0 each call does nothing."""
 
     def __init__(self, run_dir: Path, resume_step: int, *, enabled: bool) -> None:
         self.enabled = enabled
@@ -136,8 +146,20 @@ class RunLog:
             self.tb = TensorBoardLog(Path(run_dir) / TENSORBOARD_DIR, resume_step)
 
     def configs(self, step: int, configs: dict[str, dict[str, Any]]) -> None:
+        """The session's configs: a line of the record, and a text event per file."""
         for name, cfg in configs.items() if self.enabled else ():
             self.tb.text(step, f"config/{name}", "```json\n" + json.dumps(cfg, indent=2) + "\n```")
+        self.event(step, configs=configs)
+
+    def checkpoint(self, step: int, name: str) -> None:
+        """A checkpoint was written at `step` (the record is then flushed as far as it)."""
+        self.event(step, checkpoint=name)
+        self.flush()
+
+    def event(self, step: int, **fields: Any) -> None:
+        """A line of the record that is no scalar (configs, checkpoints)."""
+        if self.enabled:
+            self.jsonl.write({"step": step, "time": round(time.time(), 3), **fields})
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         if self.enabled:

@@ -42,12 +42,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Window:
-    """Per-step statistics since the last checkpoint: what meta.json and the charts record."""
+    """Per-step statistics since the last checkpoint: what meta.json sums up (the record has each step)."""
 
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # mean over the step's microbatches
     micro_losses: list[float] = field(default_factory=list)
-    lrs: list[float] = field(default_factory=list)
     grad_norms: list[float | None] = field(default_factory=list)  # None: dropped, or not finite
     dropped: list[bool] = field(default_factory=list)  # the step applied no update
     step_times: list[float] = field(default_factory=list)  # seconds, previous result to this one
@@ -58,7 +57,6 @@ class Window:
         self.step_times.append(step_time)
         self.losses.append(float(np.mean(losses)))
         self.micro_losses.extend(float(v) for v in losses)
-        self.lrs.append(float(stats["learning_rate"]))
         dropped = bool(stats["skipped_step"])
         gn = float(stats["grad_norm"])  # a dropped step computed none: the recorder holds an older one
         self.grad_norms.append(gn if np.isfinite(gn) and not dropped else None)
@@ -217,6 +215,7 @@ class Trainer:
         path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
                                     {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
                                     keep_last=self.cfg.keep_last_checkpoints)
+        self.records.checkpoint(done, path.name)
         if self.is_main and (last or time.perf_counter() >= self.charts_due):
             # Drawing the charts takes about a second on a CPU: where checkpoints are seconds
             # apart (a small run) that would be much of the run. They are redrawn once the time
@@ -345,7 +344,8 @@ class Trainer:
         if "momentum" in stats:
             rates["optim/muon_momentum"] = float(stats["momentum"])
         self.records.scalars(done, rates | {
-            "train/loss": loss, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
+            "train/loss": loss, "train/loss_min": float(np.min(losses)), "train/loss_max": float(np.max(losses)),
+            "train/tokens": done * self.tokens_per_step, "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
             "optim/clipped": float(clip_flag(gn, self.cfg.clipping_max_norm)), "optim/skipped": float(dropped),
             "perf/step_time_s": step_time, "perf/tokens_per_s": tokens_per_s,
             "perf/mfu": self.mfu_at(tokens_per_s)})
@@ -391,10 +391,11 @@ class Trainer:
         return True
 
     def meta(self, done: int, window: Window, stats: dict[str, Any], val: float, is_best: bool) -> dict[str, Any]:
+        """What a resume and a reader of this one checkpoint need; every step's figures are the
+        record's (metrics.jsonl), not repeated here."""
         cfg, micro = self.cfg, np.asarray(window.micro_losses)
-        rates = [self.tokens_per_step / max(t, 1e-9) for t in window.step_times]  # per step, as logged
         return {
-            "format": 1,
+            "format": 2,
             "step": done,
             "total_steps": self.run.total_steps,
             "tokens_seen": done * self.tokens_per_step,
@@ -437,10 +438,6 @@ class Trainer:
                               "fingerprint": self.run.dataset.manifest.get("fingerprint")},
             # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
             "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
-            "series": {"step": window.steps, "loss": window.losses, "learning_rate": window.lrs,
-                       "grad_norm": window.grad_norms, "dropped": window.dropped,
-                       "step_time_s": window.step_times,
-                       "tokens_per_s": rates, "mfu": [self.mfu_at(r) for r in rates]},
         }
 
     def progress_line(self, done: int, window: Window, stats: dict[str, Any], val: float) -> str:
