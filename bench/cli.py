@@ -3,10 +3,10 @@
     uv run -m bench data                                  # runs/gpt2-small's batches, synthetic shards
     uv run -m bench data --run runs/shakespeare --seconds 10 --json data.json
     uv run -m bench data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
-    uv run -m bench train --config cpu-small              # torch_reference.py's shapes (char-tiny, gpt2-vocab, nano-cpu too)
+    uv run -m bench train --config cpu-small              # bench/torch_step.py's shapes (char-tiny, gpt2-vocab, nano-cpu too)
     uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
-    uv run -m bench compare --rounds 2 --json compare.json    # ours vs $HOME/torchref's torch: fp32/fp32, bf16/bf16
+    uv run -m bench compare --rounds 2 --json compare.json    # ours vs PyTorch ($JAXGPT_TORCH_PYTHON): fp32/fp32, bf16/bf16
     uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate: fp32/bf16, batch 1/8, (un)scanned
     uv run -m bench gemv                                  # one decode matmul per form, float32 vs bfloat16 weights
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
@@ -14,7 +14,9 @@
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
 train_step.py: train, compare.py, decode.py: generate, gpu.py); this file is their command line:
-a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS.
+a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
+sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
+that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import decode as decode_bench
-from bench.compare import DTYPES, TORCH_PYTHON, TORCH_REFERENCE, bench_compare
+from bench.compare import DTYPES, TORCH_PYTHON_ENV, TORCH_STEP, bench_compare, torch_python_from_env
 from bench.gemv import bench_gemv
 from bench.loader import bench_data
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
@@ -92,7 +94,7 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, nargs="?", default=None,
                         help="run directory (its model.json and train.json shapes); or use --config")
     parser.add_argument("--config", choices=sorted(REFERENCE_CONFIGS), default=None,
-                        help="a torch_reference.py shape instead of a run (default without a run: cpu-small)")
+                        help="a bench/torch_step.py shape instead of a run (default without a run: cpu-small)")
     parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
                         help="override a model.json key, e.g. --model compute_dtype=bfloat16 (repeatable)")
     parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
@@ -133,12 +135,18 @@ def _run_train(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- compare
 
 
+def _add_torch_python_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """--torch-python, its default read from the environment when the parser is built."""
+    parser.add_argument("--torch-python", type=Path, default=torch_python_from_env(),
+                        help=f"the reference interpreter: {what} (default: ${TORCH_PYTHON_ENV}; "
+                             f"with neither, the torch side is skipped)")
+
 def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default=",".join(sorted(REFERENCE_CONFIGS)),
-                        help="comma-separated torch_reference.py configs (default: %(default)s)")
-    parser.add_argument("--torch-python", type=Path, default=TORCH_PYTHON,
-                        help="the reference venv's python (default: %(default)s)")
-    parser.add_argument("--reference", type=Path, default=TORCH_REFERENCE, help="torch_reference.py (default: %(default)s)")
+                        help="comma-separated bench/torch_step.py configs (default: %(default)s)")
+    _add_torch_python_arg(parser, "a python with torch")
+    parser.add_argument("--reference", type=Path, default=TORCH_STEP,
+                        help="the torch side's script, run by --torch-python (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window, both sides (default: %(default)s)")
     parser.add_argument("--windows", type=int, default=5, help="timed windows, both sides (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
@@ -187,8 +195,7 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="compare: alternate every side this many times; medians of the rounds (default: %(default)s)")
     parser.add_argument("--no-torch", action="store_true", help="compare: ours only")
-    parser.add_argument("--torch-python", type=Path, default=TORCH_PYTHON,
-                        help="compare: the reference venv's python, with torch and transformers (default: %(default)s)")
+    _add_torch_python_arg(parser, "compare: a python with torch and transformers")
     parser.add_argument("--single", action="store_true",
                         help="instead: one measurement in this process, the KV cache against the full forward "
                              "pass per token (what each of our compare runs does, with --cached-only)")
@@ -271,7 +278,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
-    "compare": ("bench train vs PyTorch (torch_reference.py), per config", _add_compare_args, _run_compare),
+    "compare": ("bench train vs PyTorch (bench/torch_step.py), per config", _add_compare_args, _run_compare),
     "gemv": ("a decode step's matrix-vector product per form: float32 vs bfloat16 weights", _add_gemv_args, _run_gemv),
     "generate": ("sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
                  _add_generate_args, _run_generate),

@@ -8,8 +8,10 @@ The comparison (`bench_generate_compare`): greedy decoding of --new-tokens token
 --prompt-tokens prompt, on a randomly initialised model of GPT-2 124M's shape (or a run's
 model.json shape), every cell a fresh process: ours (`bench generate --single --cached-only`,
 compute_dtype float32 or bfloat16, scan_layers false or true) and transformers'
-GPT2LMHeadModel.generate with its KV cache (bench/torch_generate.py, run by $HOME/torchref's
-python as `bench compare` runs torch; its weights in the same dtype). The runs alternate ours
+GPT2LMHeadModel.generate with its KV cache (bench/torch_generate.py, run by the reference
+interpreter as `bench compare` runs torch: --torch-python, else $JAXGPT_TORCH_PYTHON, with
+torch and transformers; with neither, the torch side is skipped with one line; its weights in
+the same dtype). The runs alternate ours
 unrolled, ours scanned, torch for each dtype and batch, --rounds times, so a change in the
 machine's load hits every side; figures are medians over the rounds, with the 1-minute load
 average at each start. ms/token = one generate call's time / new tokens (the prefill included,
@@ -32,7 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from bench.compare import TORCH_PYTHON, cpu_line
+from bench.compare import cpu_line, torch_python_checked
 from bench.train_step import BenchError
 from jaxgpt.config import ModelConfig, to_dict
 from jaxgpt.cpu import kernels as cpu_kernels
@@ -46,7 +48,7 @@ BATCH_SIZES = (1, 8)
 LAYOUTS = ("unrolled", "scanned")  # our scan_layers false / true; the torch side has one layout
 TORCH_SCRIPT = Path(__file__).with_name("torch_generate.py")
 ROOT = Path(__file__).resolve().parent.parent
-# The issue's targets, printed beside the measured ratios.
+# The ratios the decoder is meant to keep, printed beside the measured ones.
 TARGETS = {"bf16_over_fp32": 0.7, "scanned_over_unrolled": 1.1, "ours_over_torch": 1.0}
 
 
@@ -156,7 +158,7 @@ def torch_shape_args(cfg: ModelConfig) -> list[str]:
 
 
 def subprocess_runner(cfg: ModelConfig, *, new_tokens: int, prompt_tokens: int, repeats: int,
-                      torch_python: Path) -> Runner:
+                      torch_python: Path | None) -> Runner:
     """Runs each side as a fresh process and reads its --json figures."""
     shape = [f"--model={key}={json.dumps(value)}" for key, value in to_dict(cfg).items()
              if key not in ("compute_dtype", "scan_layers")]
@@ -181,21 +183,20 @@ def subprocess_runner(cfg: ModelConfig, *, new_tokens: int, prompt_tokens: int, 
 def bench_generate_compare(cfg: ModelConfig = GPT2_124M, *, dtypes: list[str] | None = None,
                            batch_sizes: list[int] | None = None, layouts: list[str] | None = None,
                            rounds: int = 1, new_tokens: int = 128, prompt_tokens: int = 16, repeats: int = 3,
-                           torch: bool = True, torch_python: Path = TORCH_PYTHON, runner: Runner | None = None,
+                           torch: bool = True, torch_python: Path | None = None, runner: Runner | None = None,
                            log: Callable[[str], None] = print) -> dict[str, Any]:
     """Ours (each layout) and, with `torch`, transformers' generate, per dtype and batch size, in
-    the order of `plan`; the figures `--json` writes."""
+    the order of `plan`; the figures `--json` writes. Without a runner the sides run as
+    processes, the torch side by `torch_python` (none: skipped, with one line)."""
     dtypes, batch_sizes = list(dtypes or DTYPES), list(batch_sizes or BATCH_SIZES)
-    sides = [*(layouts or LAYOUTS), *(["torch"] if torch else [])]
     if runner is None:
         if torch:
             torch_shape_args(cfg)  # before any run: this model has a torch twin
-            if not Path(torch_python).exists():
-                raise BenchError(f"{torch_python} not found: set up the reference once with `python3 -m venv "
-                                 f"$HOME/torchref && $HOME/torchref/bin/pip install torch==2.13.0 numpy "
-                                 f"transformers` (or pass --torch-python, or --no-torch)")
+            torch_python = torch_python_checked(torch_python, log)
+            torch = torch_python is not None
         runner = subprocess_runner(cfg, new_tokens=new_tokens, prompt_tokens=prompt_tokens, repeats=repeats,
                                    torch_python=torch_python)
+    sides = [*(layouts or LAYOUTS), *(["torch"] if torch else [])]
     cpu = cpu_kernels.cpu_info()
     log(cpu_line(cpu))
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
@@ -288,7 +289,7 @@ def report(cells: list[dict[str, Any]], dtypes: list[str], batch_sizes: list[int
         loads = " ".join(f"{v:.1f}" for side in sides for v in c[side]["load_avg"])
         lines.append(line + f" {num(c['scanned_over_unrolled']):>11} {num(c['unrolled_over_torch']):>12} "
                             f"{num(c['scanned_over_torch']):>10} {loads}")
-    lines.append(f"  bf16 / fp32 time per token: " + "; ".join(
+    lines.append("  bf16 / fp32 time per token: " + "; ".join(
         f"batch {c['batch_size']}: " + ", ".join(f"{side} {num(c.get(f'{side}_bf16_over_fp32'))}" for side in sides)
         for c in cells if c["dtype"] == dtypes[0]))
     lines.append("  targets: " + "; ".join(f"{t['target']} {t['where']}: {t['value']:.2f} {'ok' if t['met'] else 'MISSED'}"

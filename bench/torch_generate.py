@@ -1,9 +1,11 @@
 """The PyTorch side of `uv run -m bench generate`: transformers' GPT2LMHeadModel.generate, timed.
 
-Run by the reference venv's python, never by the project's (torch and transformers are not
-dependencies of this project; this file imports nothing of it):
+Run by the reference interpreter (a python with torch and transformers, docs/performance.md
+"The PyTorch reference"), never by the project's: torch and transformers are not dependencies of
+this project, this file imports nothing of it, and torch only inside `main`, so the project's
+tests parse its arguments without torch installed.
 
-    $HOME/torchref/bin/python bench/torch_generate.py --dtype bfloat16 --batch-size 8 --json out.json
+    $JAXGPT_TORCH_PYTHON bench/torch_generate.py --dtype bfloat16 --batch-size 8 --json out.json
 
 A randomly initialised GPT-2 of the given shape (GPT2Config + GPT2LMHeadModel(config): no
 download), its weights in --dtype (`model.to(torch.bfloat16)`, as one loads a bfloat16 model),
@@ -11,7 +13,7 @@ greedy `generate` with its KV cache (`use_cache=True`) from random prompts, exac
 new tokens per row (min_new_tokens = max_new_tokens: end-of-text cannot stop a row early). One
 untimed call first, then --repeats timed calls; ms/token = a call's time / new tokens, the
 prompt's prefill included, as on our side. Threads as torch sets them by default (no
-torch.set_num_threads: docs/performance.md "Performance").
+torch.set_num_threads, as bench/torch_step.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--batch-size", type=int, default=1)
@@ -36,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-layers", type=int, default=12)
     parser.add_argument("--n-heads", type=int, default=12)
     parser.add_argument("--json", type=Path, required=True, help="write the figures here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     import torch
     import transformers

@@ -5,12 +5,13 @@ from __future__ import annotations
 import ast
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import write_run
 
-from bench import cli, compare, decode, gemv, loader, train_step
+from bench import cli, compare, decode, gemv, loader, torch_generate, torch_step, train_step
 from jaxgpt.config import ModelConfig, load_run_configs
 
 TINY_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
@@ -71,15 +72,24 @@ def test_bench_train_runs(tmp_path: Path) -> None:
     json.dumps(r)  # what --json writes
 
 
-def test_reference_configs_match_torch_reference() -> None:
-    """--config shapes are torch_reference.py's CONFIGS and EXTRA_CONFIGS, read from the file (torch is not imported)."""
-    if not compare.TORCH_REFERENCE.exists():
-        pytest.skip(f"{compare.TORCH_REFERENCE} not here")
-    tree = ast.parse(compare.TORCH_REFERENCE.read_text())
-    configs = {}
+def _top_level_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("CONFIGS", "EXTRA_CONFIGS") for t in node.targets):
-            configs |= ast.literal_eval(node.value)
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_reference_configs_match_torch_step() -> None:
+    """--config shapes are bench/torch_step.py's CONFIGS, read from the file; the torch side's scripts ship in
+    bench/, import nothing of the project and torch only where they run (so this test needs no torch)."""
+    assert compare.TORCH_STEP == Path(compare.__file__).with_name("torch_step.py") and compare.TORCH_STEP.is_file()
+    tree = ast.parse(compare.TORCH_STEP.read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "CONFIGS"]
+    configs = ast.literal_eval(node.value)
     assert configs == train_step.REFERENCE_CONFIGS and "nano-cpu" in configs
     for name in ("gpt2-vocab", "nano-cpu"):
         model, train = train_step.reference_configs(name)
@@ -88,6 +98,15 @@ def test_reference_configs_match_torch_reference() -> None:
         assert train.seq_len(model) == configs[name][1]
     assert model.tie_embeddings and model.qkv_bias and model.drop_rate == 0.0
     assert train.gradient_accumulation_steps == 1 and train.clipping_max_norm == 1.0
+    assert train.learning_rate == torch_step.LEARNING_RATE and train.weight_decay == torch_step.WEIGHT_DECAY
+    assert (train.adam_b1, train.adam_b2) == (0.9, 0.999) and train.clipping_max_norm == torch_step.MAX_NORM
+    for name in configs:  # both sides count the same FLOPs per token
+        vocab, context, layers, _, dims, _ = configs[name]
+        model, _ = train_step.reference_configs(name)
+        assert torch_step.flops_per_token(vocab, context, layers, dims) == train_step.train_flops_per_token(model, context)
+    for script in (compare.TORCH_STEP, decode.TORCH_SCRIPT):
+        assert _top_level_imports(script) <= {"__future__", "argparse", "json", "math", "statistics", "time",
+                                              "collections", "pathlib", "typing"}, script
 
 
 def _fake_runner(calls: list[tuple[str, str, str]]) -> compare.Runner:
@@ -130,6 +149,61 @@ def test_compare_pairs_like_with_like() -> None:
         compare.bench_compare(["cpu-small"], model=["compute_dtype=float32"], runner=_fake_runner([]))
 
 
+def test_compare_without_a_reference_interpreter_runs_our_side_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --torch-python and no $JAXGPT_TORCH_PYTHON: one line says the torch side is skipped, ours runs, the
+    ratios are None; a named interpreter that is missing is a one-line error with the set-up command."""
+    calls: list[tuple[str, str, str]] = []
+    made: dict = {}
+
+    def fake_subprocess_runner(**kwargs: object) -> compare.Runner:
+        made.update(kwargs)
+        return _fake_runner(calls)
+
+    monkeypatch.setattr(compare, "subprocess_runner", fake_subprocess_runner)
+    lines: list[str] = []
+    r = compare.bench_compare(["cpu-small"], rounds=2, torch_python=None, log=lines.append)
+    assert [line for line in lines if "torch side skipped" in line] == [lines[0]]
+    assert compare.TORCH_PYTHON_ENV in lines[0] and "--torch-python" in lines[0] and "torchref" in lines[0]
+    assert calls == [("ours", "cpu-small", "float32"), ("ours", "cpu-small", "bfloat16")] * 2
+    fp32 = r["results"][0]["float32"]
+    assert fp32["ours_tokens_per_s"] == pytest.approx(100.5) and fp32["ratio"] is None and fp32["torch"] == []
+    assert fp32["torch_tokens_per_s"] is None and len(fp32["load_avg"]) == 2 and r["torch"] is None
+    assert made["torch_python"] is None and made["reference"] == compare.TORCH_STEP
+    assert "(torch side not run)" in lines[-1] and " - " in lines[-1]
+    json.dumps(r)
+    with pytest.raises(train_step.BenchError, match="torchref"):
+        compare.bench_compare(["cpu-small"], torch_python=Path("/nonexistent/python"), log=lines.append)
+
+
+def _fake_interpreter(tmp_path: Path, figures: object) -> tuple[Path, Path]:
+    """An executable standing in for the reference interpreter: it records its arguments and writes `figures`
+    to the path after --json, as bench/torch_step.py and bench/torch_generate.py do."""
+    argv_file = tmp_path / "argv.json"
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                      f"args = sys.argv[1:]\nopen({str(argv_file)!r}, 'w').write(json.dumps(args))\n"
+                      f"open(args[args.index('--json') + 1], 'w').write(json.dumps({figures!r}))\n")
+    script.chmod(0o755)
+    return script, argv_file
+
+
+def test_compare_runs_the_shipped_torch_step_in_the_reference_interpreter(tmp_path: Path) -> None:
+    """The torch side's command is bench/torch_step.py under the interpreter given, with arguments its own
+    parser reads as the pair's config, dtype, windows and steps; its first (only) config's figures come back."""
+    row = {"config": "nano-cpu", "tokens_per_s_median": 7.0, "tokens_per_s_min": 6.0, "tokens_per_s_max": 8.0}
+    python, argv_file = _fake_interpreter(tmp_path, [row])
+    run = compare.subprocess_runner(torch_python=python, reference=compare.TORCH_STEP, steps=3, windows=2, model=[])
+    assert run("torch", "nano-cpu", "bfloat16", tmp_path / "out.json") == row
+    script, *args = json.loads(argv_file.read_text())
+    assert script == str(compare.TORCH_STEP)
+    parsed = torch_step.parser().parse_args(args)
+    assert (parsed.config, parsed.bf16, parsed.windows, parsed.steps_per_window, parsed.all) == ("nano-cpu", True, 2, 3,
+                                                                                                  False)
+    assert parsed.json == tmp_path / "out.json" and not parsed.compile and parsed.threads is None
+    run("torch", "cpu-small", "float32", tmp_path / "out.json")
+    assert not torch_step.parser().parse_args(json.loads(argv_file.read_text())[1:]).bf16
+
+
 def test_compare_cli_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--configs, --rounds, --dtypes and --model reach bench_compare; --json writes its figures."""
     seen: dict = {}
@@ -144,8 +218,14 @@ def test_compare_cli_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
                      "--model", "attention=xla", "--json", str(out)]) == 0
     assert seen["configs"] == ["nano-cpu", "char-tiny"] and seen["rounds"] == 3 and seen["dtypes"] == ["bfloat16"]
     assert seen["model"] == ["attention=xla"] and json.loads(out.read_text())["configs"] == ["nano-cpu", "char-tiny"]
+    monkeypatch.delenv(compare.TORCH_PYTHON_ENV, raising=False)
     assert cli.main(["compare"]) == 0 and seen["configs"] == sorted(train_step.REFERENCE_CONFIGS)
-    assert seen["dtypes"] == ["float32", "bfloat16"]
+    assert seen["dtypes"] == ["float32", "bfloat16"] and seen["torch_python"] is None
+    assert seen["reference"] == compare.TORCH_STEP
+    monkeypatch.setenv(compare.TORCH_PYTHON_ENV, str(tmp_path / "venv" / "bin" / "python"))
+    assert cli.main(["compare"]) == 0 and seen["torch_python"] == tmp_path / "venv" / "bin" / "python"
+    assert cli.main(["compare", "--torch-python", "/elsewhere/python"]) == 0
+    assert seen["torch_python"] == Path("/elsewhere/python")
     for bad in (["--dtypes", "float16"], ["--configs", "nano-cpu,nope"], ["--rounds", "0"]):
         assert cli.main(["compare", *bad]) == 2, bad
 
@@ -158,7 +238,8 @@ def test_train_and_compare_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli.main(["train", "/nonexistent-run"]) == 2
     assert cli.main(["train", "--config", "cpu-small", "--accum-sweep", "1,x"]) == 2
     assert cli.main(["compare", "--torch-python", str(tmp_path / "missing-python")]) == 2
-    assert "torchref" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "missing-python not found" in err and "torchref" in err and compare.TORCH_PYTHON_ENV in err
 
 
 def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -226,20 +307,45 @@ def test_generate_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -
         assert cli.main(["generate", *bad]) == 2, bad
     err = capsys.readouterr().err
     assert "--dtypes 'float16'" in err and "per column" in err and "no torch twin" in err and "torchref" in err
+    assert "/nonexistent/python not found" in err and compare.TORCH_PYTHON_ENV in err
 
 
 TINY_GPT2 = ["--model=vocab_size=257", "--model=context_length=64", "--model=emb_dim=32", "--model=n_heads=2",
              "--model=n_layers=2"]
 
 
-def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path) -> None:
-    """Real processes on a tiny GPT-2: ours (both layouts) and, where $HOME/torchref exists, transformers'
-    generate on the same shape (bench/torch_generate.py); figures only, timings never asserted."""
-    with_torch = compare.TORCH_PYTHON.exists()
+def test_generate_runs_the_shipped_torch_generate_in_the_reference_interpreter(tmp_path: Path) -> None:
+    """The torch side's command is bench/torch_generate.py under the interpreter given, with arguments its own
+    parser reads as the cell's dtype, batch, lengths and the model's shape."""
+    figures = {"side": "torch", "ms_per_token_median": 3.0, "ms_per_token": [3.0]}
+    python, argv_file = _fake_interpreter(tmp_path, figures)
+    cfg = ModelConfig(architecture="gpt2", vocab_size=257, context_length=64, emb_dim=32, n_heads=2, n_layers=2,
+                      qkv_bias=True, tie_embeddings=True)
+    run = decode.subprocess_runner(cfg, new_tokens=5, prompt_tokens=3, repeats=2, torch_python=python)
+    assert run("torch", "bfloat16", 8, tmp_path / "out.json") == figures
+    script, *args = json.loads(argv_file.read_text())
+    assert script == str(decode.TORCH_SCRIPT) == str(Path(decode.__file__).with_name("torch_generate.py"))
+    a = torch_generate.parser().parse_args(args)
+    assert (a.dtype, a.batch_size, a.new_tokens, a.prompt_tokens, a.repeats) == ("bfloat16", 8, 5, 3, 2)
+    assert (a.vocab_size, a.context_length, a.emb_dim, a.n_layers, a.n_heads) == (257, 64, 32, 2, 2)
+    assert a.json == tmp_path / "out.json"
+
+
+def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Real processes on a tiny GPT-2: ours (both layouts) and, where $JAXGPT_TORCH_PYTHON names a reference
+    interpreter, transformers' generate on the same shape (bench/torch_generate.py); without one, the torch side
+    is skipped with one line. Figures only, timings never asserted."""
+    torch_python = compare.torch_python_from_env()
+    with_torch = torch_python is not None and torch_python.exists()
+    if not with_torch:
+        monkeypatch.delenv(compare.TORCH_PYTHON_ENV, raising=False)
     out = tmp_path / "gen.json"
     args = ["generate", *TINY_GPT2, "--dtypes", "bfloat16", "--batch-sizes", "2", "--new-tokens", "5",
-            "--prompt-tokens", "3", "--repeats", "1", "--json", str(out), *([] if with_torch else ["--no-torch"])]
+            "--prompt-tokens", "3", "--repeats", "1", "--json", str(out)]
     assert cli.main(args) == 0
+    skipped = [line for line in capsys.readouterr().out.splitlines() if "torch side skipped" in line]
+    assert len(skipped) == (0 if with_torch else 1), skipped
     r = json.loads(out.read_text())
     (cell,) = r["cells"]
     for side in ("unrolled", "scanned", *(["torch"] if with_torch else [])):
@@ -252,7 +358,8 @@ def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path) -> 
         assert torch_run["dtype"] == "bfloat16" and torch_run["params"] == 257 * 32 + 64 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
         assert cell["unrolled_over_torch"] > 0 and r["transformers"]
     else:
-        pytest.skip(f"ours ran; {compare.TORCH_PYTHON} not here for the torch side")
+        assert "torch" not in cell and cell["unrolled_over_torch"] is None
+        pytest.skip(f"ours ran; no reference interpreter (${compare.TORCH_PYTHON_ENV}) for the torch side")
 
 
 def test_gemv_forms_compute_the_same_product(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
