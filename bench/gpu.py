@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.tracking.history import read_record
+
 ROOT = Path(__file__).resolve().parent.parent  # the repository: commands run there
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
 
@@ -216,10 +218,12 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
     if rc != 0:
         return result | {"status": f"run B (resume) failed (exit {rc}): {last[-300:]}"}
     metas_b = _metas(b)
-    resumed = sorted(s for s in metas_b if s > first)
-    pairs = [(metas_a[s]["series"]["loss"], metas_b[s]["series"]["loss"]) for s in resumed if s in metas_a]
-    diff = max((abs(x - y) for la, lb in pairs for x, y in zip(la, lb)), default=float("nan"))
-    losses = [loss for s in sorted(metas_a) for loss in metas_a[s]["series"]["loss"]]
+    # the per-step losses come from each run's record (metrics.jsonl); B's starts after `first`
+    loss_a = dict(zip(*read_record(a).series("train/loss")))
+    loss_b = dict(zip(*read_record(b).series("train/loss")))
+    pairs = [(loss_a[s], loss_b[s]) for s in sorted(loss_b) if s > first and s in loss_a]
+    diff = max((abs(x - y) for x, y in pairs), default=float("nan"))
+    losses = [loss_a[s] for s in sorted(loss_a)]
     head, tail = losses[:10], losses[-10:]
     return result | {
         "status": "ok",
@@ -228,8 +232,8 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         "loss_falls": sum(tail) < sum(head),
         "val_loss": {s: metas_a[s]["val_loss"] for s in sorted(metas_a)},
         "tokens_per_s": metas_a[max(metas_a)]["throughput_tokens_per_s"],
-        "resume_steps_compared": sum(len(la) for la, _ in pairs),
-        "resume_bit_identical": bool(pairs) and all(la == lb for la, lb in pairs),
+        "resume_steps_compared": len(pairs),
+        "resume_bit_identical": bool(pairs) and all(x == y for x, y in pairs),
         "resume_max_abs_diff": diff,
     }
 
