@@ -8,9 +8,11 @@
     uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
-with the model's tokenizer if missing) or a prepared folder. How the split is windowed and what
-each figure means: jaxgpt/evaluation/scoring.py and docs/evaluation.md. Every input is checked
-before JAX starts.
+with the model's tokenizer if missing) or a prepared folder. The split is scored whole, in order,
+as windows of T + 1 tokens that overlap by one (each starts at the previous one's last token),
+so every token but the split's first is a target exactly once (--max-batches stops earlier); the
+details and what each figure means: jaxgpt/evaluation/scoring.py and docs/evaluation.md. Every
+input is checked before JAX starts.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ each form XLA:CPU can run it, float32 against bfloat16 weights.
 
 A decode step at batch 1 is a chain of these (GPT-2 124M: 48 per token plus the 768 x 50257
 head). They say why a bfloat16 decode is not faster than a float32 one through XLA:CPU's own
-kernels (docs/performance.md "Performance", the sampling tables): a bfloat16 weight is half the
+kernels (docs/log.md "Sampling"): a bfloat16 weight is half the
 bytes, but no XLA kernel reads it faster per element than the float32 dot reads float32. The last
 form is cpu_matvec's native kernel, what a bfloat16 decoder runs (where it can be built).
 """

@@ -1,7 +1,7 @@
 """The train-step benchmark behind `uv run -m bench train` (and `compare`'s our side).
 
 The harness's own optimiser step (optimizer.make_optimizer + train_step.StepRunner, built and fed as
-jaxgpt/training/loop.py does) on random tokens of a run's shapes or of a torch_reference.py config: time to
+jaxgpt/training/loop.py does) on random tokens of a run's shapes or of a bench/torch_step.py config: time to
 the first result (compile), steady-state tokens/s (median, min/max, IQR over timed windows, each
 ending with a block on the result), model FLOPs per token (6 x (12 L C^2 + V C) + 12 L T C) and
 MFU against fp32 and bf16 matmul peaks measured in the same process, peak host RSS and device
@@ -25,7 +25,7 @@ from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, to_dict
 from jaxgpt.training.mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
 from jaxgpt.training.mfu import flops_per_token as train_flops_per_token
 
-# name: (vocab, context, layers, heads, dims, batch), as torch_reference.py's CONFIGS | EXTRA_CONFIGS
+# name: (vocab, context, layers, heads, dims, batch), as bench/torch_step.py's CONFIGS | EXTRA_CONFIGS
 REFERENCE_CONFIGS: dict[str, tuple[int, int, int, int, int, int]] = {
     "char-tiny": (65, 256, 6, 6, 384, 8),
     "cpu-small": (256, 128, 4, 4, 128, 16),

@@ -1,5 +1,6 @@
 """The documentation holds together: README.md is a front page, docs/ holds the reference, and
-every relative link and #anchor between them (and from the code's comments) reaches its target.
+every relative link and #anchor between them (and from the code's comments) reaches its target;
+the reference pages carry no dated measurement (those live in docs/log.md alone).
 
 No network, no JAX: only the markdown files and the .py sources are read. Anchors follow GitHub's
 rules: a heading's text (inline markdown removed), lowercased, every character that is not a
@@ -9,6 +10,7 @@ repeats.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -16,11 +18,7 @@ from urllib.parse import unquote
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-
-# docs/recipes.md is being written on another branch. Until it exists here, links to it (with or
-# without an anchor) are not checked; once it exists it is checked like any page. Every other
-# missing target fails.
-NOT_YET_WRITTEN = {DOCS / "recipes.md"}
+LOG = DOCS / "log.md"  # the measurement log: the one page whose figures carry dates and commits
 
 README_MAX_LINES = 150
 
@@ -115,8 +113,6 @@ def link_problems(path: Path, root: Path = ROOT) -> list[str]:
         dest = (path.parent / unquote(file_part)).resolve() if file_part else path
         where = f"{path.relative_to(root)}: ({target})"
         if not dest.exists():
-            if dest in NOT_YET_WRITTEN:
-                continue
             problems.append(f"{where}: {dest} does not exist")
             continue
         if not anchor:
@@ -190,7 +186,7 @@ CODE_REFERENCE = re.compile(r"\b(README|docs/[\w.-]+\.md)[\s#]+\"([^\"\n]+)\"")
 
 
 def _sources() -> list[Path]:
-    return sorted([*ROOT.glob("*.py"), *(ROOT / "bench").glob("*.py")])
+    return sorted([*ROOT.glob("*.py"), *(ROOT / "bench").glob("*.py"), *(ROOT / "jaxgpt").rglob("*.py")])
 
 
 def test_code_comments_name_real_pages_and_sections():
@@ -202,9 +198,82 @@ def test_code_comments_name_real_pages_and_sections():
             page = README if m.group(1) == "README" else ROOT / m.group(1)
             where = f"{source.relative_to(ROOT)}: {m.group(1)} \"{m.group(2)}\""
             if not page.exists():
-                if page not in NOT_YET_WRITTEN:
-                    problems.append(f"{where}: {page.relative_to(ROOT)} does not exist")
+                problems.append(f"{where}: {page.relative_to(ROOT)} does not exist")
                 continue
             if m.group(2) not in headings(page):
                 problems.append(f"{where}: no such heading in {page.relative_to(ROOT)}")
     assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------- reference, not log
+# A reference page says what holds; a measurement (with its date, machine, commit and command)
+# goes to docs/log.md, and the page links to it. These are the marks a dated measurement or a
+# piece of the project's history leaves in a page.
+ISO_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+_HEX = r"[0-9a-f]{7,12}"
+COMMIT = re.compile(rf"`({_HEX})`|\b(?:[Aa]t|[Oo]f|[Cc]ommit:?)\s+({_HEX})\b")  # `hash`, at / of / commit hash
+MACHINE_LOAD = re.compile(r"\bload(?:\s+average)?\s*[:=]?\s*~?\d", re.IGNORECASE)
+HISTORY_PHRASES = ("this session", "the issue's", "before this option existed", "today's code")
+
+
+def dated_marks(line: str) -> list[str]:
+    """What in one line of a page marks a dated measurement or the project's history."""
+    marks = [f"date {m.group(0)!r}" for m in ISO_DATE.finditer(line)]
+    for m in COMMIT.finditer(line):
+        word = m.group(1) or m.group(2)
+        if re.search(r"\d", word) and re.search(r"[a-f]", word):  # a hash, not a number or a word
+            marks.append(f"commit hash {word!r}")
+    marks += [f"machine load {m.group(0)!r}" for m in MACHINE_LOAD.finditer(line)]
+    marks += [f"build history {p!r}" for p in HISTORY_PHRASES if p in line.lower()]
+    return marks
+
+
+def dated_measurements(path: Path, root: Path = ROOT) -> list[str]:
+    """One line per mark, as file:line: the mark, then the line."""
+    return [f"{path.relative_to(root)}:{n}: {mark}: {line.strip()[:120]}"
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            for mark in dated_marks(line)]
+
+
+def test_the_dated_measurement_detector_flags_a_dated_line_and_not_a_reference_one(tmp_path):
+    dated = ("**Measured** (2026-12-01, Zen 5, load 1.8) at 535e817: 73.7 s, against `8301bda` "
+             "(commit 2b7c62c, load average 9.5), a fresh clone of 8f6a794; "
+             "the issue's 23 minutes, before this option existed")
+    marks = dated_marks(dated)
+    assert [m.split()[0] for m in marks] == ["date", "commit", "commit", "commit", "commit", "machine",
+                                             "machine", "build", "build"], marks
+    reference = ("`learning_rate` 6e-4 with 3.7% warm-up, `lr_init_factor` `1e-5`, weight decay 0.1 "
+                 "(jax 0.10.2, Python 3.11.7); it loads the checkpoint at step 20 (`20261129T101500Z-step-600`), "
+                 "at 1234567 tokens, checks each shard's sha256 (`deadbeef` is no hash: no digit), "
+                 "a download of 1.1 MB, `add_scalar`, heads at 128 dims, `fade` and `cafe123456789` too long")
+    assert dated_marks(reference) == [], dated_marks(reference)
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\nWhat holds.\n\nMeasured 2026-12-03 at `2b7c62c`.\n")
+    assert dated_measurements(page, root=tmp_path) == [
+        "page.md:5: date '2026-12-03': Measured 2026-12-03 at `2b7c62c`.",
+        "page.md:5: commit hash '2b7c62c': Measured 2026-12-03 at `2b7c62c`."]
+
+
+def test_no_reference_page_carries_a_dated_measurement():
+    """README.md and docs/*.md but the log: what holds, with a link to docs/log.md for figures."""
+    problems = [p for path in markdown_files() if path != LOG for p in dated_measurements(path)]
+    assert not problems, ("dated measurements in reference pages (move them to docs/log.md and link "
+                          "to it):\n" + "\n".join(problems))
+
+
+def test_the_watching_page_lists_every_tag_the_run_records():
+    """docs/watching.md's table of tags is jaxgpt/tracking/metrics.py's TAGS (read without importing)."""
+    source = (ROOT / "jaxgpt" / "tracking" / "metrics.py").read_text(encoding="utf-8")
+    assigns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    tags = next(ast.literal_eval(n.value) for n in assigns
+                if "TAGS" in [getattr(t, "id", None) for t in getattr(n, "targets", [getattr(n, "target", None)])])
+    lines = (DOCS / "watching.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\|\s*tag\s*\|", line))
+    table = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        table += re.findall(r"`([^`]+)`", line.split("|")[1])
+    listed = {t for t in table if not t.startswith("config/")}
+    assert listed == set(tags), (f"missing from docs/watching.md: {sorted(set(tags) - listed)}; "
+                                 f"not tags of metrics.TAGS: {sorted(listed - set(tags))}")

@@ -1,7 +1,7 @@
 """XLA:CPU forms of the model's operations; jaxgpt/ops/cpu.py uses them, on the CPU backend only.
 
 Each is the same function as the neutral form in jaxgpt/ops/neutral.py, written the way XLA:CPU (its YNNPACK
-and Eigen kernels) runs fastest; the measurements behind them are in docs/performance.md "Performance":
+and Eigen kernels) runs fastest; the measurements behind them are in docs/log.md "CPU levers":
 
 - `bf16_product`: the backward products of a bfloat16 matmul laid out so that XLA:CPU runs them
   as native bfloat16 dots (otherwise it silently upcasts them to float32);
@@ -146,6 +146,6 @@ def native_bf16(flags: frozenset[str] | set[str]) -> bool:
 
 def auto_compute_dtype(flags: frozenset[str] | set[str]) -> str:
     """model.json compute_dtype "auto" on a CPU with these flags: bfloat16 matmuls where the CPU
-    multiplies bfloat16 natively (faster at the same loss, docs/performance.md "Performance"), float32
+    multiplies bfloat16 natively (faster at the same loss, docs/log.md "compute_dtype auto: speed and loss"), float32
     elsewhere (a bfloat16 dot there has no native instruction to run on)."""
     return "bfloat16" if native_bf16(flags) else "float32"

@@ -3,8 +3,8 @@
 XLA:CPU allocates each compiled call's scratch memory (its "temp" buffer: 150 MiB for the
 cpu-small train step) as one block, per call. glibc serves a block over 32 MiB with a fresh
 mmap and unmaps it when freed, so every call page-faults through the whole block again: tens
-of thousands of minor faults per step, a large share of a small model's step (docs/performance.md
-"Performance" has the figures). With the glibc tunable `glibc.malloc.hugetlb=1` (glibc >=
+of thousands of minor faults per step, a large share of a small model's step (docs/log.md
+"CPU levers" has the figures). With the glibc tunable `glibc.malloc.hugetlb=1` (glibc >=
 2.35) malloc asks the kernel for transparent huge pages, 512 times fewer faults.
 
 Tunables are read once, when a process starts, so the entry scripts call

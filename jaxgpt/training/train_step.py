@@ -64,7 +64,7 @@ class StepRunner:
 
     nnx.jit walks the model and optimiser graphs (hundreds of Variables) in and out on every
     call: Python time that on a small CPU competes with the step itself for the cores, and which
-    a loop that reads each step's loss cannot hide (docs/performance.md "Performance" has the figures). Here
+    a loop that reads each step's loss cannot hide (docs/log.md "Where the time goes" has the figures). Here
     the graph is split once and jax.jit takes the flat list of arrays; the arrays are donated and come back with the shardings they went in with. Between calls the model and
     optimiser objects hold stale (donated) arrays: `sync()` writes the current ones back before
     anything reads them (validation, checkpoints).
