@@ -15,7 +15,10 @@ peak-memory figure, and a failure costs one row, not the check), within `--budge
       --breakdown (forward / backward / optimiser update), which says where the time goes.
       The modern recipe's 124M (runs/gpt2-small-modern: rotary, QK-norm, ReLU², RMSNorm,
       soft-cap, Muon) beside it at k = 1 and k = 4, also with --breakdown: the update row is
-      what Muon's Newton-Schulz iterations cost at this shape.
+      what Muon's Newton-Schulz iterations cost at this shape; and the 2026 recipe's
+      (runs/gpt2-small-2026: context 2048 with sliding windows, value embeddings, embedding and
+      U-net skips, Polar Express and NorMuon) at k = 1 with --breakdown: windows through
+      cuDNN's local_window_size in a scanned model (one branch per window size).
   (b) training: a small GPT on the built-in corpus trained by train.py for a few hundred steps
       (checkpoints every 100), then a second run directory resumed from the first one's first
       checkpoint: the loss must fall, the checkpoints must be written and the resumed steps'
@@ -135,17 +138,18 @@ def _bench(args: list[str], logs: Path, name: str, timeout: float) -> dict[str, 
 def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> list[dict[str, Any]]:
     k1, k4 = plan.accumulation
     cudnn = plan.cudnn
-    gpt2, modern = "runs/gpt2-small", "runs/gpt2-small-modern"
+    gpt2, modern, new = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
     variants = [  # the headline first: the budget may not reach the last ones
-        (gpt2, cudnn, True, k1, True), (modern, cudnn, True, k1, True), (gpt2, cudnn, True, k4, False),
+        (gpt2, cudnn, True, k1, True), (modern, cudnn, True, k1, True), (new, cudnn, True, k1, True),
+        (gpt2, cudnn, True, k4, False),
         (gpt2, "xla", True, k1, False), (gpt2, cudnn, False, k1, False), (modern, cudnn, True, k4, False),
     ]
-    # After the two headline rows, each row leaves (b) and (c) the least time they need.
+    # After the three headline rows, each row leaves (b) and (c) the least time they need.
     later = plan.part_seconds["train"] + plan.part_seconds["generate"]
     rows = []
     for run, attention, scan, k, breakdown in variants:
         label = f"{Path(run).name} attention={attention} scan_layers={str(scan).lower()} k={k}"
-        reserve = later if len(rows) >= 2 else 0.0
+        reserve = later if len(rows) >= 3 else 0.0
         if clock.left() - reserve < plan.part_seconds["step"]:
             rows.append({"label": label, "run": run, "status": "skipped: time budget spent"})
             continue

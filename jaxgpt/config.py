@@ -61,6 +61,15 @@ class ModelConfig:
     mlp: Literal["gelu", "relu2"] = "gelu"  # the MLP's activation: GPT-2's tanh GELU or ReLU squared
     zero_init_proj: bool = False  # the attention and MLP output projections start at zero
     logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap), in float32; None = off
+    # The 2026 recipe's options (connections.py, layers.py; docs/recipes.md), each off by default:
+    n_kv_heads: int | None = None  # key/value heads, grouped-query attention (it divides n_heads); None = n_heads
+    value_embeds: bool = False  # token tables mixed into the values of alternate layers, the last included
+    embed_skips: bool = False  # each block's input: a learned residual scale and a learned blend of the embedding
+    unet_skips: bool = False  # the first half's block outputs added, learned weights, to the mirrored second half
+    # Sliding-window attention: a pattern of "S" (short window) and "L" (full context) tiled over the
+    # layers, the last layer always "L"; None = every layer full.
+    window_pattern: str | None = None
+    short_window: int | None = None  # tokens an "S" layer's query sees, itself included; null = context_length // 4
 
     def __post_init__(self) -> None:
         _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
@@ -82,6 +91,7 @@ class ModelConfig:
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
         self._check_modern_options()
+        self._check_2026_options()
 
     def _check_modern_options(self) -> None:
         if self.logit_softcap is not None and not self.logit_softcap > 0:
@@ -98,6 +108,50 @@ class ModelConfig:
             if self.architecture == "gpt2" and head % 2:
                 raise ConfigError(f"{MODEL_FILE}: positions='rotary' rotates pairs of dimensions: the head size "
                                   f"emb_dim / n_heads = {self.emb_dim} / {self.n_heads} = {head} must be even")
+
+    def _check_2026_options(self) -> None:
+        on = [key for key in ("value_embeds", "embed_skips", "unet_skips") if getattr(self, key)]
+        on += [key for key in ("window_pattern", "short_window") if getattr(self, key) is not None]
+        if self.architecture != "gpt2" and on:
+            raise ConfigError(f"{MODEL_FILE}: {on[0]}={getattr(self, on[0])!r} needs architecture 'gpt2' "
+                              f"(got {self.architecture!r}, which has no transformer blocks)")
+        _positive(self, MODEL_FILE, "n_kv_heads", optional=True)
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(f"{MODEL_FILE}: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
+                              f"(each key/value head serves n_heads / n_kv_heads query heads)")
+        if self.unet_skips and self.n_layers < 2:
+            raise ConfigError(f"{MODEL_FILE}: unet_skips=true joins the first half of the blocks to the second; "
+                              f"n_layers={self.n_layers} has no halves")
+        if self.window_pattern is None:
+            if self.short_window is not None:
+                raise ConfigError(f"{MODEL_FILE}: short_window={self.short_window} is the window of the 'S' layers "
+                                  f"of window_pattern, which is null; set window_pattern (e.g. 'SSSL')")
+            return
+        if not self.window_pattern or set(self.window_pattern) - {"S", "L"}:
+            raise ConfigError(f"{MODEL_FILE}: window_pattern={self.window_pattern!r} must be a string of 'S' "
+                              f"(short window) and 'L' (full context), e.g. 'SSSL'")
+        if self.short_window is not None and not 0 < self.short_window <= self.context_length:
+            raise ConfigError(f"{MODEL_FILE}: short_window={self.short_window} must be in 1..context_length="
+                              f"{self.context_length}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.emb_dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or every query head its own (n_kv_heads null)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def layer_windows(self) -> tuple[int, ...]:
+        """Tokens each layer's queries see, themselves included (context_length: the whole context):
+        window_pattern tiled over the layers, the last one always full."""
+        if self.window_pattern is None:
+            return (self.context_length,) * self.n_layers
+        short = max(1, self.context_length // 4) if self.short_window is None else self.short_window
+        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S"
+                   else self.context_length for i in range(self.n_layers)]
+        return (*windows[:-1], self.context_length) if windows else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +184,14 @@ class MuonConfig:
     momentum_warmup_steps: int = 300  # optimiser steps of that rise; 0 = momentum from the start
     nesterov: bool = True
     ns_steps: int = 5  # Newton-Schulz iterations of the orthogonalisation
+    # Their coefficients: "standard", one quintic (3.4445, -4.7750, 2.0315) for every iteration
+    # (modded-nanogpt's, optax's default); "polar_express", Polar Express's own for each of (at most
+    # 5) iterations (Amsel et al. 2025; nanochat). Fixed for a run: the optimiser state holds them.
+    coefficients: Literal["standard", "polar_express"] = "standard"
+    # NorMuon (Li et al. 2025; nanochat): each orthogonalised update divided by a running RMS per
+    # neuron (per row along the matrix's longer side), its overall norm kept. Fixed for a run.
+    normuon: bool = False
+    normuon_beta2: float = 0.9  # that running mean of squares' decay (nanochat's)
     weight_decay: float = 0.0  # Muon's own decoupled decay of the matrices (times its learning rate)
     # AdamW's peak rates (its b1/b2/eps/weight_decay: train.json adam_b1, adam_b2, adam_eps, weight_decay).
     # nanochat's 0.2-0.3 for embeddings assumes N(0, 1) ones; gpt.py's are N(0, 0.02), hence a lower
@@ -141,7 +203,10 @@ class MuonConfig:
     def __post_init__(self) -> None:
         _positive(self, TRAIN_FILE, "ns_steps", "embed_learning_rate", "head_learning_rate",
                   "scalar_learning_rate")
-        for key in ("momentum", "momentum_init"):
+        if self.coefficients == "polar_express" and self.ns_steps > 5:
+            raise ConfigError(f"{TRAIN_FILE}: ns_steps={self.ns_steps} with coefficients='polar_express', which "
+                              f"has coefficients for 5 iterations; use ns_steps <= 5")
+        for key in ("momentum", "momentum_init", "normuon_beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
         for key in ("momentum_warmup_steps", "weight_decay"):
@@ -165,6 +230,10 @@ class TrainConfig:
     tokenizer: Literal["bytes", "gpt2"] = "bytes"
     targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
     sequence_length: int | None = None  # tokens per sequence; None = model context_length
+    # Training rows: "windows", non-overlapping windows of the token stream in a shuffled order;
+    # "documents", whole documents packed by best fit, every row starting at a document's start
+    # (nanochat's BOS-aligned packing; jaxgpt/data/packing.py). Validation reads windows either way.
+    packing: Literal["windows", "documents"] = "windows"
     gradient_accumulation_steps: int = 1  # microbatches per optimiser step
     batch_size: int | None = None  # optional check: sequences per optimiser step
     train_steps: int | None = None  # training length in optimiser steps ...
@@ -239,6 +308,9 @@ class TrainConfig:
         if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
             raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
                               f"{self.cooldown_percent} exceed 100 (percent of the steps)")
+        if self.packing == "documents" and self.targets != "next":
+            raise ConfigError(f"{TRAIN_FILE}: packing='documents' packs documents for next-token targets "
+                              f"(targets={self.targets!r}); use packing 'windows'")
         if self.init_from is not None and not self.init_from.strip():
             raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
         for key in ("lr_end_factor", "weight_decay", "seed"):

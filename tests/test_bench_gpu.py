@@ -21,19 +21,20 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert cli.main(["gpu", "--cpu-smoke", "--out", str(out)]) == 0
     r = json.loads(Path(f"{out}.json").read_text())
     md = Path(f"{out}.md").read_text()
-    # (a) six train-step variants of both recipes through bench train, each in its own process
+    # (a) seven train-step variants of the three recipes through bench train, each in its own process
     steps = r["train_step"]
-    gpt2, modern = "runs/gpt2-small", "runs/gpt2-small-modern"
+    gpt2, modern, new = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
     assert [(s["run"], s["attention"], s["scan_layers"], s["k"]) for s in steps] == [
-        (gpt2, "auto", True, 1), (modern, "auto", True, 1), (gpt2, "auto", True, 2), (gpt2, "xla", True, 1),
-        (gpt2, "auto", False, 1), (modern, "auto", True, 2)]
+        (gpt2, "auto", True, 1), (modern, "auto", True, 1), (new, "auto", True, 1), (gpt2, "auto", True, 2),
+        (gpt2, "xla", True, 1), (gpt2, "auto", False, 1), (modern, "auto", True, 2)]
     for s in steps:
         assert s["status"] == "ok", s["status"]
         assert s["tokens_per_s_median"] > 0 and s["step_s_median"] > 0 and s["compile_s"] >= 0
         assert s["mfu"] > 0 and math.isfinite(s["mfu"]) and s["compute_dtype"] == "bfloat16"
         assert s["accumulation_steps"] == s["k"] and s["microbatch_size"] == 2
-    assert all(v > 0 for v in steps[0]["breakdown"].values())  # where the time goes, one row of each recipe
-    assert all(v > 0 for v in steps[1]["breakdown"].values())
+    for s in steps[:3]:  # where the time goes, one row of each recipe
+        assert all(v > 0 for v in s["breakdown"].values())
+    assert steps[2]["window_pattern"] == "SSSL" and steps[2]["value_embeds"] and steps[2]["unet_skips"]
     assert steps[1]["positions"] == "rotary" and steps[1]["mlp"] == "relu2" and steps[0]["positions"] == "learned"
     assert steps[1]["optimizer"] == "muon" and steps[0]["optimizer"] == "adamw"
     assert r["chip"]["platform"] == "cpu" and r["chip"]["peak_source"].startswith("measured")
@@ -46,7 +47,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     # (c) cached generation at two batch sizes
     assert [g["batch_size"] for g in r["generation"]] == [1, 8]
     assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 for g in r["generation"])
-    assert md.count("Where the time goes (") == 2 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
+    assert md.count("Where the time goes (") == 3 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
     assert "| variant | tokens/s |" in md and "bit-identical" in md and "| batch | tokens/s |" in md
     assert Path(f"{out}.logs/train-b.log").is_file() and not Path(f"{out}.logs/work").exists()
 

@@ -234,7 +234,11 @@ def test_defaults_resolved(tmp_path: Path) -> None:
                   # the modern recipe's options, off: GPT-2's layout
                   "positions": "learned", "rope_base": None, "norm": "layernorm", "norm_scale": True,
                   "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
-                  "logit_softcap": None}
+                  "logit_softcap": None,
+                  # the 2026 recipe's, off: every head its own keys and values, no windows
+                  "n_kv_heads": None, "value_embeds": False, "embed_skips": False, "unet_skips": False,
+                  "window_pattern": None, "short_window": None}
+    assert td["packing"] == "windows"
     assert td["dataset"] == {"source": "builtin", "options": {}}
     assert isinstance(train.dataset, DatasetConfig)
     assert (td["tokenizer"], td["targets"], td["sequence_length"], td["train_tokens"]) == ("bytes", "next", None, None)

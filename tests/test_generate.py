@@ -93,12 +93,18 @@ def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
 # Every modern option on (model.json, layers.py): rotary positions of cached and new tokens included.
 MODERN = dict(positions="rotary", rope_base=100.0, norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2",
               logit_softcap=5.0, tie_embeddings=False, bias=False, qkv_bias=False)
+# The 2026 options (grouped-query attention, a short window on the first layer, value embeddings on the
+# last, embedding and U-net skips): a decode step attends within its window to K heads of cache.
+NEW_2026 = dict(n_kv_heads=2, window_pattern="SL", short_window=5, value_embeds=True, embed_skips=True, unet_skips=True)
 LAYOUTS = {"tied": {}, "untied-nobias": {"tie_embeddings": False, "qkv_bias": False}, "scan-layers": {"scan_layers": True},
            "scan-remat": {"scan_layers": True, "remat": True}, "bfloat16": {"compute_dtype": "bfloat16"},
            "bfloat16-scan": {"compute_dtype": "bfloat16", "scan_layers": True},
            "bfloat16-untied": {"compute_dtype": "bfloat16", "tie_embeddings": False},
            "modern": MODERN, "modern-scan-remat": {**MODERN, "scan_layers": True, "remat": True},
-           "modern-bfloat16-no-scale": {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False}}
+           "modern-bfloat16-no-scale": {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False},
+           "2026": {**MODERN, **NEW_2026}, "2026-scan-remat": {**MODERN, **NEW_2026, "scan_layers": True, "remat": True},
+           "2026-bfloat16": {**MODERN, **NEW_2026, "compute_dtype": "bfloat16"},
+           "2026-gqa-1-windows": {**MODERN, "n_kv_heads": 1, "window_pattern": "S", "short_window": 3}}
 
 
 # Batch 1 and 3: on the CPU the decoder keeps its weights in another form for one row (ops.for_decoding).
@@ -453,6 +459,21 @@ def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows:
     graphdef, state = nnx.split(model)
     own = g._prefill_jit.lower(graphdef, state, *dec._cache, ids, ids[:, 0]).compile().as_text()
     assert weight_copies(own, model) != []
+
+
+@pytest.mark.parametrize("kw", [{}, {"compute_dtype": "bfloat16", "scan_layers": True}], ids=["float32", "bfloat16-scan"])
+def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) -> None:
+    """Grouped-query attention's cache holds the K key/value heads only; the step runs the 5 dense layers
+    of a grouped block (q, kv, proj, fc, out) and the head on the decoder's weights as they are, and
+    looks up its value embeddings without slicing a table out of the stacked ones."""
+    model = tiny(15, **MODERN, **NEW_2026, **kw)
+    dec = g.KVDecoder(model, 3)  # 3 rows: the gate's (3, 12) slice of the activations is no weight's shape
+    assert dec._cache[0].shape == (L, 3, 2, C // H, CTX) and dec._cache[1].shape == (L, 3, 2, CTX, C // H)
+    hlo = dec._compiled_step(CTX).as_text()
+    assert weight_copies(hlo, model) == []
+    ops = model.ops.for_decoding(3)
+    native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
+    assert (len(re.findall(r" dot\(", hlo)), native) == ((0, 5 * L + 1) if ops.native_matvec else (5 * L + 1, 0))
 
 
 def test_generate_holds_no_copy_of_the_model() -> None:

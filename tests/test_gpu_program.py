@@ -4,7 +4,8 @@
 walkthrough trains on Colab TPUs). The step is StepRunner's (the trainer's
 own: the full optimiser chain, k = 2 microbatches in a lax.scan, donated state) on a small GPT-2
 whose operations were selected for that backend (ops.select(cfg, "gpu" | "tpu")), in bfloat16,
-for both recipes: GPT-2's (AdamW) and the modern one (every model.json option of layers.py, Muon).
+for the three recipes: GPT-2's (AdamW), the modern one (every model.json option of layers.py, Muon)
+and the 2026 one on top (grouped-query attention, windows, value embeddings, embedding and U-net skips).
 What an accelerator would run must be the standard mixed-precision program: every dot_general of
 the model multiplies bfloat16 operands into a float32 result (forward and both backward
 products), none of the XLA:CPU layout forms (optimization barriers) is in it, and every donated
@@ -40,12 +41,18 @@ MODERN = {"positions": "rotary", "norm": "rmsnorm", "norm_scale": False, "embed_
           "mlp": "relu2", "zero_init_proj": True, "logit_softcap": 15.0, "tie_embeddings": False, "bias": False,
           "qkv_bias": False}
 MUON = {"optimizer": "muon", "weight_decay": 0.0}
+# The 2026 options: grouped-query attention, a per-layer window (traced in a scan), value embeddings,
+# embedding and U-net skips (three scans when scanned).
+NEW_2026 = {"n_kv_heads": 2, "window_pattern": "SL", "short_window": 8, "value_embeds": True, "embed_skips": True,
+            "unet_skips": True}
 VARIANTS = {  # (model.json, train.json) overrides
     "unrolled": ({}, {}),
     "scan-remat-chunked": ({"scan_layers": True, "remat": True, "loss_chunk": 24}, {}),
     "untied-dropout": ({"tie_embeddings": False, "drop_rate": 0.1}, {}),
     "modern-muon": (MODERN, MUON),
     "modern-muon-scan-chunked": ({**MODERN, "norm_scale": True, "scan_layers": True, "loss_chunk": 24}, MUON),
+    "2026-muon": ({**MODERN, **NEW_2026}, MUON),
+    "2026-muon-scan-remat": ({**MODERN, **NEW_2026, "scan_layers": True, "remat": True}, MUON),
 }
 PLATFORMS = {"cuda": "gpu", "tpu": "tpu"}  # export platform -> ops.select backend
 # (lhs, rhs) -> result element types of a StableHLO dot_general
@@ -90,7 +97,8 @@ def test_every_model_dot_is_bfloat16_into_float32(accel_step) -> None:
     # The rest are Muon's, on float32 momenta, and nothing else: 3 per orthogonalised leaf.
     assert len(dots) - len(model_dots) == 3 * n_muon, (len(dots) - len(model_dots), n_muon)
     muon_run = VARIANTS[variant][1].get("optimizer") == "muon"
-    assert n_muon == (4 * blocks if muon_run else 0), n_muon  # qkv (as 3), proj, fc, out of each traced block
+    per_block = 4 if cfg.n_kv_heads in (None, cfg.n_heads) else 5  # qkv (as 3) or q and kv (as 2); proj, fc, out
+    assert n_muon == (per_block * (1 if cfg.scan_layers else cfg.n_layers) if muon_run else 0), n_muon
 
 
 def test_step_has_none_of_the_cpu_forms(accel_step) -> None:

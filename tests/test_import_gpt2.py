@@ -117,7 +117,8 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
                    "compute_dtype": "float32", "attention": "auto", "remat": False, "scan_layers": False,
                    "loss_chunk": None, "positions": "learned", "rope_base": None, "norm": "layernorm",
                    "norm_scale": True, "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
-                   "logit_softcap": None}
+                   "logit_softcap": None, "n_kv_heads": None, "value_embeds": False, "embed_skips": False,
+                   "unet_skips": False, "window_pattern": None, "short_window": None}
     meta = ckpt.read_meta(init)
     assert meta["step"] == 0 and meta["weights_only"] is True
     idx = np.random.default_rng(2).integers(0, 67, size=(2, 24))
@@ -235,7 +236,10 @@ def test_parameter_free_layernorm_exports_ones_and_computes_the_same(tmp_path: P
 
 @pytest.mark.parametrize("kw, key", [({"positions": "rotary"}, "positions"), ({"norm": "rmsnorm"}, "norm"),
                                      ({"embed_norm": True}, "embed_norm"), ({"qk_norm": True}, "qk_norm"),
-                                     ({"mlp": "relu2"}, "mlp"), ({"logit_softcap": 30.0}, "logit_softcap")])
+                                     ({"mlp": "relu2"}, "mlp"), ({"logit_softcap": 30.0}, "logit_softcap"),
+                                     ({"n_kv_heads": 1}, "n_kv_heads"), ({"value_embeds": True}, "value_embeds"),
+                                     ({"embed_skips": True}, "embed_skips"), ({"unet_skips": True}, "unet_skips"),
+                                     ({"window_pattern": "SL"}, "window_pattern")])
 def test_export_of_a_modern_option_is_one_line_naming_it(tmp_path: Path, capsys, kw: dict, key: str) -> None:
     folder, _ = _checkpoint_of(tmp_path, **kw)
     assert import_gpt2.main(["export", str(folder), str(tmp_path / "out")]) == 2

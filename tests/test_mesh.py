@@ -120,6 +120,29 @@ def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp
         assert len(losses(run)) == 3
 
 
+# The 2026 recipe on top: grouped-query attention (the kv kernel sharded by key/value heads), windows,
+# value embeddings (tables sharded by vocabulary and, with FSDP, width), embedding and U-net skips;
+# Muon with Polar Express and NorMuon (its per-neuron moments); rows packed from whole documents.
+NEW_2026 = {**MODERN, "n_kv_heads": 2, "window_pattern": "SL", "short_window": 6, "value_embeds": True,
+            "embed_skips": True, "unet_skips": True}
+NEW_2026_TRAIN = {**MODERN_TRAIN, "packing": "documents",
+                  "muon": {"coefficients": "polar_express", "normuon": True}}
+
+
+def test_2026_recipe_on_4x2_fsdp_matches_and_resumes_on_one_device(tmp_path: Path, data_root: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    reference = write_run(tmp_path / "single", NEW_2026, NEW_2026_TRAIN)
+    assert train.main([str(reference), "--data-dir", str(data_root)]) == 0
+    saved = write_run(tmp_path / "saved", NEW_2026, {**NEW_2026_TRAIN, "mesh": {"data": 4, "model": 2, "fsdp": True}})
+    train_on(saved, data_root, devices=8)
+    np.testing.assert_allclose(losses(saved), losses(reference), rtol=0, atol=1e-5)
+    step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
+    run = write_run(tmp_path / "on1", NEW_2026, NEW_2026_TRAIN)
+    resume_from(step3, run, data_root, 1, capsys)  # the new parameters and NorMuon's moments onto one device
+    np.testing.assert_allclose(losses(run), losses(reference, after=3), rtol=0, atol=1e-5)
+    assert len(losses(run)) == 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

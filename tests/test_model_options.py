@@ -65,9 +65,18 @@ def np_linear(p: dict[str, np.ndarray], name: str, x: np.ndarray) -> np.ndarray:
     return y + p[f"{name}.bias"] if f"{name}.bias" in p else y
 
 
+def np_windows(cfg: ModelConfig) -> list[int]:
+    """Tokens each layer's queries see: window_pattern tiled ("S" short, "L" the context), the last "L"."""
+    if cfg.window_pattern is None:
+        return [cfg.context_length] * cfg.n_layers
+    chars = [cfg.window_pattern[i % len(cfg.window_pattern)] for i in range(cfg.n_layers - 1)] + ["L"]
+    short = cfg.short_window or cfg.context_length // 4  # null: a quarter of the context
+    return [short if c == "S" else cfg.context_length for c in chars]
+
+
 def np_modern(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np.ndarray:
     B, T = idx.shape
-    Hm, D = cfg.n_heads, cfg.emb_dim // cfg.n_heads
+    Hm, Kv, D, L = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.n_layers
     x = p["tok_emb.embedding"][idx]
     if cfg.embed_norm:
         x = np_norm(cfg, p, "emb_norm", x)
@@ -75,21 +84,42 @@ def np_modern(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np
         x = x + p["pos_emb.embedding"][np.arange(T)][None]
     else:
         assert "pos_emb.embedding" not in p, "a rotary model has no position table"
-    mask = np.tril(np.ones((T, T), dtype=bool))
-    for layer in range(cfg.n_layers):
+    x0, skips, pairs = x, [], (L // 2 if cfg.unet_skips else 0)
+    value_layers = [i for i in range(L) if (L - 1 - i) % 2 == 0] if cfg.value_embeds else []  # the last, back
+    t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+    for layer, window in enumerate(np_windows(cfg)):
         b = f"blocks.{layer}"
-        qkv = np_linear(p, f"{b}.attn.qkv", np_norm(cfg, p, f"{b}.ln1", x))
-        q, k, v = (qkv[..., i * cfg.emb_dim:(i + 1) * cfg.emb_dim].reshape(B, T, Hm, D).transpose(0, 2, 1, 3)
-                   for i in range(3))  # (B, H, T, D)
+        if layer >= L - pairs:  # U-net: block L-1-j takes block j's output
+            x = x + p["connections.skip_weights"][layer - (L - pairs)] * skips.pop()
+        if cfg.embed_skips:
+            x = p["connections.resid_lambdas"][layer] * x + p["connections.x0_lambdas"][layer] * x0
+        h = np_norm(cfg, p, f"{b}.ln1", x)
+        if Kv == Hm:
+            qkv = np_linear(p, f"{b}.attn.qkv", h)
+            q, k, v = (qkv[..., i * cfg.emb_dim:(i + 1) * cfg.emb_dim] for i in range(3))
+        else:
+            q, kv = np_linear(p, f"{b}.attn.q", h), np_linear(p, f"{b}.attn.kv", h)
+            k, v = kv[..., :Kv * D], kv[..., Kv * D:]
+        if layer in value_layers:  # ResFormer's value residual, gated per key/value head
+            j = value_layers.index(layer)
+            w = p["connections.value_gates"][j]  # (G, K)
+            gate = 3.0 / (1.0 + np.exp(-(h[..., :w.shape[0]] @ w)))  # (B, T, K)
+            v = v + (gate[..., None] * p["connections.value_tables"][j][idx].reshape(B, T, Kv, D)).reshape(B, T, -1)
+        q = q.reshape(B, T, Hm, D).transpose(0, 2, 1, 3)  # (B, H, T, D)
+        k, v = (a.reshape(B, T, Kv, D).transpose(0, 2, 1, 3) for a in (k, v))  # (B, K, T, D)
         if cfg.qk_norm:
             q, k = np_norm(cfg, p, f"{b}.attn.q_norm", q), np_norm(cfg, p, f"{b}.attn.k_norm", k)
         if cfg.positions == "rotary":
             q, k = np_rotary(q, cfg.rope_base), np_rotary(k, cfg.rope_base)
+        k, v = k[:, np.arange(Hm) // (Hm // Kv)], v[:, np.arange(Hm) // (Hm // Kv)]  # query head h: kv head h // G
+        mask = (s <= t) & (t - s < window)
         att = np_softmax(np.where(mask, q @ k.transpose(0, 1, 3, 2) / math.sqrt(D), -np.inf))
         x = x + np_linear(p, f"{b}.attn.proj", (att @ v).transpose(0, 2, 1, 3).reshape(B, T, cfg.emb_dim))
         h = np_linear(p, f"{b}.mlp.fc", np_norm(cfg, p, f"{b}.ln2", x))
         h = np.maximum(h, 0.0) ** 2 if cfg.mlp == "relu2" else np_gelu_tanh(h)
         x = x + np_linear(p, f"{b}.mlp.out", h)
+        if layer < pairs:
+            skips.append(x)
     x = np_norm(cfg, p, "ln_f", x)
     logits = x @ (p["tok_emb.embedding"].T if cfg.tie_embeddings else p["head.kernel"])
     if cfg.logit_softcap is not None:

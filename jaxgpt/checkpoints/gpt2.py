@@ -156,11 +156,15 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> 
 # model.json options whose function Hugging Face's GPT2LMHeadModel cannot compute, with the value
 # that it can (GPT-2's own); `norm_scale: false` and `bias: false` export as ones and zeros instead.
 _NOT_GPT2 = {"positions": "learned", "norm": "layernorm", "embed_norm": False, "qk_norm": False, "mlp": "gelu",
-             "logit_softcap": None}
+             "logit_softcap": None, "value_embeds": False, "embed_skips": False, "unet_skips": False,
+             "window_pattern": None}
 
 
 def gpt2_layout_problem(cfg: ModelConfig) -> str | None:
     """Why `cfg` has no Hugging Face GPT-2 layout (the first option that has none), or None."""
+    if cfg.kv_heads != cfg.n_heads:
+        return (f"model.json n_kv_heads={cfg.n_kv_heads} has no Hugging Face GPT-2 layout (GPT-2's keys and values "
+                f"have every head, n_heads={cfg.n_heads}); export needs a GPT-2-shaped model")
     for key, gpt2 in _NOT_GPT2.items():
         if getattr(cfg, key) != gpt2:
             return (f"model.json {key}={getattr(cfg, key)!r} has no Hugging Face GPT-2 layout (GPT-2's is "

@@ -61,21 +61,25 @@ def _row_major(a: jax.Array) -> jax.Array:
 
 
 def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
-                       dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-    """Causal softmax attention, one head at a time. q, k, v: (B, T, H, D) -> (B, T, H*D).
+                       dropout: Callable[[jax.Array], jax.Array] | None = None,
+                       window: int | jax.Array | None = None) -> jax.Array:
+    """Causal softmax attention, one head at a time. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The same function as ops.causal_attention: scores, softmax and the weights' dropout are
-    float32, the two products go through `einsum` (the compute dtype's).
+    float32, the two products go through `einsum` (the compute dtype's); query head h reads
+    key/value head h // (H / Hkv), and sees `window` tokens (itself included; None: all before it).
     """
     B, T, H, D = q.shape
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    group = H // k.shape[2]
+    t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
+    mask = s <= t if window is None else (s <= t) & (t - s < window)  # as ops.neutral.causal_mask
     heads = []
     for h in range(H):
-        att = einsum("btd,bsd->bts", q[:, :, h], k[:, :, h]) / math.sqrt(D)  # (B, T, T)
-        att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+        att = einsum("btd,bsd->bts", q[:, :, h], k[:, :, h // group]) / math.sqrt(D)  # (B, T, T)
+        att = jax.nn.softmax(jnp.where(mask, att, -jnp.inf), axis=-1)
         if dropout is not None:
             att = dropout(att)
-        heads.append(einsum("bts,bsd->btd", att, v[:, :, h]))  # (B, T, D)
+        heads.append(einsum("bts,bsd->btd", att, v[:, :, h // group]))  # (B, T, D)
     return jnp.concatenate(heads, axis=-1)  # (B, T, C)
 
 

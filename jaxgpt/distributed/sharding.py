@@ -36,6 +36,8 @@ def logical_rules(fsdp: bool) -> tuple[tuple[str, str | None], ...]:
         ("vocab", MODEL),
         ("heads", MODEL),
         ("qkv", MODEL),  # the fused (C, 3C) query/key/value projection: sharded as "heads" always was
+        ("kv", MODEL),  # grouped-query attention's (C, 2KD) key/value projection: by key/value heads
+        ("gate", None),  # value embeddings' (G, K) gates: a few numbers, everywhere
         ("mlp", MODEL),
         ("embed", DATA if fsdp else None),
         ("ctx", None),

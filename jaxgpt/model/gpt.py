@@ -1,7 +1,7 @@
 """GPT-2 (and its modern variants) and the A-to-A sanity-check model in Flax NNX.
 
 Shape legend: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C // H (head size),
-V = vocab_size, L = n_layers.
+K = n_kv_heads (key/value heads, K divides H), V = vocab_size, L = n_layers.
 
 Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Every matmul and the
 attention go through `self.ops` (jaxgpt/ops/: the compute dtype, and the kernels chosen for the
@@ -14,7 +14,9 @@ attention, as in Flax's gemma example, and training passes none.
 What the parts are is chosen in model.json, once, where each module is built (layers.py): GPT-2's
 learned positions, LayerNorm, GELU and plain logits by default; rotary positions, RMSNorm (scaled or
 parameter-free), a norm after the embedding, QK-norm, ReLU^2, zero-initialised output projections
-and a logit soft-cap as options. The blocks read the same whatever is chosen.
+and a logit soft-cap as options; grouped-query attention, sliding windows (a per-layer pattern), and
+what each block receives besides the residual stream (connections.py: value embeddings, embedding
+and U-net skips) as the 2026 recipe's. The blocks read the same whatever is chosen.
 
 How the model runs is chosen in model.json without changing what it computes (each option is
 tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:
@@ -36,6 +38,7 @@ import numpy as np
 from flax import nnx, struct
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.connections import Connections, mix_values, unet_pairs
 from jaxgpt.model.layers import ACTIVATIONS, Identity, make_norm, positions_in_attention, qk_norm, softcap
 from jaxgpt.model.layers import normal as _normal
 from jaxgpt.model.layers import zeros as _zeros
@@ -68,8 +71,8 @@ class KVCache:
     from the first `span` slots only (static: every advancing row has pos < span).
     """
 
-    k: jax.Array  # (L, B, H, D, S) float32
-    v: jax.Array  # (L, B, H, S, D)
+    k: jax.Array  # (L, B, K, D, S) float32: the key/value heads only
+    v: jax.Array  # (L, B, K, S, D)
     pos: jax.Array | None = None  # (B,) int32
     layer: jax.Array | int = 0
     span: int = struct.field(pytree_node=False, default=0)
@@ -77,7 +80,7 @@ class KVCache:
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch_size: int) -> KVCache:
         L = cfg.n_layers if cfg.architecture == "gpt2" else 0
-        H, D, S = cfg.n_heads, cfg.emb_dim // cfg.n_heads, cfg.context_length
+        H, D, S = cfg.kv_heads, cfg.head_dim, cfg.context_length
         # float32 like every activation: the attention products round keys and values to the
         # compute dtype as they do in training, so a bfloat16 cache would compute the same and
         # only halve its memory, but XLA:CPU does not scatter into a bfloat16 buffer in place.
@@ -93,31 +96,42 @@ class KVCache:
         return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
                             v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any) -> tuple[jax.Array, KVCache]:
-        """A decode step's attention: (B, H, D) query, key and value of each row's new token ->
-        (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place scatter).
-        Both products are one row per (b, h) against the cache: ops.vecmat."""
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any,
+               window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """A decode step's attention: (B, H, D) query and (B, K, D) key and value of each row's new
+        token -> (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place
+        scatter). Both products are one row per (b, h) against the cache (ops.vecmat), the H / K query
+        heads of a key/value head against its one cache; a window hides slots pos - window and before."""
         B, H, D = q.shape
+        K = k.shape[1]
         rows = jnp.arange(B)
         cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
                              v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
         keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
-        att = vecmat(q, keys) / math.sqrt(D)  # (B, H, D) x (B, H, D, span) -> (B, H, span) float32
-        visible = jnp.arange(self.span)[None, None, :] <= self.pos[:, None, None]  # (B, 1, span)
+        q = q.reshape(B, K, H // K, D)  # query head h = k * (H / K) + g
+        att = vecmat(q, keys[:, :, None]) / math.sqrt(D)  # (B, K, G, D) x (B, K, 1, D, span) -> (B, K, G, span) float32
+        slots, pos = jnp.arange(self.span), self.pos[:, None, None, None]  # (span,), (B, 1, 1, 1)
+        visible = slots <= pos if window is None else (slots <= pos) & (slots > pos - window)
         att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        return vecmat(att, values).reshape(B, H * D), cache  # (B, H, span) x (B, H, span, D) -> (B, C)
+        return vecmat(att, values[:, :, None]).reshape(B, H * D), cache  # (B, K, G, span) x (B, K, 1, span, D) -> (B, C)
 
 
 class CausalSelfAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
-        C = cfg.emb_dim
-        self.n_heads = cfg.n_heads
+        C, K, D = cfg.emb_dim, cfg.kv_heads, cfg.head_dim
+        self.n_heads, self.n_kv_heads = cfg.n_heads, K
         self.drop_rate = cfg.drop_rate
         self.ops = ops
-        # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
-        # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
-        self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
-                              bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
+        if K == cfg.n_heads:
+            # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
+            # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
+            self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
+                                  bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
+        else:  # grouped-query attention: the queries' (C, C), and "kv": K key heads | K value heads (C, 2KD)
+            self.q = nnx.Linear(C, C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
+                                bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
+            self.kv = nnx.Linear(C, 2 * K * D, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "kv"),
+                                 bias_init=_zeros("kv"), dot_general=ops.dot_general, rngs=rngs)
         self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "heads", "embed"),
                                bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
         self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm
@@ -125,22 +139,34 @@ class CausalSelfAttention(nnx.Module):
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training)."""
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(B, T, C) -> queries (B, T, H, D), keys and values (B, T, K, D)."""
         B, T, C = x.shape
-        H, D = self.n_heads, C // self.n_heads
-        q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
-        q, k, v = (t.reshape(B, T, H, D) for t in (q, k, v))  # (B, T, H, D)
+        H, K, D = self.n_heads, self.n_kv_heads, C // self.n_heads
+        if K == H:
+            q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
+        else:
+            q, (k, v) = self.q(x), jnp.split(self.kv(x), 2, axis=-1)  # (B, T, C), 2 x (B, T, KD)
+        return q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
+
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
+                 values: tuple[jax.Array, jax.Array] | None = None,
+                 window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+        """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training).
+        `values`: the layer's value embedding and gate (connections.py), or None; `window`: tokens
+        each query sees, itself included (None: every earlier one)."""
+        T = x.shape[1]
+        q, k, v = self._project(x)  # (B, T, H, D), (B, T, K, D), (B, T, K, D)
+        v = mix_values(v, x, values)
         positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
-        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)  # (B, T, H, D)
+        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
-            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat)
+            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat, window)
             return self.proj(y[:, None]), cache  # (B, 1, C)
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:
             dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
-        y = self.ops.attention(q, k, v, dropout)  # (B, T, C), heads side by side
+        y = self.ops.attention(q, k, v, dropout, window)  # (B, T, C), heads side by side
         if cache is not None:
             cache = cache.prefill(k, v)
         return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)
@@ -177,9 +203,10 @@ class Block(nnx.Module):
         self.ln2 = make_norm(cfg, cfg.emb_dim, rngs)
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-        y, cache = self.attn(self.ln1(x), rngs, cache)
+    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
+                 values: tuple[jax.Array, jax.Array] | None = None,
+                 window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+        y, cache = self.attn(self.ln1(x), rngs, cache, values, window)
         x = x + y  # (B, T, C)
         return x + self.mlp(self.ln2(x), rngs), cache  # (B, T, C)
 
@@ -207,6 +234,8 @@ class GPT(nnx.Module):
         if not cfg.tie_embeddings:
             self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
+        # Built last: a model with connections starts from the weights of the same model without.
+        self.connections = Connections(cfg, rngs)
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         return self.logits(self.features(idx, rngs))  # (B, T, V)
@@ -226,32 +255,32 @@ class GPT(nnx.Module):
         x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
         if self.cfg.positions == "learned":
             x = x + self.pos_emb(jnp.arange(T) if cache is None else cache.positions(T))  # (T,) or (B, 1) positions
-        x = _dropout(x, self.drop, rngs)  # (B, T, C)
+        x = x0 = _dropout(x, self.drop, rngs)  # (B, T, C); x0: what embedding skips blend back in
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
+        windows = self.cfg.layer_windows() if self.cfg.window_pattern else None
 
-        def run(state: nnx.State, x: jax.Array, key: jax.Array | None,
-                cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
-            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache)
+        def run(state: nnx.State, x: jax.Array, key: jax.Array | None, cache: KVCache | None,
+                values: Any, window: Any) -> tuple[jax.Array, KVCache | None]:
+            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache, values, window)
 
         if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
             # Inside a scan the loop itself keeps XLA from merging the recomputation back into
-            # the forward pass; unrolled, jax.checkpoint's optimization barriers must.
-            run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers)
-        if self.cfg.scan_layers:  # decoding scans the same blocks, the whole cache in the carry
-            layer_ids = None if cache is None else jnp.arange(self.cfg.n_layers)
-            cache = None if cache is None else cache.replace(layer=jnp.int32(0))
+            # the forward pass; unrolled, jax.checkpoint's optimization barriers must. An unrolled
+            # layer's window is static (a kernel may need it so).
+            run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers,
+                                 static_argnums=() if self.cfg.scan_layers else (5,))
 
-            def step(carry: tuple[jax.Array, KVCache | None], layer: tuple[Any, ...]) -> tuple[Any, None]:
-                x, cache = carry
-                state, key, i = layer
-                return run(state, x, key, None if cache is None else cache.replace(layer=i)), None
+        def layer(i: int | jax.Array, state: nnx.State, x: jax.Array, key: jax.Array | None,
+                  cache: KVCache | None, skip: jax.Array | None) -> tuple[jax.Array, KVCache | None]:
+            """Block i (an int, or traced inside a scan) on the residual stream x (B, T, C)."""
+            x = self.connections.block_input(i, x, x0, skip)
+            window = None if windows is None else windows[i] if isinstance(i, int) else jnp.asarray(windows)[i]
+            return run(state, x, key, None if cache is None else cache.replace(layer=i),
+                       self.connections.values(i, idx), window)
 
-            (x, cache), _ = jax.lax.scan(step, (x, cache), (states, keys, layer_ids))
-        else:
-            for i, state in enumerate(states):
-                layer_cache = None if cache is None else cache.replace(layer=i)
-                x, cache = run(state, x, None if keys is None else keys[i], layer_cache)  # (B, T, C)
+        run_blocks = _scanned if self.cfg.scan_layers else _unrolled
+        x, cache = run_blocks(layer, states, keys, x, cache, unet_pairs(self.cfg.n_layers) if self.cfg.unet_skips else 0)
         return self.ln_f(x), cache
 
     def logits(self, x: jax.Array) -> jax.Array:
@@ -305,6 +334,51 @@ def _stack(blocks: list[Block]) -> Block:
         if names is not None:
             var.set_metadata(out_sharding=("layers", *names))
     return block
+
+
+Layer = Any  # GPT._forward's layer(i, state, x, key, cache, skip) -> (x, cache)
+
+
+def _unrolled(layer: Layer, states: list[nnx.State], keys: jax.Array | None, x: jax.Array,
+              cache: KVCache | None, pairs: int) -> tuple[jax.Array, KVCache | None]:
+    """The blocks one after the other; the first `pairs` blocks' outputs feed the last `pairs`
+    blocks' inputs, mirrored (U-net skips; 0: none)."""
+    L, skips = len(states), []
+    for i, state in enumerate(states):
+        skip = skips.pop() if i >= L - pairs else None
+        x, cache = layer(i, state, x, None if keys is None else keys[i], cache, skip)  # (B, T, C)
+        if i < pairs:
+            skips.append(x)
+    return x, cache
+
+
+def _scanned(layer: Layer, states: nnx.State, keys: jax.Array | None, x: jax.Array,
+             cache: KVCache | None, pairs: int) -> tuple[jax.Array, KVCache | None]:
+    """The stacked blocks by lax.scan, the whole cache in the carry; with U-net skips three scans
+    (the first `pairs` blocks keeping their outputs, the middle, the last `pairs` taking them back
+    in reverse), so that every block is still compiled once per scan."""
+    L = len(jax.tree.leaves(states)[0])
+    cache = None if cache is None else cache.replace(layer=jnp.int32(0))
+
+    def scan(lo: int, hi: int, x: jax.Array, cache: KVCache | None, skips: jax.Array | None = None,
+             keep: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+        part = (lambda t: t) if (lo, hi) == (0, L) else (lambda t: jax.tree.map(lambda a: a[lo:hi], t))
+
+        def step(carry: tuple[jax.Array, KVCache | None], xs: tuple[Any, ...]) -> tuple[Any, jax.Array | None]:
+            (x, cache), (state, key, i, skip) = carry, xs
+            x, cache = layer(i, state, x, key, cache, skip)
+            return (x, cache), x if keep else None
+
+        (x, cache), outs = jax.lax.scan(step, (x, cache), (part(states), None if keys is None else part(keys),
+                                                           jnp.arange(lo, hi), skips))
+        return x, cache, outs
+
+    if not pairs:
+        return scan(0, L, x, cache)[:2]
+    x, cache, outs = scan(0, pairs, x, cache, keep=True)  # outs (pairs, B, T, C)
+    if L > 2 * pairs:
+        x, cache, _ = scan(pairs, L - pairs, x, cache)
+    return scan(L - pairs, L, x, cache, skips=outs[::-1])[:2]
 
 
 def _block_states(model: GPT) -> tuple[nnx.GraphDef, Any]:

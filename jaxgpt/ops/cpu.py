@@ -73,7 +73,8 @@ class CpuOps(Ops):
         return super().for_decoding(rows)
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                  dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+                  dropout: Callable[[jax.Array], jax.Array] | None = None,
+                  window: int | jax.Array | None = None) -> jax.Array:
         if self.attention_kernel == "per_head":
-            return kernels.per_head_attention(q, k, v, self.einsum, dropout)
-        return super().attention(q, k, v, dropout)
+            return kernels.per_head_attention(q, k, v, self.einsum, dropout, window)
+        return super().attention(q, k, v, dropout, window)

@@ -4,8 +4,11 @@ The model (jaxgpt/model/) calls these operations and nothing else that depends o
 
     ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
     ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says), the latter as nnx.Linear calls it
-    ops.attention(q, k, v)         causal softmax attention, (B, T, H, D) each -> (B, T, H*D) float32
+    ops.attention(q, k, v, window=w)   causal softmax attention, q (B, T, H, D), k and v (B, T, Hkv, D) with
+                                   Hkv dividing H (grouped-query attention) -> (B, T, H*D) float32; each query
+                                   sees itself and the w - 1 tokens before it (None: every earlier token)
     ops.vecmat(a, b)               a decode step's attention products: (..., K) x (..., K, N) -> (..., N) float32
+                                   (b's batch axes may be 1 where a's are not: grouped-query heads)
 
 - with compute_dtype "bfloat16" each matmul multiplies bfloat16 operands into a float32 result
   (float32 accumulation), in the forward pass and in both backward products, as torch.autocast
@@ -75,17 +78,28 @@ def _mixed_einsum_bwd(spec: str, dtype: Any, product: Product, res: tuple[Any, .
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
+def causal_mask(T: int, window: int | jax.Array | None = None) -> jax.Array:
+    """(T, T) bool: query t sees key s where s <= t and, with a window, t - s < window."""
+    t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
+    return s <= t if window is None else (s <= t) & (t - s < window)
+
+
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
-                     dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-    """Causal softmax attention over all heads at once. q, k, v: (B, T, H, D) -> (B, T, H*D).
+                     dropout: Callable[[jax.Array], jax.Array] | None = None,
+                     window: int | jax.Array | None = None) -> jax.Array:
+    """Causal softmax attention over all heads at once. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The two products go through `einsum` (the compute dtype's), scores and softmax are float32,
-    and `dropout` (if any) applies to the attention weights.
+    and `dropout` (if any) applies to the attention weights. Grouped-query keys and values are
+    repeated to the H query heads (query head h reads key/value head h // (H / Hkv), as
+    jax.nn.dot_product_attention groups them): the training products are the same size either way,
+    and the saving that matters, the KV cache's, is the decoder's.
     """
     B, T, H, D = q.shape
+    if k.shape[2] != H:
+        k, v = (jnp.repeat(t, H // k.shape[2], axis=2) for t in (k, v))  # (B, T, H, D)
     att = einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)  # (B, H, T, T) float32
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+    att = jax.nn.softmax(jnp.where(causal_mask(T, window), att, -jnp.inf), axis=-1)
     if dropout is not None:
         att = dropout(att)
     return einsum("bhts,bshd->bthd", att, v).reshape(B, T, H * D)  # (B, T, C)
@@ -108,6 +122,9 @@ class Ops:
     weight_dtype: str | None = None
     kernels_out_in: bool = False
     native_matvec: bool = False  # dense layers of a few rows through a native kernel (CpuOps)
+    # The attention windows the model's layers have (model.json window_pattern): what a scanned
+    # model's traced per-layer window can be, for a kernel that needs it static (cuDNN's).
+    windows: tuple[int, ...] = ()
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""
@@ -117,7 +134,11 @@ class Ops:
 
     def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
         """Vector-matrix products, a (..., K) and b (..., K, N) -> (..., N) float32, in the compute
-        dtype: a decode step's attention, one query row per head against the cache."""
+        dtype: a decode step's attention, one query row per head against the cache. b's batch axes
+        broadcast against a's (the query heads of one key/value head share its cache)."""
+        if a.shape[:-1] != b.shape[:-2]:
+            dtype = jnp.dtype(self.compute_dtype)
+            return jnp.matmul(a[..., None, :].astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)[..., 0, :]
         idx = "abcdefgh"[:a.ndim - 1]
         return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
 
@@ -159,19 +180,32 @@ class Ops:
         return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                  dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-        """Causal attention, q, k, v: (B, T, H, D) float32 -> (B, T, H*D) float32.
+                  dropout: Callable[[jax.Array], jax.Array] | None = None,
+                  window: int | jax.Array | None = None) -> jax.Array:
+        """Causal attention, q (B, T, H, D), k and v (B, T, Hkv, D) float32 -> (B, T, H*D) float32.
 
-        `dropout` on the attention weights needs the weights themselves, which no fused kernel
-        gives: with it, attention is spelled out over all heads.
+        `window`: tokens each query sees, itself included; an int, a traced per-layer value (a
+        scanned model), or None (every earlier token). `dropout` on the attention weights needs the
+        weights themselves, which no fused kernel gives: with it, attention is spelled out.
         """
         if self.attention_kernel == "cudnn" and dropout is None:
-            B, T, H, D = q.shape
-            dtype = jnp.dtype(self.compute_dtype)  # cuDNN has no float32 kernel
-            y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype),
-                                             is_causal=True, implementation="cudnn")  # (B, T, H, D)
-            return y.astype(jnp.float32).reshape(B, T, H * D)
-        return causal_attention(q, k, v, self.einsum, dropout)
+            if window is None or isinstance(window, int):
+                return _cudnn_attention(q, k, v, self.compute_dtype, window)
+            # cuDNN takes a static window: one branch per window the model has, the layer's taken.
+            branches = [functools.partial(_cudnn_attention, dtype=self.compute_dtype, window=w) for w in self.windows]
+            return jax.lax.switch(jnp.argmax(jnp.asarray(self.windows) == window), branches, q, k, v)
+        return causal_attention(q, k, v, self.einsum, dropout, window)
+
+
+def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: str, window: int | None) -> jax.Array:
+    """cuDNN's flash attention (B, T, H, D) -> (B, T, H*D) float32, grouped-query heads as they come,
+    a window as jax's (left, right) local_window_size (a window covering T is full attention)."""
+    B, T, H, D = q.shape
+    dtype = jnp.dtype(dtype)  # cuDNN has no float32 kernel
+    local = None if window is None or window >= T else (window - 1, 0)
+    y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=True,
+                                     local_window_size=local, implementation="cudnn")  # (B, T, H, D)
+    return y.astype(jnp.float32).reshape(B, T, H * D)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

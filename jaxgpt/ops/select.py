@@ -66,14 +66,18 @@ def _cudnn_unavailable(cfg: ModelConfig) -> str | None:
     Lowering a forward and backward pass of one sequence for CUDA runs every check JAX makes
     (cuDNN present and recent enough, head size, layout) without compiling or running anything.
     """
-    shape = jax.ShapeDtypeStruct((1, cfg.context_length, cfg.n_heads, cfg.emb_dim // cfg.n_heads), jnp.bfloat16)
+    T, D = cfg.context_length, cfg.head_dim
+    q_shape = jax.ShapeDtypeStruct((1, T, cfg.n_heads, D), jnp.bfloat16)
+    kv_shape = jax.ShapeDtypeStruct((1, T, cfg.kv_heads, D), jnp.bfloat16)
+    short = min(cfg.layer_windows(), default=T)  # the model's shortest window, if it has one
 
     def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",
+                                         local_window_size=None if short >= T else (short - 1, 0))
         return y.astype(jnp.float32).sum()
 
     try:  # for CUDA explicitly where the process itself runs elsewhere (an export from a CPU)
-        traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(shape, shape, shape)  # the checks run here ...
+        traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q_shape, kv_shape, kv_shape)  # the checks run here ...
         traced.lower() if jax.default_backend() == "gpu" else traced.lower(lowering_platforms=("cuda",))  # ... or here
     except (RuntimeError, ValueError, NotImplementedError) as e:  # what JAX's cuDNN checks raise
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -90,8 +94,9 @@ def select(cfg: ModelConfig, backend: str | None = None) -> Ops:
     backend = backend or jax.default_backend()
     kernel = attention_kernel(cfg, backend)
     dtype = resolve_compute_dtype(cfg.compute_dtype, backend)
+    windows = tuple(sorted(set(cfg.layer_windows()))) if cfg.window_pattern else ()
     if backend == "cpu":
         from jaxgpt.ops.cpu import CpuOps  # the CPU is chosen here: nothing of it, or of jaxgpt/cpu/, loads elsewhere
 
-        return CpuOps(backend, dtype, kernel)
-    return Ops(backend, dtype, kernel)
+        return CpuOps(backend, dtype, kernel, windows=windows)
+    return Ops(backend, dtype, kernel, windows=windows)

@@ -138,6 +138,8 @@ class Trainer:
         if self.cfg.optimizer == "muon":
             self.routing = muon.routing_table(self.model, muon.routes(self.model))
             self.log(muon.format_table(self.routing, peak_rates(self.cfg)))
+        if self.cfg.packing == "documents":
+            self.log(run.train_batches.describe())
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.trained_s = 0.0  # training seconds (Target) up to the last checkpoint, every session
         self.resumed: dict[str, Any] = {}  # meta.json of the checkpoint this session resumed from

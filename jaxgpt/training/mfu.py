@@ -22,7 +22,9 @@ from jaxgpt.config import ModelConfig
 
 FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
                     "plus attention scores/values, not halved for the causal mask (PaLM appendix B, "
-                    "nanoGPT's estimate_mfu; biases, LayerNorms and embedding lookups not counted)")
+                    "nanoGPT's estimate_mfu; biases, LayerNorms and embedding lookups not counted); "
+                    "with grouped-query attention the key/value weights are 2 C K D a layer instead of "
+                    "2 C^2, and a sliding-window layer counts its window instead of T (nanochat's)")
 
 # bfloat16 dense peaks (TFLOP/s, no sparsity; the vendors' spec sheets) by device_kind, first
 # match wins: MFU on an accelerator is against the chip's peak, not a measured matmul.
@@ -42,10 +44,13 @@ def flops_per_token(model: ModelConfig, seq_len: int) -> float:
     T x T square, as PaLM and nanoGPT's estimate_mfu count it (a causal kernel skips about half of
     it, but MFU compares runs and papers by this convention).
     """
-    matmul_params = model.vocab_size * model.emb_dim  # the output head
+    C = model.emb_dim
+    matmul_params = model.vocab_size * C  # the output head
     if model.architecture == "gpt2":
-        matmul_params += model.n_layers * 12 * model.emb_dim**2
-        return 6 * matmul_params + 12 * model.n_layers * seq_len * model.emb_dim
+        kv = 2 * C * model.kv_heads * model.head_dim  # 2 C^2 without grouped-query attention
+        matmul_params += model.n_layers * (10 * C**2 + kv)
+        attended = sum(min(window, seq_len) for window in model.layer_windows())  # L T without windows
+        return 6 * matmul_params + 12 * attended * C
     return 6 * matmul_params  # a-to-a: embedding -> head, no attention
 
 

@@ -4,11 +4,14 @@ The routing table is written once, from the logical axis names jaxgpt/model/ giv
 names sharding.py maps onto the mesh), per layer (a scan_layers model's leading "layers" axis set
 aside):
 
-    muon    2-D matrices of the blocks, axes among embed/heads/qkv/mlp: attention q, k, v (the fused
-            (C, 3C) "qkv" kernel as three (C, C) matrices), its output projection, MLP fc and out
-    embed   ("vocab", "embed") token embedding (also the head when tied), ("ctx", "embed") positions
+    muon    2-D matrices of the blocks, axes among embed/heads/qkv/kv/mlp: attention q, k, v (the fused
+            (C, 3C) "qkv" kernel as three (C, C) matrices; with grouped-query attention the (C, C)
+            queries and the (C, 2KD) "kv" kernel as two), its output projection, MLP fc and out
+    embed   ("vocab", "embed") token embedding (also the head when tied) and value embeddings,
+            ("ctx", "embed") positions
     head    ("embed", "vocab") untied output head
-    scalar  everything of rank < 2: every norm scale and bias
+    scalar  everything of rank < 2: every norm scale and bias, the connections' per-layer scalars;
+            and the value embeddings' small ("gate", "gate") gates
 
 Muon (optax.contrib.scale_by_muon) orthogonalises the momentum of each matrix with Newton-Schulz
 iterations; every axis its MuonDimensionNumbers do not name is a batch axis, so the stacked (L, ...)
@@ -23,9 +26,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
@@ -33,8 +37,12 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 from jaxgpt.config import ConfigError
 
 PARTS = ("muon", "embed", "head", "scalar")
-_MATRIX_AXES = {"embed", "heads", "qkv", "mlp"}  # the blocks' own widths: C, heads, fused q/k/v, 4C
-_ADAMW_MATRICES = {("vocab", "embed"): "embed", ("ctx", "embed"): "embed", ("embed", "vocab"): "head"}
+_MATRIX_AXES = {"embed", "heads", "qkv", "kv", "mlp"}  # the blocks' own widths: C, heads, fused q/k/v or k/v, 4C
+_FUSED = {"qkv": 3, "kv": 2}  # matrices side by side in one kernel, by its output axis
+# Matrices AdamW keeps: the token table (and the value tables, connections.py, "vocab" x "embed"), the
+# position table, the untied head; the value embeddings' gates (G, K) with the scalars.
+_ADAMW_MATRICES = {("vocab", "embed"): "embed", ("ctx", "embed"): "embed", ("embed", "vocab"): "head",
+                   ("gate", "gate"): "scalar"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def route(name: str, axes: tuple[str | None, ...] | None, ndim: int) -> Route:
     if axes in _ADAMW_MATRICES:
         return Route(_ADAMW_MATRICES[axes])
     if len(axes) == 2 and set(axes) <= _MATRIX_AXES:
-        return Route("muon", fused=3 if axes[-1] == "qkv" else 1)
+        return Route("muon", fused=_FUSED.get(axes[-1], 1))
     raise ConfigError(f"parameter {name} (logical axes {axes}) has no optimiser part: add its axes to "
                       f"muon.route's table")
 
@@ -140,14 +148,78 @@ def _width_scale(routing: nnx.State) -> optax.GradientTransformation:
     return optax.stateless(lambda updates, params: _over(scale, routing, updates))
 
 
+# Polar Express's coefficients for 5 iterations (Amsel et al. 2025, "The Polar Express", computed with
+# safety factor 2e-2 and cushion 2; nanochat's optim.py): iteration i uses row i.
+POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+
+class NeuronRmsState(NamedTuple):
+    second_moment: Any  # per Muon leaf, its viewed shape with the reduced axis of size 1
+
+
+def _neuron_axis(r: Route, u: Any) -> int:
+    """The axis NorMuon averages over: of a viewed (in, out) matrix, the shorter side, so that the
+    longer side gets a statistic per row (nanochat's choice; the output neurons of a wide layer)."""
+    fan_in = u.shape[-3] if r.fused > 1 else u.shape[-2]
+    return (-3 if r.fused > 1 else -2) if u.shape[-1] >= fan_in else -1
+
+
+def scale_by_neuron_rms(routing: nnx.State, beta2: float) -> optax.GradientTransformation:
+    """NorMuon (Li et al. 2025, as nanochat's optim.py runs it): after the orthogonalisation, each
+    neuron's update is divided by the square root of a running mean (decay beta2) of its mean square,
+    then the whole matrix is scaled back to the orthogonalised update's Frobenius norm. optax has no
+    NorMuon; this is the few lines it takes, on the viewed leaves (q, k, v apart, layers apart)."""
+    def matrix_axes(r: Route) -> tuple[int, int]:
+        return (-3, -1) if r.fused > 1 else (-2, -1)
+
+    def init(params: Any) -> NeuronRmsState:
+        def zeros(r: Route, p: Any) -> Any:
+            if isinstance(p, optax.MaskedNode):
+                return p
+            value = p.get_value() if isinstance(p, nnx.Variable) else p
+            shape = list(value.shape)
+            shape[_neuron_axis(r, value)] = 1
+            return jnp.zeros(shape, jnp.float32)
+
+        return NeuronRmsState(_over(zeros, routing, params))
+
+    def update(updates: Any, state: NeuronRmsState, params: Any = None) -> tuple[Any, NeuronRmsState]:
+        del params
+
+        def one(r: Route, u: Any, v: Any) -> tuple[Any, Any]:
+            if isinstance(u, optax.MaskedNode):
+                return u, v
+            mean_sq = jnp.mean(jnp.square(u), axis=_neuron_axis(r, u), keepdims=True)  # per neuron
+            v = beta2 * v + (1 - beta2) * mean_sq
+            scaled = u * jax.lax.rsqrt(jnp.maximum(v, 1e-10))
+            norm = lambda x: jnp.sqrt(jnp.sum(jnp.square(x), axis=matrix_axes(r), keepdims=True))  # noqa: E731
+            return scaled * (norm(u) / jnp.maximum(norm(scaled), 1e-10)), v
+
+        pairs = jax.tree.map(one, routing, updates, state.second_moment)
+        is_pair = lambda x: isinstance(x, tuple)  # noqa: E731 - one's (update, moment) results
+        return (jax.tree.map(lambda t: t[0], pairs, is_leaf=is_pair),
+                NeuronRmsState(jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair)))
+
+    return optax.GradientTransformation(init, update)
+
+
 def scale_by_muon_viewed(routing: nnx.State, *, momentum: Any, nesterov: bool, ns_steps: int,
-                         weight_decay: Any, learning_rate: Any) -> optax.GradientTransformation:
+                         weight_decay: Any, learning_rate: Any, coefficients: str = "standard",
+                         normuon_beta2: float | None = None) -> optax.GradientTransformation:
     """The Muon part (its leaves as partition leaves them; the rest MaskedNode): the fused kernels
-    viewed as (C, 3, C) around Muon, width scaling, Muon's own decoupled decay, the learning rate."""
+    viewed as (C, 3, C) (or (C, 2, KD)) around Muon (Polar Express's coefficients if asked, then
+    NorMuon's per-neuron scale if normuon_beta2 is given), width scaling, Muon's own decoupled decay,
+    the learning rate."""
     dims = lambda updates: _over(  # noqa: E731 - a tree of dimension numbers, MaskedNode where no leaf
         lambda r, u: u if isinstance(u, optax.MaskedNode) else _dimension_numbers(r), routing, updates)
+    coeffs = {} if coefficients == "standard" else {"ns_coeffs": POLAR_EXPRESS[:ns_steps]}
     inner = optax.chain(
-        scale_by_muon(ns_steps=ns_steps, beta=momentum, nesterov=nesterov, weight_dimension_numbers=dims),
+        scale_by_muon(ns_steps=ns_steps, beta=momentum, nesterov=nesterov, weight_dimension_numbers=dims, **coeffs),
+        optax.identity() if normuon_beta2 is None else scale_by_neuron_rms(routing, normuon_beta2),
         _width_scale(routing),
         optax.add_decayed_weights(weight_decay),
         optax.scale_by_learning_rate(learning_rate),

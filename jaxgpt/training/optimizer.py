@@ -159,7 +159,9 @@ def _muon_adamw(train: TrainConfig, total_steps: int, routing: nnx.State) -> opt
 
         return optax.partition({
             "muon": muon.scale_by_muon_viewed(routing, momentum=momentum, nesterov=m.nesterov, ns_steps=m.ns_steps,
-                                              weight_decay=muon_weight_decay, learning_rate=learning_rate),
+                                              weight_decay=muon_weight_decay, learning_rate=learning_rate,
+                                              coefficients=m.coefficients,
+                                              normuon_beta2=m.normuon_beta2 if m.normuon else None),
             "embed": adamw(embed_learning_rate),
             "head": adamw(head_learning_rate),
             "scalar": optax.adam(scalar_learning_rate, b1=b1, b2=b2, eps=eps),  # norms, biases: never decayed

@@ -23,6 +23,7 @@ import numpy as np
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from jaxgpt.data.batches import BatchSampler, WholeSplit
+from jaxgpt.data.packing import DocumentSampler
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
@@ -43,7 +44,7 @@ class Run:
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     dataset: Dataset
-    train_batches: BatchSampler
+    train_batches: BatchSampler | DocumentSampler  # DocumentSampler for packing "documents"
     val_batches: BatchSampler | WholeSplit  # WholeSplit for validation_batches "all"
     total_steps: int
     resume_from: Path | None
@@ -71,7 +72,11 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     seq_len = train_cfg.seq_len(model_cfg)
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
-    train_batches = BatchSampler(dataset.train, shuffle=True, **common)
+    train_batches: BatchSampler | DocumentSampler
+    if train_cfg.packing == "documents":
+        train_batches = DocumentSampler(dataset.train, eot_id=dataset.eot_id, **common)
+    else:
+        train_batches = BatchSampler(dataset.train, shuffle=True, **common)
     val_batches: BatchSampler | WholeSplit
     if train_cfg.validation_batches == "all":
         val_batches = WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
@@ -234,8 +239,11 @@ def _check_dataset(run_dir: Path, model: ModelConfig, train: TrainConfig, ds: Da
 
 
 # Changing these mid-run would silently change which batches come next or what the weights mean.
-_DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "microbatch_size",
+_DATA_ORDER_KEYS = ("dataset", "tokenizer", "targets", "sequence_length", "packing", "microbatch_size",
                     "gradient_accumulation_steps", "seed")
+
+# Muon's settings that its optimiser state is laid out by, with the values a checkpoint without them had.
+_MUON_STATE_KEYS = {"coefficients": "standard", "normuon": False}
 
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
@@ -272,6 +280,13 @@ def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, datase
             raise ConfigError(f"train.json: optimizer={train.optimizer!r} differs from checkpoint {ckpt_dir.name} "
                               f"(optimizer={old_train.get('optimizer', 'adamw')!r}), whose optimiser state has "
                               f"the other's layout; use --restart (or init_from its weights in a new run)")
+        for key, default in _MUON_STATE_KEYS.items():  # they change Muon's state's layout too
+            was = (old_train.get("muon") or {}).get(key, default)
+            now = getattr(train.muon, key) if train.muon is not None else default
+            if was != now:
+                raise ConfigError(f"train.json: muon.{key}={now!r} differs from checkpoint {ckpt_dir.name} "
+                                  f"(muon.{key}={was!r}), whose optimiser state has the other's layout; use "
+                                  f"--restart (or init_from its weights in a new run)")
         for key in _DATA_ORDER_KEYS:
             if old_train.get(key) != to_dict(train)[key]:
                 raise ConfigError(f"train.json: {key}={to_dict(train)[key]!r} differs from checkpoint "
