@@ -52,7 +52,8 @@ def describe(run_dir: Path) -> dict[str, Any]:
             if (pattern := re.sub(r"\.\d+\.", ".*.", name)) not in entry["names"]:
                 entry["names"].append(pattern)
     seq_len = train_cfg.seq_len(model_cfg)
-    kv_bytes = 2 * model_cfg.n_layers * model_cfg.emb_dim * 4 if model_cfg.architecture == "gpt2" else 0
+    kv_width = model_cfg.kv_heads * model_cfg.head_dim  # C, or K D with grouped-query attention
+    kv_bytes = 2 * model_cfg.n_layers * kv_width * 4 if model_cfg.architecture == "gpt2" else 0
     return {
         "run": str(run_dir),
         "architecture": model_cfg.architecture,
@@ -85,7 +86,7 @@ def report(d: dict[str, Any]) -> str:
     for name, shape, n, p in _grouped(d["tensors"]):
         lines.append(f"  {name:<40} {'x'.join(map(str, shape)):<20} {n:>4} {p:>14,}")
     lines.append(f"FLOPs per training token at sequence length {d['sequence_length']}: "
-                 f"{d['flops_per_token']:.4g} (6N + 12LTC)")
+                 f"{d['flops_per_token']:.4g} (6N + 12LTC; a windowed layer counts its window for T)")
     lines.append(f"On {d['backend']}: compute dtype {d['compute_dtype']}, attention {d['attention']}"
                  + (f"; KV cache {d['kv_cache_bytes_per_token']:,} bytes per token per row"
                     if d["kv_cache_bytes_per_token"] else ""))

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +47,18 @@ from jaxgpt import caches  # noqa: E402  (after JAXGPT_CACHE_DIR: it decides whe
 caches.enable_compile_cache()
 
 
+# The fast tier (`uv run pytest -m "not slow"`, docs/tests.md) leaves these out; the whole suite runs them.
+SLOW = pytest.mark.slow
+
+
+def cases(grid: dict[str, Any], fast: Iterable[str]) -> list[Any]:
+    """One pytest.param per case of `grid` (its key the id); the cases not named in `fast` are marked
+    slow: the fast tier runs a representative few of a long grid, the whole suite every case."""
+    fast = set(fast)
+    assert fast <= set(grid), fast - set(grid)
+    return [pytest.param(value, id=key, marks=() if key in fast else SLOW) for key, value in grid.items()]
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data folder holding the built-in corpus with the bytes tokenizer, built once."""
@@ -77,13 +91,15 @@ def write_run(run_dir: Path, model: dict, train: dict) -> Path:
 
 
 # ----------------------------------------------------------------------------- checkpoint tests
-# A tiny GPT-2 trained once per module and a run holding its real checkpoint (checkpoint_helpers.py).
+# A tiny GPT-2 trained once per session and a run holding its real checkpoint (checkpoint_helpers.py).
+# The tests read them (a test that trains further does so on a deep_clone), so the checkpoint
+# modules share them.
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained() -> tuple:
     """A model and optimiser after two optimiser steps plus one microbatch of an open window
-    (train_step compiles here, once for the whole module)."""
+    (train_step compiles here, once for the whole session)."""
     import jax
     import jax.numpy as jnp
     from checkpoint_helpers import TCFG, apply_update, batch, fresh, make_meta
@@ -103,7 +119,7 @@ def trained() -> tuple:
     return model, optimizer, meta
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def template(tmp_path_factory, trained) -> Path:
     """A run directory (model.json, train.json) with one real checkpoint at step 2."""
     from checkpoint_helpers import CONFIGS, T0

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 
 from bench import cli, compare, decode, gemv, loader, torch_generate, torch_step, train_step
 from jaxgpt.config import ModelConfig, load_run_configs
@@ -48,6 +48,7 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["data", "--run", "/nonexistent-run"]) == 2
 
 
+@SLOW  # a benchmark run end to end
 def test_bench_train_runs(tmp_path: Path) -> None:
     """The real train_step on a tiny run for 2 timed steps (and the extras): every figure present and sane."""
     model_cfg, train_cfg = load_run_configs(write_run(tmp_path / "run", TINY_MODEL, TINY_TRAIN))
@@ -242,6 +243,7 @@ def test_train_and_compare_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "missing-python not found" in err and "torchref" in err and compare.TORCH_PYTHON_ENV in err
 
 
+@SLOW  # a benchmark run end to end
 def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(tmp_path / "g", {"architecture": "gpt2", "vocab_size": 61, "context_length": 32, "emb_dim": 32,
                                      "n_heads": 4, "n_layers": 2}, {"microbatch_size": 2, "train_steps": 1})
@@ -331,6 +333,7 @@ def test_generate_runs_the_shipped_torch_generate_in_the_reference_interpreter(t
     assert a.json == tmp_path / "out.json"
 
 
+@SLOW  # benchmark processes end to end
 def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Real processes on a tiny GPT-2: ours (both layouts) and, where $JAXGPT_TORCH_PYTHON names a reference
@@ -362,6 +365,7 @@ def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, mon
         pytest.skip(f"ours ran; no reference interpreter (${compare.TORCH_PYTHON_ENV}) for the torch side")
 
 
+@SLOW  # a benchmark run end to end
 def test_gemv_forms_compute_the_same_product(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """bench gemv times every form of a decode step's matrix-vector product; each bfloat16 form
     computes the float32 product of the bfloat16 values (to float32 summation error)."""

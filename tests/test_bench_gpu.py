@@ -9,11 +9,15 @@ import math
 import tomllib
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 from bench import cli
 from bench import gpu as bench_gpu
 from bench.train_step import chip_peak_flops
+
+# Not in the fast tier (-m "not slow"): the benchmark smoke test of the accelerator check, end to end.
+pytestmark = pytest.mark.slow
 
 
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, write_run
+from conftest import ROOT, SLOW, write_run
 from test_train import A_TO_A_MODEL, A_TO_A_TRAIN, per_step_losses
 
 from jaxgpt import caches
@@ -32,6 +32,7 @@ def entries(folder: Path) -> set[str]:
     return {p.name for p in folder.rglob("*-cache")}
 
 
+@SLOW  # two train.py subprocesses
 def test_a_second_run_loads_every_program_and_trains_the_same(tmp_path: Path, data_root: Path) -> None:
     env = without_jax_settings() | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
     first, second = (write_run(tmp_path / name, A_TO_A_MODEL, TRAIN) for name in ("first", "second"))
@@ -44,6 +45,7 @@ def test_a_second_run_loads_every_program_and_trains_the_same(tmp_path: Path, da
     assert per_step_losses(second) == per_step_losses(first)  # and computes what a compile does
 
 
+@SLOW  # train.py subprocesses
 def test_the_users_settings_win(tmp_path: Path, data_root: Path) -> None:
     env = without_jax_settings() | {"JAXGPT_CACHE_DIR": str(tmp_path / "c")}
     train(write_run(tmp_path / "off", A_TO_A_MODEL, TRAIN), data_root, env | {"JAX_ENABLE_COMPILATION_CACHE": "false"})

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 from test_charts import (assert_png, checkpoint, configs, legend_inside, legend_texts, train_step, validation,
                          write_record)
 
@@ -155,6 +155,7 @@ TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "sam
          "validation_batches": 1, "keep_last_checkpoints": 1}
 
 
+@SLOW  # two trainings end to end
 def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
     """Two trained runs with different tokens per step (4 x 32 and 2 x 2 x 16 = 128 vs 64): every
     validation of the record lands at step x tokens per step; the loss chart's bands span the

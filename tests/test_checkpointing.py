@@ -1,8 +1,8 @@
 """checkpointing.py on real files: bit-exact round trips, layout, pruning, atomicity, damaged checkpoints.
 
 Everything goes through real safetensors and Orbax on files under tmp_path (no mocks, CPU only).
-One tiny GPT-2 is trained once per module (a single train_step compile); damaged-checkpoint tests
-copy one saved checkpoint instead of saving their own.
+One tiny GPT-2 is trained once per session (conftest.trained: a single train_step compile);
+damaged-checkpoint tests copy one saved checkpoint instead of saving their own.
 """
 
 from __future__ import annotations

@@ -60,6 +60,19 @@ def test_model_shows_the_muon_routing_of_a_muon_run(tmp_path: Path) -> None:
     assert d["peak_rates"]["muon"] > 0 and d["peak_rates"]["embed"] > 0
 
 
+def test_model_counts_grouped_heads_and_windows_in_flops_and_the_kv_cache(tmp_path: Path) -> None:
+    """Grouped-query attention: 2 C K D key/value weights a layer and K heads of cache; a window of w
+    tokens: 12 w C attention FLOPs for that layer instead of 12 T C (nanochat's count)."""
+    C, L, V, T, K, w = MODEL["emb_dim"], MODEL["n_layers"], MODEL["vocab_size"], MODEL["context_length"], 1, 8
+    run_dir = write_run(tmp_path / "gqa", {**MODEL, "n_kv_heads": K, "window_pattern": "S", "short_window": w,
+                                           "value_embeds": True}, TRAIN)
+    d = model.describe(run_dir)
+    D = C // MODEL["n_heads"]
+    assert d["flops_per_token"] == 6 * (V * C + L * (10 * C * C + 2 * C * K * D)) + 12 * (w + T) * C  # layer 1: full
+    assert d["kv_cache_bytes_per_token"] == 2 * L * K * D * 4
+    assert any(t["name"] == "connections.value_tables" for t in d["tensors"])
+
+
 def test_model_refuses_bad_input_in_one_line(tmp_path: Path, capsys) -> None:
     assert model.main([str(tmp_path / "missing")]) == 2
     write_run(tmp_path / "bad", {**MODEL, "n_heads": 3}, TRAIN)

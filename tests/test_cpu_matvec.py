@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW
 
 from jaxgpt.cpu import matvec as cpu_matvec
 
@@ -115,6 +116,7 @@ def test_without_a_compiler_or_switched_off_it_says_why_once(tmp_path: Path) -> 
     assert "note:" not in done.stderr and not (tmp_path / "b").exists()  # nothing built
 
 
+@SLOW  # the C++ kernel compiled twice by the machine's compiler
 def test_the_library_is_built_once_per_machine_and_rebuilt_when_damaged(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAXGPT_CACHE_DIR", str(tmp_path))

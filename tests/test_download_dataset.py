@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SLOW
 
 import download_dataset as dd
 from jaxgpt.data import builtin, prepare
@@ -54,6 +55,7 @@ def test_builtin_fingerprint_is_remembered_per_stamp(tmp_path: Path, monkeypatch
     assert builtin.builtin_stamp(lib) != stamp
 
 
+@SLOW  # fresh interpreters building the corpus
 def test_builtin_documents_deterministic_and_imports_nothing() -> None:
     builtin._builtin_documents.cache_clear()  # really read the files again, not the cached copy
     before = {m for m in SIDE_EFFECT_MODULES if m in sys.modules}

@@ -10,7 +10,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 from flax import nnx
 
 import evaluate
@@ -51,7 +51,7 @@ def jax_tree_zeros(state: nnx.State) -> nnx.State:
     return jax.tree.map(jnp.zeros_like, state)
 
 
-@pytest.mark.parametrize("model_json", [MODEL, MODERN], ids=["gpt2", "modern"])
+@pytest.mark.parametrize("model_json", [pytest.param(MODEL, id="gpt2", marks=SLOW), pytest.param(MODERN, id="modern")])
 def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture,
                                            model_json: dict) -> None:
     run, model = make_run(tmp_path, model_json=model_json)
@@ -180,6 +180,7 @@ def test_whole_split_scores_every_token_but_the_first_once(small_split) -> None:
         batches.microbatch(7)
 
 
+@SLOW  # a training and evaluate.py end to end
 def test_evaluate_scores_the_whole_split_exactly(small_split) -> None:
     split, val = small_split
     model = build_model(ModelConfig(**MODEL), seed=2)

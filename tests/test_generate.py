@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW, cases
 from flax import nnx
 
 import test_generation
@@ -108,8 +109,8 @@ LAYOUTS = {"tied": {}, "untied-nobias": {"tie_embeddings": False, "qkv_bias": Fa
 
 
 # Batch 1 and 3: on the CPU the decoder keeps its weights in another form for one row (ops.for_decoding).
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("kw", LAYOUTS.values(), ids=LAYOUTS.keys())
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
+@pytest.mark.parametrize("kw", cases(LAYOUTS, fast={"tied", "scan-layers", "bfloat16", "modern", "2026"}))
 def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int) -> None:
     model = tiny(1, **kw)
     rng = np.random.default_rng(2)
@@ -143,7 +144,7 @@ def _einsum_in_another_order(spec: str, a: jax.Array, b: jax.Array, dtype, produ
 BF16_LAYOUTS = {k: v for k, v in LAYOUTS.items() if v.get("compute_dtype") == "bfloat16"}
 
 
-@pytest.mark.parametrize("kw", BF16_LAYOUTS.values(), ids=BF16_LAYOUTS.keys())
+@pytest.mark.parametrize("kw", cases(BF16_LAYOUTS, fast=list(BF16_LAYOUTS)[:1]))
 def test_bfloat16_tolerance_holds_against_a_full_forward_summed_in_another_order(
         kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU this runs on sums a bfloat16 dot in one order; a CPU with native bfloat16 dots
@@ -309,7 +310,7 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
     assert test_generation.main([str(tmp_path / "missing")]) == 2
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
 def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(rows: int,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Where cpu_matvec cannot be built (no compiler), a bfloat16 decoder runs XLA's kernels:
@@ -398,7 +399,7 @@ def _original_step_hlo(model: nnx.Module, rows: int) -> str:
     return jax.jit(g._step, static_argnums=(0, 1)).lower(graphdef, CTX, state, cache.k, cache.v, ids, ids).compile().as_text()
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
 @pytest.mark.parametrize("kw", [{}, {"scan_layers": True}, {"compute_dtype": "bfloat16"},
                                 {"compute_dtype": "bfloat16", "scan_layers": True, "remat": True},
                                 {"compute_dtype": "bfloat16", "tie_embeddings": False}],
@@ -434,8 +435,8 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
         assert weight_copies(_original_step_hlo(model, rows), model) != []
 
 
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=SLOW), "bfloat16"])
 def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows: int) -> None:
     """On the CPU a prefill runs the decode steps' copy of the weights: a scanned model's prefill slices
     no layer out of its stacked weights, a bfloat16 one converts none, and a bfloat16 one-row prompt's 16
@@ -461,7 +462,8 @@ def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows:
     assert weight_copies(own, model) != []
 
 
-@pytest.mark.parametrize("kw", [{}, {"compute_dtype": "bfloat16", "scan_layers": True}], ids=["float32", "bfloat16-scan"])
+@pytest.mark.parametrize("kw", [pytest.param({}, id="float32", marks=SLOW),
+                                pytest.param({"compute_dtype": "bfloat16", "scan_layers": True}, id="bfloat16-scan")])
 def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) -> None:
     """Grouped-query attention's cache holds the K key/value heads only; the step runs the 5 dense layers
     of a grouped block (q, kv, proj, fc, out) and the head on the decoder's weights as they are, and

@@ -25,6 +25,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import SLOW
 
 from jaxgpt import ops
 from jaxgpt.config import ModelConfig, TrainConfig
@@ -74,9 +75,11 @@ def exported_step(cfg: ModelConfig, backend: str, platform: str,
 
 
 STEPS = [(v, p) for v in VARIANTS for p in PLATFORMS]
+FAST = {("unrolled", "cuda"), ("modern-muon-scan-chunked", "tpu"), ("2026-muon-scan-remat", "cuda")}  # the fast tier's
 
 
-@pytest.fixture(scope="module", params=STEPS, ids=[f"{v}-{p}" for v, p in STEPS])
+@pytest.fixture(scope="module", params=[pytest.param(s, id=f"{s[0]}-{s[1]}", marks=() if s in FAST else SLOW)
+                                        for s in STEPS])
 def accel_step(request) -> tuple[str, int, int, ModelConfig, str]:
     variant, platform = request.param
     model_kw, train_kw = VARIANTS[variant]

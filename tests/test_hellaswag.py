@@ -13,7 +13,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 from flax import nnx
 from test_import_gpt2 import hf_forward, hf_weights, write_hf
 from test_model import randomise
@@ -107,8 +107,9 @@ MODERN = dict(positions="rotary", norm="rmsnorm", embed_norm=True, qk_norm=True,
               tie_embeddings=False, qkv_bias=False, bias=False)
 
 
-@pytest.mark.parametrize("tok_name,context,options", [("gpt2", 128, {}), ("bytes", 160, {}),
-                                                      ("bytes", 160, MODERN)], ids=["gpt2", "bytes", "bytes-modern"])
+@pytest.mark.parametrize("tok_name,context,options", [pytest.param("gpt2", 128, {}, id="gpt2", marks=SLOW),
+                                                      pytest.param("bytes", 160, {}, id="bytes", marks=SLOW),
+                                                      pytest.param("bytes", 160, MODERN, id="bytes-modern")])
 def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, context: int, options: dict) -> None:
     tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
     cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32,
@@ -134,6 +135,7 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
     assert_same(got, want)
 
 
+@SLOW  # an import and evaluate.py end to end
 def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path, jsonl: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
     from jaxgpt.checkpoints.gpt2 import import_run

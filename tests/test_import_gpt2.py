@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SLOW
 from safetensors.numpy import load_file, save_file
 
 import evaluate
@@ -106,7 +107,7 @@ def model_logits(run_or_ckpt: Path, idx: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- import = reference
 
 
-@pytest.mark.parametrize("untied", [False, True], ids=["tied", "untied"])
+@pytest.mark.parametrize("untied", [pytest.param(False, id="tied", marks=SLOW), pytest.param(True, id="untied")])
 def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     sd = hf_weights(1, untied=untied, prefix="transformer." if untied else "")
     src = write_hf(tmp_path / "hf" / "model.safetensors", sd)
@@ -129,6 +130,7 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     assert np.abs(ref).max() > 5  # the comparison is not between two near-zero tensors
 
 
+@SLOW  # several imports end to end
 def test_heads_from_config_json_and_wrong_heads_differ(tmp_path: Path) -> None:
     sd = hf_weights(3, C=48, H=3, L=1)
     src = write_hf(tmp_path / "hf" / "model.safetensors", sd, {"n_head": 3, "activation_function": "gelu_new"})
@@ -187,6 +189,7 @@ def test_export_of_a_model_without_qkv_bias_writes_zeros(tmp_path: Path) -> None
     assert hf["lm_head.weight"].shape == (11, 16)  # untied: the head goes out as an nn.Linear weight
 
 
+@SLOW  # a training, an export and an import end to end
 def test_bias_free_model_exports_zeros_and_imports_back_bias_free(tmp_path: Path) -> None:
     folder, model = _checkpoint_of(tmp_path, bias=False)
     hf = load_file(str(export_run(folder, tmp_path / "out")))
@@ -218,6 +221,7 @@ def _checkpoint_of(tmp_path: Path, **kw) -> tuple[Path, object]:
     return folder, model
 
 
+@SLOW  # a training and an export end to end
 def test_parameter_free_layernorm_exports_ones_and_computes_the_same(tmp_path: Path) -> None:
     folder, model = _checkpoint_of(tmp_path, norm_scale=False, bias=False, zero_init_proj=True)
     hf = load_file(str(export_run(folder, tmp_path / "out")))
@@ -304,6 +308,7 @@ def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@SLOW  # import, sampling, evaluation and fine-tuning end to end
 def test_imported_run_samples_evaluates_and_fine_tunes(tmp_path: Path, gpt2_data: Path,
                                                        capsys: pytest.CaptureFixture) -> None:
     from jaxgpt.data.batches import BatchSampler

@@ -23,6 +23,9 @@ import train
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.tracking.history import read_record
 
+# Not in the fast tier (-m "not slow"): several train.py processes on forced host devices, and two joined over gloo.
+pytestmark = pytest.mark.slow
+
 MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
          "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 8,

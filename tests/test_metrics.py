@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, wait_for_step, write_run
+from conftest import ROOT, SLOW, wait_for_step, write_run
 from tensorboard.backend.event_processing import event_accumulator
 
 import train
@@ -186,6 +186,7 @@ def logged_steps(run_dir: Path) -> set[int]:
     return steps
 
 
+@SLOW  # a training subprocess killed and resumed
 def test_a_run_killed_between_checkpoints_and_resumed_has_one_value_a_step(tmp_path: Path, data_root: Path,
                                                                            straight: Path) -> None:
     run = write_run(tmp_path / "run", MODEL, LONG)
@@ -234,6 +235,7 @@ def test_cut_back_keeps_the_resumed_steps_and_drops_a_torn_line(tmp_path: Path) 
     assert path.read_bytes() == b""
 
 
+@SLOW  # two trainings end to end
 def test_restart_moves_the_old_records_aside_with_the_checkpoints(tmp_path: Path, data_root: Path,
                                                                   short_run: Path) -> None:
     run = tmp_path / "run"
@@ -285,6 +287,7 @@ def test_the_peak_is_measured_once_and_cached(tmp_path: Path, monkeypatch: pytes
 # ----------------------------------------------------------------------------- profiler
 
 
+@SLOW  # a profiled training and the Profile tab
 def test_profile_writes_a_trace_the_tensorboard_profile_plugin_lists(tmp_path: Path, data_root: Path, capsys) -> None:
     run = write_run(tmp_path / "run", MODEL, TRAIN)
     assert run_main(run, data_root, "--profile", "4:7") == 0

@@ -13,6 +13,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW
 from flax import nnx
 
 from jaxgpt.config import ModelConfig
@@ -119,8 +120,8 @@ def np_atoa(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np.n
 # ----------------------------------------------------------------------------- forward = reference
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("qkv_bias", [False, True], ids=["nobias", "qkvbias"])
+@pytest.mark.parametrize("tie", [pytest.param(False, id="untied", marks=SLOW), pytest.param(True, id="tied")])
+@pytest.mark.parametrize("qkv_bias", [pytest.param(False, id="nobias", marks=SLOW), pytest.param(True, id="qkvbias")])
 def test_gpt2_matches_numpy_reference(qkv_bias: bool, tie: bool) -> None:
     cfg = gpt_cfg(qkv_bias=qkv_bias, tie_embeddings=tie)
     model = build_model(cfg, seed=3)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -247,6 +248,7 @@ def test_muon_updates_are_orthogonal_per_matrix(stepped: dict) -> None:
             assert whole.mean() > 1.4, whole  # ~sqrt(3)
 
 
+@SLOW  # a second optimiser compiled for the stacked layout
 def test_scan_layers_are_orthogonalised_layer_by_layer() -> None:
     """Stacked (L, ...) leaves: each layer's matrices on their own, not the stack as one matrix."""
     cfg = replace(MODEL, n_layers=3, scan_layers=True)

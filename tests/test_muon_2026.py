@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW, cases
 from flax import nnx
 from test_muon import MODEL, MUON, TOTAL, flat_names, params_np, random_grads, train_cfg
 
@@ -67,8 +68,10 @@ def routed(model: nnx.Module) -> dict[str, muon.Route]:
     return flat_names(muon.routes(model))
 
 
-@pytest.mark.parametrize("cfg", [MODEL, GQA, replace(GQA, scan_layers=True)], ids=["qkv", "gqa", "gqa-scan"])
-@pytest.mark.parametrize("normuon", [False, True], ids=["polar", "polar-normuon"])
+@pytest.mark.parametrize("cfg", cases({"qkv": MODEL, "gqa": GQA, "gqa-scan": replace(GQA, scan_layers=True)},
+                                       fast={"gqa-scan"}))
+@pytest.mark.parametrize("normuon", [pytest.param(False, id="polar", marks=SLOW),
+                                     pytest.param(True, id="polar-normuon")])
 def test_first_step_of_polar_express_and_normuon_matches_numpy(cfg, normuon: bool) -> None:
     """One optimiser step (k = 1) of the whole chain: the matrices' update is Polar Express's (then
     NorMuon's, whose running mean starts at 0: v = (1 - beta2) ms), width-scaled, decayed, at the

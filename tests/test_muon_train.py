@@ -21,6 +21,9 @@ from jaxgpt.model.gpt import build_model
 from jaxgpt.tracking import metrics
 from jaxgpt.training.optimizer import make_optimizer, make_schedule, peak_rates
 
+# Not in the fast tier (-m "not slow"): Muon runs end to end through train.py (test_muon checks the optimiser).
+pytestmark = pytest.mark.slow
+
 MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
          "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 8,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import SLOW
 from flax import nnx
 
 from jaxgpt.config import ModelConfig, TrainConfig
@@ -225,6 +226,7 @@ def runs() -> dict:
     return out
 
 
+@SLOW  # two compiled steps compared over several steps
 def test_step_runner_is_train_step_bit_for_bit(runs: dict) -> None:
     """StepRunner (what the trainer runs) against nnx.jit's train_step (what `runs` ran): the
     same losses, statistics and parameters after every step, the NaN-skipping steps included."""

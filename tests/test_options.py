@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SLOW, cases
 from flax import nnx
 
 from jaxgpt.checkpoints import store as ckpt
@@ -101,7 +102,7 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kw", list(OPTIONS.values()), ids=list(OPTIONS))
+@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"attention-per-head", "loss-chunk-7", "all-float32"}))
 def test_float32_option_matches_default(weights, reference, kw: dict) -> None:
     ref_loss, ref_grads = reference
     loss, grads = loss_and_grads(model_with(weights, **kw))
@@ -113,8 +114,9 @@ def test_float32_option_matches_default(weights, reference, kw: dict) -> None:
     assert ref_loss > 1.0 and scale > 0.1  # a real loss and real gradients, not a degenerate case
 
 
-@pytest.mark.parametrize("kw", [{}, {"scan_layers": True, "remat": True, "loss_chunk": 7}],
-                         ids=["bfloat16", "bfloat16-all-options"])
+@pytest.mark.parametrize("kw", [pytest.param({}, id="bfloat16", marks=SLOW),
+                                pytest.param({"scan_layers": True, "remat": True, "loss_chunk": 7},
+                                             id="bfloat16-all-options")])
 def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: dict) -> None:
     ref_loss, ref_grads = reference
     loss, grads = loss_and_grads(model_with(weights, compute_dtype="bfloat16", **kw))
@@ -127,6 +129,7 @@ def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: d
         assert grads[key].dtype == np.float32  # master weights and their gradients stay float32
 
 
+@SLOW  # several trainings or a memory profile: the whole suite only
 def test_dropout_masks_do_not_depend_on_the_layout(weights) -> None:
     # The same dropout key gives the same masks unrolled, scanned and rematerialised.
     losses = [loss_and_grads(model_with(weights, drop_rate=0.2, **kw), rngs_seed=5)[0]
@@ -167,6 +170,7 @@ def test_weight_decay_mask_counts_per_layer_rank() -> None:
     assert not any(k.endswith(("bias", "scale")) for k in unrolled)
 
 
+@SLOW  # several trainings or a memory profile: the whole suite only
 def test_training_steps_match_with_every_float32_option(weights) -> None:
     """Three optimiser steps (k=2 accumulation, weight decay, clipping) through the real train_step."""
     train = TrainConfig(microbatch_size=B, gradient_accumulation_steps=2, train_steps=3, learning_rate=1e-2,
@@ -200,7 +204,8 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
     assert np.allclose(bf_losses, ref_losses, rtol=0.02), (bf_losses, ref_losses)
 
 
-@pytest.mark.parametrize("product", [plain_product, cpu_kernels.bf16_product], ids=["plain", "cpu"])
+@pytest.mark.parametrize("product", [pytest.param(plain_product, id="plain", marks=SLOW),
+                                     pytest.param(cpu_kernels.bf16_product, id="cpu")])
 @pytest.mark.parametrize("spec, a_shape, b_shape", [
     ("nk,km->nm", (24, 16), (16, 8)),  # a dense layer
     ("btk,km->btm", (2, 12, 16), (16, 8)),  # a dense layer on (B, T, K) activations
@@ -251,7 +256,8 @@ def dot_operand_dtypes(hlo: str) -> list[tuple[str, str, str]]:
     return found
 
 
-@pytest.mark.parametrize("kw", [{}, {"scan_layers": True, "loss_chunk": 7}], ids=["default", "scan-chunked"])
+@pytest.mark.parametrize("kw", [pytest.param({}, id="default", marks=SLOW),
+                                pytest.param({"scan_layers": True, "loss_chunk": 7}, id="scan-chunked")])
 def test_bfloat16_forward_and_backward_keep_every_dot_in_bfloat16(weights, kw: dict) -> None:
     """Every product of the bfloat16 path, weight gradients included, reaches XLA as a bfloat16 dot.
 
@@ -300,6 +306,7 @@ def test_bad_option_values_are_one_line_errors() -> None:
         cfg(loss_chunk=0)
 
 
+@SLOW  # several trainings or a memory profile: the whole suite only
 def test_scan_layers_with_remat_cuts_the_step_memory() -> None:
     """XLA's own buffer accounting of one forward + backward (deterministic for a given XLA)."""
     def temp_bytes(**kw) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 
 import train
 from jaxgpt.checkpoints import store as ckpt
@@ -93,7 +93,8 @@ def test_every_row_is_full_starts_a_document_and_keeps_documents_whole(tmp_path:
     starts, lengths = document_units(ds.train, EOT)
     unit_length = dict(zip(starts.tolist(), lengths.tolist()))
     for r in range(plan.rows):
-        segs = list(zip(plan.start[plan.row_ptr[r]:plan.row_ptr[r + 1]], plan.length[plan.row_ptr[r]:plan.row_ptr[r + 1]]))
+        lo, hi = plan.row_ptr[r], plan.row_ptr[r + 1]
+        segs = list(zip(plan.start[lo:hi], plan.length[lo:hi]))
         assert sum(n for _, n in segs) == 65
         assert segs[0][0] == 0 or tokens[segs[0][0]] == EOT  # the row opens with a document's start
         for start, n in segs[:-1]:
@@ -108,7 +109,8 @@ def test_every_row_is_full_starts_a_document_and_keeps_documents_whole(tmp_path:
     assert x.shape == y.shape == (2, 4, 64) and (x[:, :, 1:] == y[:, :, :-1]).all()
     first = sampler.plan(0).start[sampler.plan(0).row_ptr[:8]]
     np.testing.assert_array_equal(x.reshape(8, 64)[:, 0], tokens[first])
-    assert "documents of the train split into" in sampler.describe() and "% of their tokens cropped" in sampler.describe()
+    line = sampler.describe()
+    assert "documents of the train split into" in line and "% of their tokens cropped" in line
 
 
 def test_a_pure_function_of_seed_and_step_across_epochs(tmp_path: Path) -> None:
@@ -141,6 +143,7 @@ def test_a_corpus_without_documents_is_a_one_line_error(tmp_path: Path) -> None:
         TrainConfig(microbatch_size=2, train_steps=3, targets="same", packing="documents")
 
 
+@SLOW  # three trainings end to end
 def test_a_packed_run_trains_resumes_exactly_and_says_what_cropping_cost(tmp_path: Path, data_root: Path,
                                                                           capsys: pytest.CaptureFixture) -> None:
     model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,

@@ -25,6 +25,9 @@ import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.tracking.history import read_record
 
+# Not in the fast tier (-m "not slow"): two train.py processes stopped by signals and by a dead peer.
+pytestmark = pytest.mark.slow
+
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,

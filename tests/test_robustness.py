@@ -25,6 +25,9 @@ from jaxgpt.stopping import StopFlag
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training import run as run_setup
 
+# Not in the fast tier (-m "not slow"): real train.py processes stopped by real signals, killed, resumed.
+pytestmark = pytest.mark.slow
+
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,

@@ -22,6 +22,9 @@ from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.tracking import metrics
 from jaxgpt.tracking.history import read_record
 
+# Not in the fast tier (-m "not slow"): trainings end to end, one interrupted and resumed.
+pytestmark = pytest.mark.slow
+
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
          "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,

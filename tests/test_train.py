@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, wait_for_step, write_run
+from conftest import ROOT, SLOW, wait_for_step, write_run
 from safetensors.numpy import load_file
 
 import test_a_to_a
@@ -67,7 +67,7 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
     assert ckpt.latest_checkpoint(run) == latest
 
 
-@pytest.mark.parametrize("pace, drawn_at", [(0, [10, 20, 30, 40]), (10**9, [10, 40])])
+@pytest.mark.parametrize("pace, drawn_at", [pytest.param(0, [10, 20, 30, 40], marks=SLOW), (10**9, [10, 40])])
 def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
         tmp_path: Path, data_root: Path, monkeypatch, capsys, pace, drawn_at) -> None:
     """Trainer.checkpoint redraws the charts once CHARTS_PACE x the last draw's time has passed,
@@ -92,6 +92,7 @@ def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
     assert left == {p.name: p.read_bytes() for p in draw(run, log_y=True)}  # nothing the last draw missed
 
 
+@SLOW  # a training subprocess stopped by SIGINT and resumed
 def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root: Path) -> None:
     interrupted = write_run(tmp_path / "interrupted", GPT_MODEL, GPT_TRAIN)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -121,6 +122,7 @@ def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root:
     assert test_generation.main([str(interrupted), "--max-new-tokens", "5"]) == 0
 
 
+@SLOW  # two trainings end to end
 def test_restart_moves_old_checkpoints_aside(tmp_path: Path, data_root: Path) -> None:
     run = write_run(tmp_path / "r", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 0
@@ -156,6 +158,7 @@ def test_bad_input_is_one_line_error(tmp_path: Path, data_root: Path, capsys, wh
     assert not (run / "checkpoints").exists()
 
 
+@SLOW  # trainings end to end
 def test_corrupt_or_mismatched_checkpoint_is_reported_and_kept(tmp_path: Path, data_root: Path, capsys) -> None:
     run = write_run(tmp_path / "c", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 0
@@ -177,6 +180,7 @@ def test_corrupt_or_mismatched_checkpoint_is_reported_and_kept(tmp_path: Path, d
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 4
 
 
+@SLOW  # several trainings end to end
 def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path: Path, data_root: Path, capsys) -> None:
     run = write_run(tmp_path / "o", A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 2, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 0
@@ -205,6 +209,7 @@ def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path:
     assert "scan_layers=True" in capsys.readouterr().err
 
 
+@SLOW  # two trainings end to end
 def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     """validation_batches "all": the validation loss is over every token of the split but the first
     (data.WholeSplit), the count printed beside it and kept in meta.json, and equals evaluate.py's.

@@ -113,7 +113,8 @@ class KVCache:
         slots, pos = jnp.arange(self.span), self.pos[:, None, None, None]  # (span,), (B, 1, 1, 1)
         visible = slots <= pos if window is None else (slots <= pos) & (slots > pos - window)
         att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        return vecmat(att, values[:, :, None]).reshape(B, H * D), cache  # (B, K, G, span) x (B, K, 1, span, D) -> (B, C)
+        y = vecmat(att, values[:, :, None])  # (B, K, G, span) x (B, K, 1, span, D) -> (B, K, G, D)
+        return y.reshape(B, H * D), cache
 
 
 class CausalSelfAttention(nnx.Module):

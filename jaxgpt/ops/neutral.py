@@ -138,7 +138,8 @@ class Ops:
         broadcast against a's (the query heads of one key/value head share its cache)."""
         if a.shape[:-1] != b.shape[:-2]:
             dtype = jnp.dtype(self.compute_dtype)
-            return jnp.matmul(a[..., None, :].astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)[..., 0, :]
+            y = jnp.matmul(a[..., None, :].astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+            return y[..., 0, :]
         idx = "abcdefgh"[:a.ndim - 1]
         return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
 

@@ -77,7 +77,8 @@ def _cudnn_unavailable(cfg: ModelConfig) -> str | None:
         return y.astype(jnp.float32).sum()
 
     try:  # for CUDA explicitly where the process itself runs elsewhere (an export from a CPU)
-        traced = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q_shape, kv_shape, kv_shape)  # the checks run here ...
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        traced = grad.trace(q_shape, kv_shape, kv_shape)  # the checks run here ...
         traced.lower() if jax.default_backend() == "gpu" else traced.lower(lowering_platforms=("cuda",))  # ... or here
     except (RuntimeError, ValueError, NotImplementedError) as e:  # what JAX's cuDNN checks raise
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
