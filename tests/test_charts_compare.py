@@ -72,6 +72,18 @@ def test_each_run_is_drawn_against_its_tokens_in_one_colour(runs: list[Path]) ->
     plt.close("all")
 
 
+def test_the_title_of_three_long_run_names_stays_inside_the_figure(tmp_path: Path) -> None:
+    names = ["shakespeare-char", "shakespeare-char-modern", "shakespeare-char-2026"]
+    curves = [cc.run_curves(fake_run(tmp_path, n, 100, {5: 3.0, 10: 2.5}), n) for n in names]
+    fig = cc.compare_figure(curves)
+    fig.canvas.draw()
+    title = fig.axes[0].title
+    box = title.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)  # one line of it overflowed
+    assert title.get_text().replace("\n", " ") == "Validation loss against tokens seen: " + " vs ".join(names)
+    plt.close("all")
+
+
 def test_draw_compare_writes_the_file_and_names_runs_that_share_a_name(runs: list[Path], tmp_path: Path) -> None:
     twin = fake_run(tmp_path / "elsewhere", "small", 50, {10: 2.0})
     out = cc.draw_compare([*runs, twin], tmp_path / "out" / "compare.png", target=2.0)

@@ -125,3 +125,21 @@ def test_shipped_shakespeare_char_is_nanogpts_cpu_recipe(tmp_path: Path) -> None
         assert dd.main(["run", str(run_dir), "--from", str(SHAKESPEARE), "--data-dir", str(tmp_path / "data")]) == 0
         run = run_setup.prepare_run(run_dir, data_root=tmp_path / "data", restart=False)
         assert (run.dataset.train.n_tokens, run.dataset.val.n_tokens) == (1_003_854, 111_540)
+
+
+@pytest.mark.parametrize("corpus", ["shakespeare-char", "builtin-gpt2"])
+def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str) -> None:
+    """runs/<corpus>-2026 trains what runs/<corpus>-modern trains (data, batch, steps, seed, rates,
+    schedule), with the options the ablation kept (docs/recipes.md): so the two compare like with like."""
+    def raw(run: str, name: str) -> dict:
+        return json.loads((ROOT / "runs" / run / name).read_text())
+
+    modern, new = f"{corpus}-modern", f"{corpus}-2026"
+    added = {"value_embeds": True, "unet_skips": True, "window_pattern": "SSSL"}
+    assert raw(new, "model.json") == {**raw(modern, "model.json"), **added}
+    train_new, train_modern = raw(new, "train.json"), raw(modern, "train.json")
+    assert train_new.pop("muon") == {**train_modern.pop("muon"), "coefficients": "polar_express", "normuon": True}
+    assert train_new == train_modern
+    model, cfg = load_run_configs(ROOT / "runs" / new)
+    assert model.layer_windows() == (model.context_length // 4,) * 3 + (model.context_length,)
+    assert cfg.total_steps(model) == load_run_configs(ROOT / "runs" / modern)[1].total_steps(model)

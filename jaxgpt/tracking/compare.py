@@ -13,6 +13,7 @@ metrics.jsonl) bold with markers, its smoothed training loss light behind them.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +133,9 @@ def _x_axis(ax: plt.Axes, curves: list[RunCurves], log_x: bool) -> None:
     ax.xaxis.set_minor_formatter(_log_minor_labels(*ax.get_xlim()))
 
 
+_TITLE_CHARS = 80  # what the 9-inch figure holds in a line of title
+
+
 def compare_figure(curves: list[RunCurves], *, log_x: bool = False, log_y: bool = False,
                    target: float | None = None) -> plt.Figure:
     """The comparison chart of these runs' curves (draw_compare writes it)."""
@@ -146,8 +150,10 @@ def compare_figure(curves: list[RunCurves], *, log_x: bool = False, log_y: bool 
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
     _y_range(ax, curves, target, log_y)
     _x_axis(ax, curves, log_x)
-    ax.set(title="Validation loss against tokens seen: " + " vs ".join(c.name for c in curves),
-           xlabel="tokens seen", ylabel="cross-entropy loss")
+    # Wrapped: three runs' names already overflow the figure's width on one line.
+    title = textwrap.fill("Validation loss against tokens seen: " + " vs ".join(c.name for c in curves),
+                          width=_TITLE_CHARS, break_on_hyphens=False)
+    ax.set(title=title, xlabel="tokens seen", ylabel="cross-entropy loss")
     ax.grid(True, which="both", alpha=0.3)
     legend(ax)
     return fig
