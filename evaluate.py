@@ -1,4 +1,4 @@
-"""Loss, perplexity and bits per byte of a checkpoint over a dataset split, or its HellaSwag accuracy.
+"""Loss, perplexity and bits per byte of a checkpoint over a dataset split, or its HellaSwag accuracy or CORE.
 
     uv run evaluate.py runs/tiny                         # the run's dataset, validation split, all of it
     uv run evaluate.py runs/gpt2 --split train --max-batches 50
@@ -6,6 +6,8 @@
     uv run evaluate.py runs/tiny --dataset data/builtin-bytes     # a prepared dataset folder
     uv run evaluate.py runs/gpt2 --hellaswag [--limit 500]        # HellaSwag acc / acc_norm (downloaded once)
     uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
+    uv run evaluate.py runs/gpt2 --core [--limit 500]             # DCLM's CORE, nanochat's scoring (bundle downloaded once)
+    uv run evaluate.py runs/gpt2 --core-from eval_bundle.zip      # offline: a local zip or folder
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
 with the model's tokenizer if missing) or a prepared folder. The split is scored whole, in order,
@@ -28,7 +30,7 @@ from jaxgpt.config import ConfigError, TrainConfig, from_dict
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
-from jaxgpt.evaluation import hellaswag
+from jaxgpt.evaluation import core, core_bundle, hellaswag
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
 
@@ -64,6 +66,30 @@ def main_hellaswag(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_core(args: argparse.Namespace) -> int:
+    """evaluate.py --core: each task's accuracy and centred accuracy, and CORE (core.py)."""
+    try:
+        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
+        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        path = args.core_from or core_bundle.fetch_bundle((args.data_dir or default_data_root()) / "downloads")
+        tasks = core_bundle.read_tasks(path, args.limit)
+        tok = get_tokenizer(cfg.tokenizer)  # the run's: core.py prepends its end-of-text id
+        prepared = core.prepare(tasks, tok, context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
+        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        from jaxgpt.evaluation.scoring import core_score
+
+        caches.enable_compile_cache()
+        model, _cfg, _tok, _path = load_model(ckpt_dir)
+        print(f"Checkpoint: {ckpt_dir}\nCORE: {path} ({len(tasks)} tasks, {tok.name} tokenizer, "
+              f"context {model_cfg.context_length})")
+        r = core_score(model, prepared, rows_per_call=args.batch_size or 64)
+    except INPUT_ERRORS as e:  # CoreError is a DataError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(core.report(r)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -80,14 +106,23 @@ def main(argv: list[str] | None = None) -> int:
                         "--batch-size is then examples per device call (default 16)")
     parser.add_argument("--hellaswag-file", type=Path, default=None,
                         help="a local hellaswag_val.jsonl (rowanz format) instead of the download; implies --hellaswag")
-    parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only")
+    parser.add_argument("--core", action="store_true", help="score DCLM's CORE (the eval bundle's 22 tasks) instead "
+                        "of the loss; --batch-size is then rows per device call (default 64)")
+    parser.add_argument("--core-from", type=Path, default=None,
+                        help="a local eval_bundle.zip or its unpacked folder instead of the download; implies --core")
+    parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only; "
+                        "CORE: N examples per task (a quick figure, not the CORE metric)")
     args = parser.parse_args(argv)
     for name in ("max_batches", "batch_size", "sequence_length", "limit"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
+    if (args.hellaswag or args.hellaswag_file is not None) and (args.core or args.core_from is not None):
+        parser.error("--hellaswag and --core are separate runs: give one of them")
     if args.hellaswag or args.hellaswag_file is not None:
         return main_hellaswag(args)
+    if args.core or args.core_from is not None:
+        return main_core(args)
     try:
         ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
         cfg = _train_config(train, str(ckpt_dir / "train.json"))

@@ -2,6 +2,7 @@
 
     r = evaluate(model, tok, dataset.val, batch_size=8, seq_len=256)   # {"loss", "perplexity", "bits_per_byte", ...}
     r = hellaswag_score(model, examples, tok)                           # {"acc", "acc_norm", ...}
+    r = core_score(model, core.prepare(tasks, tok, ...))                # {"core", "tasks": {...}}
 
 The split is read in order as windows of sequence_length + 1 tokens that overlap by one (each
 window starts at the previous one's last token: its first input is the previous one's last
@@ -14,8 +15,8 @@ window and batch padded with weight 0 (max_batches stops earlier). Figures:
                     tokens decode to (end-of-text counts 0 bytes), so that models with different
                     tokenizers compare on the same text
 
-Both run compiled programs defined here (eval_sums: the training loss, validation's program;
-ending_losses: HellaSwag's rows) with the model's own head and loss_chunk.
+They run compiled programs defined here (eval_sums: the training loss, validation's program;
+ending_losses: HellaSwag's rows; continuation_stats: CORE's rows) with the model's own head and loss_chunk.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -32,7 +34,7 @@ from tqdm import tqdm
 from jaxgpt.data.batches import WholeSplit
 from jaxgpt.data.shards import TokenSplit
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.evaluation import hellaswag
+from jaxgpt.evaluation import core, hellaswag
 from jaxgpt.model.gpt import head_logits, head_weight
 from jaxgpt.model.loss import loss_sum
 
@@ -61,6 +63,26 @@ def ending_losses(model: nnx.Module, tokens: jax.Array, mask: jax.Array) -> tupl
         return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, y) * m).sum()
 
     return jax.lax.map(row, (feats, targets, weights)), weights.sum(-1)
+
+
+@nnx.jit
+def continuation_stats(model: nnx.Module, tokens: jax.Array,
+                       mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """CORE's per-row figures (jaxgpt/evaluation/core.py): (N, T) int32 rows and (N, T) float32 0/1
+    masks of the tokens scored -> (N,) summed next-token losses of those tokens, (N,) their counts
+    and (N,) how many of them the model's argmax predicts. As ending_losses, one row of logits at a time."""
+    feats = model.features(tokens)[:, :-1]  # (N, T-1, C)
+    targets, weights = tokens[:, 1:], mask[:, 1:]  # (N, T-1)
+    w = head_weight(model)
+
+    def row(xs: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
+        x, y, m = xs
+        logits = head_logits(model.ops, model.cfg, w, x)  # (T-1, V) float32
+        loss = optax.losses.softmax_cross_entropy_with_integer_labels(logits, y)
+        return (loss * m).sum(), ((jnp.argmax(logits, -1) == y) * m).sum()  # argmax ties: the first id
+
+    sums, hits = jax.lax.map(row, (feats, targets, weights))
+    return sums, weights.sum(-1), hits
 
 def token_bytes(tok: Tokenizer) -> np.ndarray:
     """(n_vocab,) UTF-8 byte length of each token id; end-of-text is 0."""
@@ -118,6 +140,21 @@ def hellaswag_score(model: Any, examples: list[Any], tok: Tokenizer, *, batch_ex
         s, c = jax.device_get(ending_losses(model, tokens, mask))
         sums[chunk], counts[chunk] = s.reshape(-1, 4)[:len(chunk)], c.reshape(-1, 4)[:len(chunk)]
     return hellaswag.accuracy(examples, sums, counts) | info | {"tokenizer": tok.name}
+
+
+def core_score(model: Any, prepared: list[core.PreparedTask], *, rows_per_call: int = 64,
+               progress: bool | None = None) -> dict[str, Any]:
+    """CORE and each task's accuracy and centred accuracy (core.py: nanochat's scoring) of `model`
+    over the prepared rows of every task, `rows_per_call` rows per device call (continuation_stats)."""
+    work = core.calls(prepared, context_length=model.cfg.context_length, rows_per_call=rows_per_call)
+    n = sum(len(p.rows) for p in prepared)
+    sums, counts, hits = np.zeros(n), np.zeros(n), np.zeros(n)
+    for chunk, tokens, mask in tqdm(work, unit="batch", desc="CORE", dynamic_ncols=True,
+                                    disable=None if progress is None else not progress):
+        s, c, h = jax.device_get(continuation_stats(model, tokens, mask))  # numpy in: placed beside the params
+        sums[chunk], counts[chunk], hits[chunk] = s[:len(chunk)], c[:len(chunk)], h[:len(chunk)]
+    return core.results(prepared, sums, counts, hits) | {"rows": n, "calls": len(work), "sums": sums,
+                                                         "counts": counts, "hits": hits}
 
 
 def report_line(r: dict[str, Any], split: str, targets: str) -> str:

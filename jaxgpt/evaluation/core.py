@@ -1,0 +1,228 @@
+"""DCLM's CORE metric as nanochat's nanochat/core_eval.py computes it: prompts, rows, accuracy, CORE.
+
+    tasks = core_bundle.read_tasks(core_bundle.fetch_bundle(data_root / "downloads"))
+    prepared = prepare(tasks, get_tokenizer("gpt2"), context_length=1024, vocab_size=50257)
+    r = scoring.core_score(model, prepared)            # {"core", "tasks": {label: {accuracy, centered, ...}}}
+
+Per example (core_eval.evaluate_example), with `shots` few-shot examples drawn by
+random.Random(1234 + index) from the task's other examples, rendered before it as
+`context + delimiter + answer + "\n\n"` (the same strings nanochat's jinja templates produce):
+
+    multiple_choice     a row per choice: query + delimiter + choice; the choices' tokens after their
+                        common prefix are scored; right when the lowest mean loss is the gold choice's
+    schema              a row per context option: option + delimiter + continuation; the tokens of
+                        the rows' common suffix are scored; right when the lowest mean loss is gold's
+    language_modeling   one row: context (trimmed) + delimiter + continuation; right when the
+                        model's argmax predicts every continuation token
+
+accuracy = the share right; centred = (accuracy - b) / (1 - b), b the random baseline (a fraction);
+CORE = the mean of the tasks' centred accuracies. Each row starts with the tokenizer's end-of-text
+id where nanochat puts its BOS: our corpora put it before every document (download_dataset.py
+appends one after each, packing.py's units start with one), so it is what the model saw before a
+text begins. A row longer than the model's context keeps its last context_length tokens (nanochat
+crops so too); should the scored tokens themselves not fit, the first one of the row cannot be
+scored and is left out (nanochat stops there), counted in "truncated".
+
+Pure numpy and the standard library here; the device loop is scoring.core_score, its compiled
+program scoring.continuation_stats.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxgpt.data.tokenizer import Tokenizer
+from jaxgpt.evaluation.core_bundle import CoreError, Task
+from jaxgpt.evaluation.hellaswag import bucket
+
+FEWSHOT_SEED = 1234  # nanochat's: example i's few-shot examples come from random.Random(1234 + i)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def fewshot(examples: list[dict[str, Any]], index: int, shots: int) -> list[dict[str, Any]]:
+    """The few-shot examples of example `index`: `shots` of the others, nanochat's sample."""
+    if shots == 0:
+        return []
+    others = [i for i in range(len(examples)) if i != index]
+    return [examples[i] for i in random.Random(FEWSHOT_SEED + index).sample(others, shots)]
+
+
+def render_mc(item: dict[str, Any], delimiter: str, shots: list[dict[str, Any]]) -> list[str]:
+    """A prompt per choice (core_eval.render_prompts_mc)."""
+    head = "".join(f"{ex['query']}{delimiter}{ex['choices'][ex['gold']]}\n\n" for ex in shots)
+    return [f"{head}{item['query']}{delimiter}{choice}" for choice in item["choices"]]
+
+
+def render_schema(item: dict[str, Any], delimiter: str, shots: list[dict[str, Any]]) -> list[str]:
+    """A prompt per context option (core_eval.render_prompts_schema)."""
+    head = "".join(f"{ex['context_options'][ex['gold']]}{delimiter}{ex['continuation']}\n\n" for ex in shots)
+    return [f"{head}{option}{delimiter}{item['continuation']}" for option in item["context_options"]]
+
+
+def render_lm(item: dict[str, Any], delimiter: str, shots: list[dict[str, Any]]) -> list[str]:
+    """[prompt without the continuation, prompt with it] (core_eval.render_prompts_lm): contexts
+    trimmed (jinja's trim is str.strip), the one without stripped whole, as nanochat does."""
+    head = "".join(f"{ex['context'].strip()}{delimiter}{ex['continuation']}\n\n" for ex in shots)
+    prompt = f"{head}{item['context'].strip()}{delimiter}"
+    return [prompt.strip(), prompt + item["continuation"]]
+
+
+RENDER = {"multiple_choice": render_mc, "schema": render_schema, "language_modeling": render_lm}
+
+
+def prompts(task: Task, index: int) -> list[str]:
+    """Example `index` of `task`, rendered with its few-shot examples."""
+    return RENDER[task.kind](task.examples[index], task.delimiter, fewshot(task.examples, index, task.shots))
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def common_length(rows: list[list[int]], direction: str) -> int:
+    """Length of the common prefix ("left") or suffix ("right") of the rows (core_eval.find_common_length)."""
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        k = i if direction == "left" else -1 - i
+        if any(r[k] != rows[0][k] for r in rows):
+            return i
+    return n
+
+
+def spans(kind: str, rows: list[list[int]]) -> tuple[list[list[int]], list[int], list[int]]:
+    """The rows to score and, per row, the [start, end) of the tokens scored (core_eval.batch_sequences_*)."""
+    ends = [len(r) for r in rows]
+    if kind == "multiple_choice":
+        return rows, [common_length(rows, "left")] * len(rows), ends
+    if kind == "schema":
+        suffix = common_length(rows, "right")
+        return rows, [e - suffix for e in ends], ends
+    without, with_ = rows
+    # nanochat asserts the prompt without the continuation tokenizes to a prefix of the one with it
+    # (true of GPT-2's BPE on the bundle); where a tokenizer merges across the join, the common
+    # prefix is the start instead.
+    start = len(without) if with_[:len(without)] == without else common_length(rows, "left")
+    return [with_], [start], [len(with_)]
+
+
+@dataclass
+class PreparedTask:
+    """A task's rows, tokenized once (a run scores the same rows at every evaluation)."""
+
+    task: Task
+    rows: list[np.ndarray]  # int32 token ids, cropped to the context
+    starts: np.ndarray  # (rows,) first scored position of each row
+    ends: np.ndarray  # (rows,) one past the last
+    first_row: np.ndarray  # (examples + 1,) example e's rows are first_row[e] .. first_row[e + 1] - 1
+    truncated: int  # examples with a row cut to the context
+
+
+def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_size: int) -> list[PreparedTask]:
+    """Render and tokenize every example of every task (end-of-text first), crop to the context;
+    a token id the model's vocabulary lacks is a CoreError here, before any compile."""
+    if tok.eot_id >= vocab_size:
+        raise CoreError(f"CORE: the {tok.name} tokenizer's end-of-text id {tok.eot_id} is out of range for the "
+                        f"model's vocab_size={vocab_size}")
+    out = []
+    for task in tasks:
+        rows, starts, ends, first, cut = [], [], [], [0], 0
+        for index in range(len(task.examples)):
+            ids = [[tok.eot_id, *np.asarray(a).tolist()] for a in tok.encode_batch(prompts(task, index))]
+            these, s, e = spans(task.kind, ids)
+            if any(si >= ei for si, ei in zip(s, e)):
+                raise CoreError(f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
+                                f"tokenization leaves the continuation empty)")
+            was_cut = False
+            for row, si, ei in zip(these, s, e):
+                crop = max(len(row) - context_length, 0)
+                was_cut |= crop > 0
+                rows.append(np.asarray(row[crop:], np.int32))
+                starts.append(max(si - crop, 1))  # position 0 has no token before it to predict it
+                ends.append(ei - crop)
+            cut += was_cut
+            first.append(len(rows))
+        top = max(int(r.max()) for r in rows)
+        if top >= vocab_size:
+            raise CoreError(f"CORE task {task.label}: token id {top} of the {tok.name} tokenizer is out of range "
+                            f"for the model's vocab_size={vocab_size}")
+        out.append(PreparedTask(task, rows, np.asarray(starts), np.asarray(ends), np.asarray(first), cut))
+    return out
+
+
+def calls(prepared: list[PreparedTask], *, context_length: int,
+          rows_per_call: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The device calls over every row of every task: (row numbers, (R, T) int32 rows, (R, T) float32
+    0/1 masks of the scored tokens), R = rows_per_call, rows of one padded length T (32, 64, ..., at
+    most the context) together and the last call of a length filled with empty rows, so a run
+    compiles one program per length. Row numbers count over the tasks in order."""
+    rows = [r for p in prepared for r in p.rows]
+    starts = np.concatenate([p.starts for p in prepared])
+    ends = np.concatenate([p.ends for p in prepared])
+    sizes = np.array([bucket(len(r), context_length) for r in rows])
+    R = min(rows_per_call, len(rows))
+    out = []
+    for size in np.unique(sizes):
+        order = np.flatnonzero(sizes == size)
+        for chunk in (order[i:i + R] for i in range(0, len(order), R)):
+            tokens, mask = np.zeros((R, int(size)), np.int32), np.zeros((R, int(size)), np.float32)
+            for slot, n in enumerate(chunk):
+                tokens[slot, :len(rows[n])] = rows[n]
+                mask[slot, starts[n]:ends[n]] = 1.0
+            out.append((chunk, tokens, mask))
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def centred(accuracy: float, baseline_percent: float) -> float:
+    """base_eval's centred accuracy: 0 at the random baseline, 1 at every example right."""
+    b = 0.01 * baseline_percent
+    return (accuracy - b) / (1.0 - b)
+
+
+def task_accuracy(p: PreparedTask, sums: np.ndarray, counts: np.ndarray, hits: np.ndarray) -> float:
+    """The share of the task's examples right, from its rows' summed losses, scored-token counts and
+    argmax hits (core_eval.evaluate_example's decision)."""
+    right = []
+    for e in range(len(p.task.examples)):
+        lo, hi = p.first_row[e], p.first_row[e + 1]
+        if p.task.kind == "language_modeling":
+            right.append(bool(hits[lo] == counts[lo]))
+        else:
+            means = list(sums[lo:hi] / counts[lo:hi])
+            right.append(means.index(min(means)) == p.task.examples[e]["gold"])  # ties: the first
+    return float(np.mean(right))
+
+
+def results(prepared: list[PreparedTask], sums: np.ndarray, counts: np.ndarray, hits: np.ndarray) -> dict[str, Any]:
+    """Per task accuracy and centred accuracy, and CORE (their mean), from every row's figures
+    (row numbers as calls() counts them)."""
+    tasks, at = {}, 0
+    for p in prepared:
+        n = len(p.rows)
+        acc = task_accuracy(p, sums[at:at + n], counts[at:at + n], hits[at:at + n])
+        at += n
+        tasks[p.task.label] = {"accuracy": acc, "centered": centred(acc, p.task.baseline), "kind": p.task.kind,
+                               "shots": p.task.shots, "examples": len(p.task.examples), "of": p.task.total,
+                               "truncated": p.truncated}
+    core = float(np.mean([t["centered"] for t in tasks.values()]))
+    capped = any(t["examples"] < t["of"] for t in tasks.values())
+    return {"core": core, "tasks": tasks, "capped": capped}
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    """The lines evaluate.py prints: one per task, then CORE (said to be capped when it is)."""
+    lines = []
+    for label, t in r["tasks"].items():
+        cut = f", {t['truncated']} cut to the context" if t["truncated"] else ""
+        lines.append(f"{label:<34} {t['kind']:<17} {t['shots']:>2}-shot  accuracy {t['accuracy']:.4f} | "
+                     f"centered {t['centered']:.4f}  ({t['examples']:,} of {t['of']:,} examples{cut})")
+    note = " (examples capped per task: a quick figure, not the CORE metric)" if r["capped"] else ""
+    lines.append(f"CORE {r['core']:.4f}{note}")
+    return lines
