@@ -266,6 +266,11 @@ class TrainConfig:
     # (null: all 10,042); null interval = off. Results go into meta.json and charts/hellaswag.png.
     hellaswag_interval: int | None = None
     hellaswag_examples: int | None = None
+    # DCLM's CORE during training (core.py), the same way: at the validations of steps that are a
+    # multiple of core_interval, and at the last step, on core_examples examples per task (null: all;
+    # capped, it is a quick figure, not the CORE metric); null interval = off. Results go into meta.json.
+    core_interval: int | None = None
+    core_examples: int | None = None
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
@@ -284,7 +289,8 @@ class TrainConfig:
         if self.validation_batches != "all":
             _positive(self, TRAIN_FILE, "validation_batches")
         _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
-                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples", optional=True)
+                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples",
+                  "core_interval", "core_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
         _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
@@ -302,6 +308,9 @@ class TrainConfig:
         if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
             raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
                               f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
+        if self.core_interval is not None and self.core_interval % self.eval_interval():
+            raise ConfigError(f"{TRAIN_FILE}: core_interval={self.core_interval} must be a multiple of "
+                              f"validation_interval={self.eval_interval()} (CORE runs at validations)")
         for key in ("warmup_percent", "cooldown_percent"):
             if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")

@@ -33,9 +33,9 @@ MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_d
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
          "gradient_accumulation_steps": 2, "train_steps": 12, "learning_rate": 0.003,
          "checkpoint_interval": 6, "validation_interval": 3, "validation_batches": 1, "keep_last_checkpoints": 3}
-# Only when asked for: HellaSwag (hellaswag_interval), tokens to target (target_val_loss) and the
+# Only when asked for: HellaSwag (hellaswag_interval), CORE (core_interval), tokens to target (target_val_loss) and the
 # other parts' rates and momentum of optimizer "muon" (test_muon.py checks those).
-WHEN_ASKED = ("hellaswag/", "target/", "optim/lr_", "optim/muon_")
+WHEN_ASKED = ("hellaswag/", "core/", "target/", "optim/lr_", "optim/muon_")
 PER_STEP = [tag for tag in metrics.TAGS if not tag.startswith(("val/", *WHEN_ASKED))]
 ALWAYS = [tag for tag in metrics.TAGS if not tag.startswith(WHEN_ASKED)]
 

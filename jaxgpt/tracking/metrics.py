@@ -4,7 +4,7 @@
     runs/<name>/tensorboard/events.out.tfevents.*   # the same scalars for `uv run tensorboard --logdir runs`
 
 metrics.jsonl holds one JSON object a line: a line per step (TAGS' train/, optim/ and perf/ tags),
-one per validation (val/), per HellaSwag score (hellaswag/), per target reached (target/), one
+one per validation (val/), per HellaSwag score (hellaswag/), per CORE score (core/), per target reached (target/), one
 naming each checkpoint written ({"step": N, "checkpoint": "<folder>"}) and one with the configs at
 the start of each session ({"step": N, "configs": {"model.json": ..., "train.json": ...}}). Every
 line has "step" and "time" (Unix seconds). jaxgpt/tracking/history.py reads it back.
@@ -59,6 +59,8 @@ TAGS = {
     "target/seconds": "training seconds to reach it (every session; validation and checkpoints excluded)",
     "hellaswag/acc": "HellaSwag accuracy (summed ending loss), when train.json hellaswag_interval is set",
     "hellaswag/acc_norm": "HellaSwag accuracy (mean ending loss), when train.json hellaswag_interval is set",
+    "core/CORE": "DCLM's CORE (the mean of the tasks' centred accuracies), when train.json core_interval is set",
+    "core/<task>": "one tag per CORE task (its label): that task's centred accuracy, at each CORE score",
 }
 
 

@@ -125,6 +125,9 @@ class Trainer:
         if run.hellaswag is not None and jax.process_count() > 1:  # its batches are one process's arrays
             raise ConfigError(f"{run.run_dir}/train.json: hellaswag_interval works in single-process runs only; "
                               f"score checkpoints with evaluate.py --hellaswag instead")
+        if run.core is not None and jax.process_count() > 1:
+            raise ConfigError(f"{run.run_dir}/train.json: core_interval works in single-process runs only; "
+                              f"score checkpoints with evaluate.py --core instead")
         if self.mcfg.compute_dtype == "auto":
             self.log(f"compute_dtype auto -> {self.compute_dtype} on {jax.default_backend()}")
 
@@ -146,6 +149,7 @@ class Trainer:
         self.dropped_streak = 0  # optimiser steps dropped in a row (non-finite gradients)
         self.val_tokens = 0  # tokens the last validation scored
         self.hellaswag_results: list[dict[str, Any]] = []  # since the last checkpoint (meta.json)
+        self.core_results: list[dict[str, Any]] = []  # the same for CORE
         self.charts_due = 0.0  # perf_counter time after which a checkpoint redraws the charts
         if run.resume_from is not None:
             meta = ckpt.load_checkpoint(run.resume_from, self.model, self.optimizer)
@@ -177,10 +181,11 @@ class Trainer:
 
     def validate(self, done: int | None = None) -> float:
         """The mean loss over every validation token scored; how many there were: self.val_tokens.
-        At step `done`, also HellaSwag when train.json hellaswag_interval asks for it."""
+        At step `done`, also HellaSwag and CORE when train.json hellaswag_interval / core_interval ask."""
         self.step.sync()
         if done is not None:
             self.hellaswag(done)
+            self.core(done)
         val, B = self.run.val_batches, self.cfg.microbatch_size
         whole = isinstance(val, WholeSplit)  # validation_batches "all"
         sums = []  # device scalars, read once at the end: no host round trip per batch
@@ -207,6 +212,23 @@ class Trainer:
         if self.is_main:
             tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
                        f"({r['examples']:,} examples)")
+
+    def core(self, done: int) -> None:
+        """train.json core_interval: score CORE at this validation, if it is one of its steps."""
+        every = self.cfg.core_interval
+        if self.run.core is None or not (done % every == 0 or done == self.run.total_steps):
+            return
+        from jaxgpt.evaluation.scoring import core_score
+
+        r = core_score(self.model, self.run.core, progress=False)
+        self.core_results.append({"step": done, "CORE": r["core"], "capped": r["capped"],
+                                  "tasks": {label: {k: t[k] for k in ("accuracy", "centered", "examples")}
+                                            for label, t in r["tasks"].items()}})
+        self.records.scalars(done, {"core/CORE": r["core"]} | {f"core/{label}": t["centered"]
+                                                               for label, t in r["tasks"].items()})
+        if self.is_main:
+            tqdm.write(f"step {done}: CORE {r['core']:.4f} ({len(r['tasks'])} tasks"
+                       f"{', examples capped per task' if r['capped'] else ''})")
 
     def checkpoint(self, done: int, window: Window, stats: dict[str, Any], val: float, last: bool) -> Path:
         """Save step `done`; `last`: the session's final checkpoint (the end, a target, a stop)."""
@@ -362,7 +384,7 @@ class Trainer:
         self.records.flush()  # the record up to this step is as durable as the checkpoint
         path = self.checkpoint(done, self.window, stats, val, last)
         self.trained_s = self.training_seconds()
-        self.hellaswag_results = []
+        self.hellaswag_results, self.core_results = [], []
         if self.is_main:
             self.bar.write(self.progress_line(done, self.window, stats, val) + f" | saved {path.name}")
         self.window = Window()
@@ -407,6 +429,7 @@ class Trainer:
             "val_loss": val,
             "val_tokens": self.val_tokens,  # target tokens that loss is the mean over
             "hellaswag": self.hellaswag_results,  # [{"step", "acc", "acc_norm", ...}] since the last checkpoint
+            "core": self.core_results,  # [{"step", "CORE", "capped", "tasks": {label: {accuracy, centered, ...}}}]
             "best_loss": self.best,  # lowest validation loss so far
             "is_best": is_best,
             "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')

@@ -26,7 +26,9 @@ from jaxgpt.data.batches import BatchSampler, WholeSplit
 from jaxgpt.data.packing import DocumentSampler
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+from jaxgpt.evaluation.core import PreparedTask, prepare
+from jaxgpt.evaluation.core_bundle import fetch_bundle, read_tasks
 from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
@@ -50,6 +52,7 @@ class Run:
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
     hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
+    core: list[PreparedTask] | None = None  # train.json core_interval: every task's rows, tokenized once
 
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
@@ -98,8 +101,13 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     examples = None
     if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
         examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
+    core = None
+    if train_cfg.core_interval is not None:  # the bundle read and every prompt tokenized before anything compiles
+        tasks = read_tasks(fetch_bundle(Path(data_root) / "downloads"), train_cfg.core_examples)
+        core = prepare(tasks, get_tokenizer(train_cfg.tokenizer), context_length=model_cfg.context_length,
+                       vocab_size=model_cfg.vocab_size)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from, examples)
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples, core)
 
 
 # ----------------------------------------------------------------------------- the run directory
