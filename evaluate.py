@@ -90,7 +90,7 @@ def main_core(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="a local eval_bundle.zip or its unpacked folder instead of the download; implies --core")
     parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only; "
                         "CORE: N examples per task (a quick figure, not the CORE metric)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     for name in ("max_batches", "batch_size", "sequence_length", "limit"):
         value = getattr(args, name)
