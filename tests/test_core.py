@@ -18,6 +18,7 @@ import pytest
 from conftest import SLOW, write_run
 from flax import nnx
 from tensorboard.backend.event_processing import event_accumulator
+from test_hellaswag import gpt2_tok
 from test_model import randomise
 
 import evaluate
@@ -169,7 +170,7 @@ def np_core(tasks: list[core_bundle.Task], encode, logits_of, context: int, eot:
                 suffix = next((k for k in range(n) if len({tuple(x[len(x) - k - 1:]) for x in toks}) > 1), n)
                 spans = [(x, len(x) - suffix, len(x)) for x in toks]
             else:
-                assert toks[1][:len(toks[0])] == toks[0]  # bytes: always a prefix
+                assert toks[1][:len(toks[0])] == toks[0]  # nanochat's assertion (true of both tokenizers here)
                 spans = [(toks[1], len(toks[0]), len(toks[1]))]
             means, all_hit = [], True
             for x, s, e in spans:
@@ -194,19 +195,22 @@ def np_core(tasks: list[core_bundle.Task], encode, logits_of, context: int, eot:
             **{k: np.array(v) for k, v in rows.items()}}
 
 
-def test_scores_match_the_numpy_scorer(bundle: Path) -> None:
-    """A random GPT-2 on bytes with a 96-token context: rows of several padded lengths, the 2-shot
-    ones cut from the left; every row's summed loss, token count and argmax hits, every task's
-    accuracy and centred accuracy and CORE as the numpy reference computes them."""
-    tok, context = BytesTokenizer(), 96
+@pytest.mark.parametrize("tok_name,context", [pytest.param("bytes", 96, id="bytes"),
+                                              pytest.param("gpt2", 40, id="gpt2", marks=SLOW)])
+def test_scores_match_the_numpy_scorer(bundle: Path, tok_name: str, context: int) -> None:
+    """A random GPT-2 (bytes, 96-token context; GPT-2's BPE, 40 tokens): rows of several padded
+    lengths, the few-shot ones cut from the left; every row's summed loss, token count and argmax
+    hits, every task's accuracy and centred accuracy and CORE as the numpy reference computes them."""
+    tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
     cfg = ModelConfig(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32, n_heads=4,
                       n_layers=2, qkv_bias=True, tie_embeddings=False)
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every choice alike
-    # The space byte the argmax at many positions, so that some continuation tokens are predicted
-    # (a random model's argmax almost never is): its head column leans towards ln_f's bias.
+    # A frequent token (a space; GPT-2's " the") the argmax at many positions, so that some scored
+    # tokens are predicted (a random model's argmax almost never is): its head column leans
+    # towards ln_f's bias.
     w = np.array(model.head.kernel.get_value())
-    w[:, ord(" ")] += 3.0 * np.asarray(model.ln_f.bias.get_value())
+    w[:, tok.encode(" " if tok_name == "bytes" else " the")[0]] += 3.0 * np.asarray(model.ln_f.bias.get_value())
     model.head.kernel.set_value(jnp.asarray(w))
     tasks = core_bundle.read_tasks(bundle)
     prepared = core.prepare(tasks, tok, context_length=context, vocab_size=cfg.vocab_size)
@@ -219,7 +223,7 @@ def test_scores_match_the_numpy_scorer(bundle: Path) -> None:
         return np.asarray(forward(model, jnp.asarray(padded)))[0, :len(ids)]
 
     want = np_core(tasks, tok.encode, logits_of, context, tok.eot_id)
-    assert got["calls"] > 3 and len({t.shape[1] for _c, t, _m in core.calls(prepared, context_length=context,
+    assert got["calls"] > 3 and len({t.shape[1] for _c, t, _m in core.Calls(prepared, context_length=context,
                                                                          rows_per_call=8)}) >= 2
     assert got["tasks"]["mc_task"]["truncated"] > 0 and not got["capped"]
     np.testing.assert_array_equal(got["counts"], want["counts"])

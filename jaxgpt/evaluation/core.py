@@ -30,6 +30,7 @@ program scoring.continuation_stats.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from jaxgpt.evaluation.core_bundle import CoreError, Task
 from jaxgpt.evaluation.hellaswag import bucket
 
 FEWSHOT_SEED = 1234  # nanochat's: example i's few-shot examples come from random.Random(1234 + i)
+_ENCODE_EXAMPLES = 256  # examples whose prompts go to the tokenizer in one call (bounded text in memory)
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -84,17 +86,16 @@ def prompts(task: Task, index: int) -> list[str]:
 # ----------------------------------------------------------------------------- rows
 
 
-def common_length(rows: list[list[int]], direction: str) -> int:
-    """Length of the common prefix ("left") or suffix ("right") of the rows (core_eval.find_common_length)."""
+def common_length(rows: list[Any], direction: str) -> int:
+    """Length of the common prefix ("left") or suffix ("right") of the rows of token ids
+    (core_eval.find_common_length), compared as one array: rows share hundreds of few-shot tokens."""
     n = min(len(r) for r in rows)
-    for i in range(n):
-        k = i if direction == "left" else -1 - i
-        if any(r[k] != rows[0][k] for r in rows):
-            return i
-    return n
+    cut = np.array([np.asarray(r)[:n] if direction == "left" else np.asarray(r)[len(r) - n:] for r in rows])
+    differs = np.flatnonzero((cut != cut[0]).any(0)[::1 if direction == "left" else -1])
+    return int(differs[0]) if differs.size else n
 
 
-def spans(kind: str, rows: list[list[int]]) -> tuple[list[list[int]], list[int], list[int]]:
+def spans(kind: str, rows: list[Any]) -> tuple[list[Any], list[int], list[int]]:
     """The rows to score and, per row, the [start, end) of the tokens scored (core_eval.batch_sequences_*)."""
     ends = [len(r) for r in rows]
     if kind == "multiple_choice":
@@ -106,8 +107,8 @@ def spans(kind: str, rows: list[list[int]]) -> tuple[list[list[int]], list[int],
     # nanochat asserts the prompt without the continuation tokenizes to a prefix of the one with it
     # (true of GPT-2's BPE on the bundle); where a tokenizer merges across the join, the common
     # prefix is the start instead.
-    start = len(without) if with_[:len(without)] == without else common_length(rows, "left")
-    return [with_], [start], [len(with_)]
+    prefix = len(with_) >= len(without) and np.array_equal(np.asarray(with_)[:len(without)], without)
+    return [with_], [len(without) if prefix else common_length(rows, "left")], [len(with_)]
 
 
 @dataclass
@@ -131,21 +132,22 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
     out = []
     for task in tasks:
         rows, starts, ends, first, cut = [], [], [], [0], 0
-        for index in range(len(task.examples)):
-            ids = [[tok.eot_id, *np.asarray(a).tolist()] for a in tok.encode_batch(prompts(task, index))]
-            these, s, e = spans(task.kind, ids)
-            if any(si >= ei for si, ei in zip(s, e)):
-                raise CoreError(f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
-                                f"tokenization leaves the continuation empty)")
-            was_cut = False
-            for row, si, ei in zip(these, s, e):
-                crop = max(len(row) - context_length, 0)
-                was_cut |= crop > 0
-                rows.append(np.asarray(row[crop:], np.int32))
-                starts.append(max(si - crop, 1))  # position 0 has no token before it to predict it
-                ends.append(ei - crop)
-            cut += was_cut
-            first.append(len(rows))
+        for lo in range(0, len(task.examples), _ENCODE_EXAMPLES):  # one encode_batch call per slice
+            rendered = [prompts(task, i) for i in range(lo, min(lo + _ENCODE_EXAMPLES, len(task.examples)))]
+            encoded = iter(tok.encode_batch([p for ps in rendered for p in ps]))
+            for index, ps in enumerate(rendered, start=lo):
+                ids = [np.concatenate([[tok.eot_id], next(encoded)]).astype(np.int32) for _ in ps]
+                these, s, e = spans(task.kind, ids)
+                if any(si >= ei for si, ei in zip(s, e)):
+                    raise CoreError(f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
+                                    f"tokenization leaves the continuation empty)")
+                for row, si, ei in zip(these, s, e):
+                    crop = max(len(row) - context_length, 0)
+                    rows.append(row[crop:])
+                    starts.append(max(si - crop, 1))  # position 0 has no token before it to predict it
+                    ends.append(ei - crop)
+                cut += max(len(row) for row in these) > context_length
+                first.append(len(rows))
         top = max(int(r.max()) for r in rows)
         if top >= vocab_size:
             raise CoreError(f"CORE task {task.label}: token id {top} of the {tok.name} tokenizer is out of range "
@@ -154,27 +156,33 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
     return out
 
 
-def calls(prepared: list[PreparedTask], *, context_length: int,
-          rows_per_call: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The device calls over every row of every task: (row numbers, (R, T) int32 rows, (R, T) float32
-    0/1 masks of the scored tokens), R = rows_per_call, rows of one padded length T (32, 64, ..., at
-    most the context) together and the last call of a length filled with empty rows, so a run
-    compiles one program per length. Row numbers count over the tasks in order."""
-    rows = [r for p in prepared for r in p.rows]
-    starts = np.concatenate([p.starts for p in prepared])
-    ends = np.concatenate([p.ends for p in prepared])
-    sizes = np.array([bucket(len(r), context_length) for r in rows])
-    R = min(rows_per_call, len(rows))
-    out = []
-    for size in np.unique(sizes):
-        order = np.flatnonzero(sizes == size)
-        for chunk in (order[i:i + R] for i in range(0, len(order), R)):
-            tokens, mask = np.zeros((R, int(size)), np.int32), np.zeros((R, int(size)), np.float32)
+class Calls:
+    """The device calls over every row of every task, built one at a time as they are iterated
+    (the padded arrays of a whole bundle would be hundreds of MB): (row numbers, (R, T) int32 rows,
+    (R, T) float32 0/1 masks of the scored tokens), R = rows_per_call, rows of one padded length T
+    (32, 64, ..., at most the context) together and the last call of a length filled with empty
+    rows, so a run compiles one program per length. Row numbers count over the tasks in order."""
+
+    def __init__(self, prepared: list[PreparedTask], *, context_length: int, rows_per_call: int) -> None:
+        self.rows = [r for p in prepared for r in p.rows]
+        self.starts = np.concatenate([p.starts for p in prepared])
+        self.ends = np.concatenate([p.ends for p in prepared])
+        sizes = np.array([bucket(len(r), context_length) for r in self.rows])
+        self.R = min(rows_per_call, len(self.rows))
+        self.plan = [(chunk, int(size)) for size in np.unique(sizes)
+                     for order in [np.flatnonzero(sizes == size)]
+                     for chunk in (order[i:i + self.R] for i in range(0, len(order), self.R))]
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for chunk, size in self.plan:
+            tokens, mask = np.zeros((self.R, size), np.int32), np.zeros((self.R, size), np.float32)
             for slot, n in enumerate(chunk):
-                tokens[slot, :len(rows[n])] = rows[n]
-                mask[slot, starts[n]:ends[n]] = 1.0
-            out.append((chunk, tokens, mask))
-    return out
+                tokens[slot, :len(self.rows[n])] = self.rows[n]
+                mask[slot, self.starts[n]:self.ends[n]] = 1.0
+            yield chunk, tokens, mask
 
 
 # ----------------------------------------------------------------------------- figures
@@ -202,7 +210,7 @@ def task_accuracy(p: PreparedTask, sums: np.ndarray, counts: np.ndarray, hits: n
 
 def results(prepared: list[PreparedTask], sums: np.ndarray, counts: np.ndarray, hits: np.ndarray) -> dict[str, Any]:
     """Per task accuracy and centred accuracy, and CORE (their mean), from every row's figures
-    (row numbers as calls() counts them)."""
+    (row numbers as Calls counts them)."""
     tasks, at = {}, 0
     for p in prepared:
         n = len(p.rows)

@@ -146,7 +146,7 @@ def core_score(model: Any, prepared: list[core.PreparedTask], *, rows_per_call: 
                progress: bool | None = None) -> dict[str, Any]:
     """CORE and each task's accuracy and centred accuracy (core.py: nanochat's scoring) of `model`
     over the prepared rows of every task, `rows_per_call` rows per device call (continuation_stats)."""
-    work = core.calls(prepared, context_length=model.cfg.context_length, rows_per_call=rows_per_call)
+    work = core.Calls(prepared, context_length=model.cfg.context_length, rows_per_call=rows_per_call)
     n = sum(len(p.rows) for p in prepared)
     sums, counts, hits = np.zeros(n), np.zeros(n), np.zeros(n)
     for chunk, tokens, mask in tqdm(work, unit="batch", desc="CORE", dynamic_ncols=True,
