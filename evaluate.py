@@ -6,7 +6,7 @@
     uv run evaluate.py runs/tiny --dataset data/builtin-bytes     # a prepared dataset folder
     uv run evaluate.py runs/gpt2 --hellaswag [--limit 500]        # HellaSwag acc / acc_norm (downloaded once)
     uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
-    uv run evaluate.py runs/gpt2 --core [--limit 500]             # DCLM's CORE, nanochat's scoring (bundle downloaded once)
+    uv run evaluate.py runs/gpt2 --core [--limit 500]             # DCLM's CORE (bundle downloaded once)
     uv run evaluate.py runs/gpt2 --core-from eval_bundle.zip      # offline: a local zip or folder
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared

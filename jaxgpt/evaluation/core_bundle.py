@@ -134,7 +134,8 @@ def _baselines(bundle: Bundle) -> dict[str, float]:
         try:
             out[row["Eval Task"]] = value = float(row["Random baseline"])
         except (TypeError, ValueError):
-            raise CoreError(f"{where}:{rows.line_num}: Random baseline {row['Random baseline']!r} is not a number") from None
+            raise CoreError(f"{where}:{rows.line_num}: Random baseline {row['Random baseline']!r} "
+                            f"is not a number") from None
         if not 0 <= value < 100:
             raise CoreError(f"{where}:{rows.line_num}: Random baseline {value} must be a percentage in [0, 100)")
     return out
