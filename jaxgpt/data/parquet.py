@@ -26,7 +26,9 @@ _READ_ERRORS = (pa.ArrowException, OSError)
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    line = (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    # pyarrow quotes the corrupt bytes it met ("don't know what type: \x0f"): keep them visible.
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in line)
 
 
 def _is_text(kind: pa.DataType) -> bool:

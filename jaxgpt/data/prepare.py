@@ -264,7 +264,7 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
         raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
                         f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
     if from_path is not None and source not in _FROM_SOURCES:
-        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
+        raise DataError(f"{source}: --from applies only to {', '.join(_FROM_SOURCES[:-1])} and {_FROM_SOURCES[-1]}")
     path = dataset_dir(data_root, source, tokenizer, resolved.get("name"))
     if source == FINEWEB:
         with dataset_lock(path, log):
