@@ -1,7 +1,7 @@
 """FineWeb-Edu as text (nanochat's parquet shards), tokenized here with any tokenizer, resumably.
 
 The Hugging Face dataset repo karpathy/fineweb-edu-100b-shuffle holds shard_00000.parquet ..
-shard_01822.parquet (~100 MB each, row groups of 1,000 documents, a string column "text"): the
+shard_01822.parquet (~100 MB each, row groups of 1,024 documents, a string column "text"): the
 sample-100BT subset of HuggingFaceFW/fineweb-edu, shuffled, as nanochat trained on it. As in
 nanochat, the last shard (shard_01822) is the validation split; train shards are taken in order
 from shard_00000.
@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxgpt.data.fineweb import hub_download
 from jaxgpt.data.parquet import open_parquet, parquet_documents
-from jaxgpt.data.shards import Dataset, DataError, DatasetWriter, open_dataset, write_dataset
+from jaxgpt.data.shards import DataError, Dataset, DatasetWriter, open_dataset, write_dataset
 from jaxgpt.data.tokenizer import Tokenizer
 
 SOURCE = "fineweb-edu"
