@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, write_run
+from conftest import ROOT, SLOW, write_run
 
 import download_dataset as dd
 from jaxgpt.data import fineweb_edu, prepare
@@ -137,6 +137,32 @@ def test_train_json_names_the_source(tmp_path: Path) -> None:
         [shard_file(0), shard_file(1)]
 
 
+@SLOW  # builds and scores a model
+def test_evaluate_scores_the_runs_dataset_without_rebuilding_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """evaluate.py prepares the run's dataset for the run's length: the two shards train.py took, not one."""
+    import evaluate
+    from jaxgpt.checkpoints import store as ckpt
+    from jaxgpt.config import ModelConfig
+    from jaxgpt.model.gpt import build_model
+
+    data = tmp_path / "data"
+    write_shards(data / "downloads" / "fineweb-edu", 3)
+    model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
+             "n_layers": 1}
+    run_dir = write_run(tmp_path / "run", model, {"dataset": {"source": "fineweb-edu"}, "tokenizer": "bytes",
+                                                  "microbatch_size": 8, "train_steps": 40})
+    run_setup.prepare_run(run_dir, data_root=data, restart=False)
+    manifest = data / "fineweb-edu-bytes" / "manifest.json"
+    before = (manifest.stat().st_ino, manifest.read_bytes())
+    folder = run_dir / "checkpoints" / "20260101T000000Z-step-1"
+    folder.mkdir(parents=True)
+    ckpt.save_weights(build_model(ModelConfig(**model), seed=1), folder / ckpt.WEIGHTS)
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    assert evaluate.main([str(run_dir), "--data-dir", str(data), "--max-batches", "1"]) == 0
+    assert "reusing dataset" in capsys.readouterr().out
+    assert (manifest.stat().st_ino, manifest.read_bytes()) == before
+
+
 # ----------------------------------------------------------------------------- resuming after a kill
 
 
@@ -198,7 +224,7 @@ def test_offline_without_from_is_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run([sys.executable, str(ROOT / "download_dataset.py"), FINEWEB_EDU, "--tokenizer", "bytes",
                            "--data-dir", str(tmp_path / "data")],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT, check=False)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"error: cannot fetch {VAL_FILE} from "
