@@ -196,6 +196,7 @@ def test_sigkill_mid_way_resumes_without_redoing_and_ends_byte_identical(tmp_pat
     assert 1 <= len(done) < n_train + 1, (done, out)
     assert not (killed / "fineweb-edu-gpt2").exists(), out
     stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for d in done for p in (staging / d).iterdir()}
+    unfinished = sorted(staging.glob("*.tmp-*"))  # the shard being written when the kill came, if any
 
     lines: list[str] = []
     prepare_dataset(FINEWEB_EDU, "gpt2", killed, options={"train_shards": n_train}, from_path=src, log=lines.append)
@@ -205,6 +206,8 @@ def test_sigkill_mid_way_resumes_without_redoing_and_ends_byte_identical(tmp_pat
     assert reused == [n for n in names if Path(n).stem in done] and sorted(reused + redone) == sorted(names)
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in stamps} == stamps  # finished shards untouched
     assert not list(staging.glob("*.tmp-*")) and not list(staging.glob("*.old-*"))  # the unfinished one is gone
+    assert [line.split(" (")[0] for line in lines if line.startswith("removing ")] == \
+        [f"removing {p}" for p in unfinished]
 
     prepare_dataset(FINEWEB_EDU, "gpt2", clean, options={"train_shards": n_train}, from_path=src, log=lambda _: None)
     for folder in ("fineweb-edu-gpt2", "fineweb-edu-gpt2.staging"):
@@ -268,6 +271,16 @@ def test_corrupt_local_shard_is_one_line_error_naming_it(tmp_path: Path, capsys:
                     "--data-dir", str(root)]) == 2
     err_text = capsys.readouterr().err
     assert err_text.startswith(f"error: {bad}: ") and err_text.count("\n") == 1
+
+
+def test_from_must_be_a_folder_and_validation_must_hold_text(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'nowhere'}: --from folder not found"):
+        prepare_dataset(FINEWEB_EDU, "bytes", tmp_path / "data", from_path=tmp_path / "nowhere", log=lambda _: None)
+    src = write_shards(tmp_path / "edu", 1)
+    pq.write_table(pa.table({"text": pa.array([None, ""], type=pa.string())}), src / VAL_FILE)
+    for _ in range(2):  # also when its (empty) staged shard is reused
+        with pytest.raises(DataError, match=rf"^{VAL_FILE}: its column 'text' holds no text \(tokenized into "):
+            prepare_dataset(FINEWEB_EDU, "bytes", tmp_path / "data", from_path=src, log=lambda _: None)
 
 
 def test_a_damaged_staged_shard_is_tokenized_again(tmp_path: Path) -> None:

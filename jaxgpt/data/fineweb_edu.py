@@ -127,8 +127,6 @@ def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, d
                   tokenizer=tok, shard_tokens=SHARD_TOKENS,
                   splits={"train": tokenize_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []})
     staged = open_dataset(folder)
-    if staged.train.n_tokens == 0 and name == VAL_FILE:
-        raise DataError(f"{local}: column {TEXT_COLUMN!r} holds no text; the validation split would be empty")
     log(f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
         f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s")
     return staged
@@ -177,6 +175,8 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
             downloads: Path, log: Callable[[str], None] = print) -> Path:
     """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
     `tokenizer`; reuse every shard already tokenized (also one finished before a kill)."""
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
     staging = staging_dir(Path(path))
     staging.mkdir(parents=True, exist_ok=True)
     _remove_unfinished(staging, log)
@@ -185,6 +185,9 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
         return _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads, log=log)
 
     splits = {"val": {VAL_FILE: stage(VAL_FILE)}}  # fixed, and needed by every run: first
+    if splits["val"][VAL_FILE].train.n_tokens == 0:
+        raise DataError(f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
+                        f"{splits['val'][VAL_FILE].path}); the validation split would be empty")
     splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log)
     if _matches(path, options, tokenizer, splits):
         log(f"reusing dataset {path} ({len(splits['train'])} train file(s), manifest matches)")
