@@ -111,13 +111,13 @@ def _staged(folder: Path, name: str, tok: Tokenizer, log: Callable[[str], None])
 
 
 def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, downloads: Path,
-           log: Callable[[str], None]) -> Dataset:
-    """The staged shard of parquet file `name`: the finished one if there is one, else tokenized now."""
+           log: Callable[[str], None]) -> tuple[Dataset, bool]:
+    """(the staged shard of parquet file `name`, whether it was there already): the finished one if
+    there is one, else tokenized now."""
     folder = staging / Path(name).stem
     staged = _staged(folder, name, tok, log)
     if staged is not None:
-        log(f"reusing tokenized {name} ({staged.train.n_tokens:,} tokens in {folder})")
-        return staged
+        return staged, True
     local = locate(name, from_dir=from_dir, downloads=downloads, log=log)
     # Imported here: prepare.py imports this module (it registers the source there).
     from jaxgpt.data.prepare import SHARD_TOKENS, tokenize_documents
@@ -129,7 +129,12 @@ def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, d
     staged = open_dataset(folder)
     log(f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
         f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s")
-    return staged
+    return staged, False
+
+
+def _listing(names: list[str]) -> str:
+    """A few names, the rest elided: one line however many shards a run takes."""
+    return ", ".join(names if len(names) <= 6 else [*names[:3], "...", *names[-2:]])
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -181,14 +186,20 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
     staging.mkdir(parents=True, exist_ok=True)
     _remove_unfinished(staging, log)
 
+    reused: list[str] = []
+
     def stage(name: str) -> Dataset:
-        return _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads, log=log)
+        staged, was_there = _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads, log=log)
+        reused.extend([name] if was_there else [])
+        return staged
 
     splits = {"val": {VAL_FILE: stage(VAL_FILE)}}  # fixed, and needed by every run: first
     if splits["val"][VAL_FILE].train.n_tokens == 0:
         raise DataError(f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
                         f"{splits['val'][VAL_FILE].path}); the validation split would be empty")
     splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log)
+    if reused:
+        log(f"reused {len(reused)} tokenized shard(s) from {staging}: {_listing(reused)}")
     if _matches(path, options, tokenizer, splits):
         log(f"reusing dataset {path} ({len(splits['train'])} train file(s), manifest matches)")
         return path
