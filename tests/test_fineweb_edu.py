@@ -183,13 +183,14 @@ def test_sigkill_mid_way_resumes_without_redoing_and_ends_byte_identical(tmp_pat
     staging = killed / "fineweb-edu-gpt2.staging"
     proc = subprocess.Popen([sys.executable, str(ROOT / "download_dataset.py"), FINEWEB_EDU, "--tokenizer", "gpt2",
                              "--train-shards", str(n_train), "--from", str(src), "--data-dir", str(killed)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: tokenizer workers, if any, die too
     deadline = time.monotonic() + 300
     while not finished(staging):  # as soon as one shard is finished
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < deadline, "no shard finished"
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     out = proc.communicate()[0]
     assert proc.returncode == -signal.SIGKILL
     done = finished(staging)
