@@ -5,6 +5,8 @@ Usage:
     uv run download_dataset.py text ~/books notes/*.md dump.jsonl  # local text -> data/text-books-bytes
     uv run download_dataset.py tinyshakespeare [--from input.txt]  # -> data/tinyshakespeare-bytes
     uv run download_dataset.py fineweb10B-gpt2 --train-tokens 1e9  # -> data/fineweb10B-gpt2-gpt2
+    uv run download_dataset.py fineweb-edu --train-tokens 1e9      # FineWeb-Edu parquet -> data/fineweb-edu-gpt2
+    uv run download_dataset.py text corpus/*.parquet --text-column content   # parquet rows as documents
     uv run download_dataset.py run runs/gpt2-small                 # what train.py would prepare for that run
     uv run download_dataset.py text corpus/ --tokenizer gpt2 --name mine --validation-fraction 0.1 --verify
 
@@ -19,8 +21,8 @@ import sys
 from pathlib import Path
 
 from jaxgpt.config import ConfigError, load_run_configs
-from jaxgpt.data import fineweb
-from jaxgpt.data.prepare import FINEWEB, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
+from jaxgpt.data import fineweb, fineweb_edu
+from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, TokenizerError
 
@@ -47,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     sub.add_parser("builtin", parents=[tokenized], help="offline corpus of Python's own documentation")
-    text = sub.add_parser("text", parents=[tokenized], help="local .txt/.md/.jsonl files, folders or globs")
+    text = sub.add_parser("text", parents=[tokenized], help="local .txt/.md/.jsonl/.parquet files, folders or globs")
     text.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
+    text.add_argument("--text-column", default=None, help="the string column of .parquet files (default: text)")
     text.add_argument("--name", default=None,
                       help="dataset folder text-<name>-<tokenizer> (default: the first path's name)")
     shakespeare = sub.add_parser("tinyshakespeare", parents=[tokenized], help="the 1.1 MB char-rnn corpus")
@@ -65,10 +68,21 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"take exactly this many train files (1..{fineweb.N_TRAIN_FILES})")
     web.add_argument("--from", dest="from_path", type=Path, default=None,
                      help="a folder holding the .bin files (e.g. modded-nanogpt's data/fineweb10B)")
+    edu = sub.add_parser(FINEWEB_EDU, parents=[common], help="FineWeb-Edu text (nanochat's parquet shards), "
+                         "tokenized here, resumable")
+    edu.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="gpt2", help="default: gpt2")
+    size = edu.add_mutually_exclusive_group()
+    size.add_argument("--train-tokens", type=_count, default=None,
+                      help="take train shards in order until they hold this many tokens (default: 1 shard)")
+    size.add_argument("--train-shards", type=int, default=None,
+                      help=f"take exactly this many train shards (1..{fineweb_edu.N_TRAIN_FILES})")
+    edu.add_argument("--from", dest="from_path", type=Path, default=None,
+                     help="a folder holding shard_NNNNN.parquet files (read in place)")
     run = sub.add_parser("run", parents=[common], help="the dataset a run's train.json names, for its length")
     run.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
     run.add_argument("--from", dest="from_path", type=Path, default=None,
-                     help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder)")
+                     help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder, "
+                          "FineWeb-Edu .parquet folder)")
     return parser
 
 
@@ -81,6 +95,9 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
     if args.source == FINEWEB:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB, "gpt2", options, args.train_tokens
+    if args.source == FINEWEB_EDU:
+        options = {} if args.train_shards is None else {"train_shards": args.train_shards}
+        return FINEWEB_EDU, args.tokenizer, options, args.train_tokens
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
     if getattr(args, "split", None) is not None:
         options["split"] = args.split
@@ -88,6 +105,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
         options["paths"] = args.paths
         if args.name is not None:
             options["name"] = args.name
+        if args.text_column is not None:
+            options["text_column"] = args.text_column
     return args.source, args.tokenizer, options, None
 
 

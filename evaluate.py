@@ -138,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             ds_path = Path(args.dataset)
         else:
             same = args.dataset is None or args.dataset == cfg.dataset.source
+            # The run's length too: without it a FineWeb(-Edu) dataset would be rebuilt with one train shard.
+            length = cfg.total_steps(model_cfg) * cfg.tokens_per_step(model_cfg) if same else None
             ds_path = prepare_dataset(args.dataset or cfg.dataset.source, cfg.tokenizer,
                                       args.data_dir or default_data_root(),
-                                      options=cfg.dataset.options if same else None, log=print)
+                                      options=cfg.dataset.options if same else None, train_tokens=length, log=print)
         dataset = open_dataset(ds_path)
         if dataset.tokenizer != cfg.tokenizer:
             raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")

@@ -228,6 +228,8 @@ def test_cli_gpt2_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     ("fineweb10B-gpt2", {"train_shards": 104}, "train_shards must be null or 1..103"),
     ("fineweb10B-gpt2", {"train_shards": True}, "train_shards"),
     ("fineweb10B-gpt2", {"validation_fraction": 0.1}, "unknown option"),
+    ("fineweb-edu", {"train_shards": 1823}, "fineweb-edu: train_shards must be null or 1..1822, got 1823"),
+    ("fineweb-edu", {"text_column": "body"}, "unknown option"),
 ])
 def test_bad_source_options(source: str, options: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
@@ -236,12 +238,12 @@ def test_bad_source_options(source: str, options: dict, match: str) -> None:
 
 def test_resolved_text_options() -> None:
     resolved = prepare.resolve_options("text", {"paths": "corpus/"})
-    assert resolved == {"paths": ["corpus"], "name": "corpus", "validation_fraction": 0.05}
+    assert resolved == {"paths": ["corpus"], "name": "corpus", "validation_fraction": 0.05, "text_column": "text"}
     assert prepare.dataset_dir(Path("/d"), "text", "gpt2", resolved["name"]) == Path("/d/text-corpus-gpt2")
 
 
 def test_from_only_for_downloadable_sources(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="--from applies only to tinyshakespeare and fineweb10B-gpt2"):
+    with pytest.raises(DataError, match="--from applies only to tinyshakespeare, fineweb10B-gpt2 and fineweb-edu$"):
         prepare.prepare_dataset("builtin", "bytes", tmp_path, from_path=tmp_path)
 
 

@@ -70,21 +70,23 @@ def read_bin(path: Path) -> np.memmap:
 # ----------------------------------------------------------------------------- fetching
 
 
-def _hub_download(name: str, downloads: Path) -> Path:
+def hub_download(name: str, downloads: Path, *, repo_id: str = REPO_ID, kind: str = ".bin") -> Path:
+    """File `name` of the Hugging Face dataset repo `repo_id`, fetched into `downloads`; a one-line
+    DataError saying where to put it by hand (or which --from folder of `kind` files to pass) if it cannot."""
     from huggingface_hub import hf_hub_download  # imported here: only this path needs it
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     # Read at call time (huggingface_hub reads it once, at import).
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
     try:
-        return Path(hf_hub_download(REPO_ID, name, repo_type="dataset", local_dir=downloads,
+        return Path(hf_hub_download(repo_id, name, repo_type="dataset", local_dir=downloads,
                                     local_files_only=offline))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         first_line = str(exc).splitlines()[0][:100] if str(exc) else ""
         why = "offline: HF_HUB_OFFLINE is set" if offline else f"{type(exc).__name__}: {first_line}"
-        raise DataError(f"cannot fetch {name} from https://huggingface.co/datasets/{REPO_ID} ({why}); download it "
+        raise DataError(f"cannot fetch {name} from https://huggingface.co/datasets/{repo_id} ({why}); download it "
                         f"where there is network access and put it in {downloads}, or pass --from <folder with the "
-                        f".bin files> to download_dataset.py") from None
+                        f"{kind} files> to download_dataset.py") from None
 
 
 def locate(name: str, *, from_dir: Path | None, downloads: Path, log: Callable[[str], None]) -> Path:
@@ -101,7 +103,7 @@ def locate(name: str, *, from_dir: Path | None, downloads: Path, log: Callable[[
             log(f"{exc}; fetching it again")
             local.unlink()
     log(f"fetching {name} from {REPO_ID} into {downloads}")
-    path = _hub_download(name, downloads)
+    path = hub_download(name, downloads)
     read_bin(path)
     return path
 

@@ -3,8 +3,10 @@
 Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" names one):
     builtin          a few MB of English technical prose that ships with every Python: the pydoc
                      help topics plus the standard library's docstrings, read with `ast` (offline).
-    text             local .txt / .md files (one document each) and .jsonl files (one document per
-                     line, its "text" field), given as files, folders (recursive) or globs.
+    text             local .txt / .md files (one document each), .jsonl files (one document per
+                     line, its "text" field) and .parquet files (one document per row of the string
+                     column `text_column`, read a row group at a time), given as files, folders
+                     (recursive) or globs.
     tinyshakespeare  the 1.1 MB char-rnn corpus, downloaded once into <data>/downloads/ (sha256
                      checked) or taken from --from <file>; the last 10% of the characters is
                      validation, cut exactly where nanoGPT's prepare.py cuts (option "split").
@@ -12,6 +14,9 @@ Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" name
                      .bin files of 100M tokens): only as many train files as the training length
                      needs, fetched with huggingface_hub unless --from <folder> or
                      <data>/downloads/fineweb10B-gpt2/ already holds them (see fineweb.py).
+    fineweb-edu      FineWeb-Edu as text (nanochat's karpathy/fineweb-edu-100b-shuffle parquet shards),
+                     tokenized here with any tokenizer, shard by shard and resumable after a kill;
+                     only as many train shards as the training length needs (see fineweb_edu.py).
 
 Documents are tokenized with `bytes` or `gpt2` and each is followed by the end-of-text token;
 a validation fraction is held out by whole documents (or, with too few documents for that, as
@@ -35,26 +40,30 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.data import builtin, fineweb, sources
+from jaxgpt.data import builtin, fineweb, fineweb_edu, sources
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
 
 FINEWEB = fineweb.SOURCE
+FINEWEB_EDU = fineweb_edu.SOURCE
 # Options that change what is written; each source lists its defaults here and nowhere else.
 DEFAULT_OPTIONS: dict[str, dict] = {
     "builtin": {"validation_fraction": 0.05},
     # paths: files, folders or globs (relative to the working directory); name: the dataset
-    # folder is data/text-<name>-<tokenizer>, by default named after the first path.
-    "text": {"paths": None, "name": None, "validation_fraction": 0.05},
+    # folder is data/text-<name>-<tokenizer>, by default named after the first path;
+    # text_column: the string column of .parquet files that holds the documents.
+    "text": {"paths": None, "name": None, "validation_fraction": 0.05, "text_column": "text"},
     # split "nanogpt": nanoGPT's prepare.py cut, byte for byte (sources.nanogpt_split); "newline":
     # the cut moved to the next newline, each part followed by end-of-text (the older default).
     "tinyshakespeare": {"validation_fraction": 0.1, "split": "nanogpt"},
     # train_shards: how many 100M-token train files; null = as many as the training length needs.
     FINEWEB: {"train_shards": None},
+    # train_shards: how many parquet train shards; null = as many as the training length needs.
+    FINEWEB_EDU: {"train_shards": None},
 }
 SOURCES = tuple(DEFAULT_OPTIONS)
 _TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
-_FROM_SOURCES = ("tinyshakespeare", FINEWEB)  # sources that can read a local copy instead of downloading
+_FROM_SOURCES = ("tinyshakespeare", FINEWEB, FINEWEB_EDU)  # sources that can read a local copy instead of downloading
 _ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -96,6 +105,8 @@ def _text_options(resolved: dict) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise DataError(f"text: option 'name' must be letters, digits, '.', '_' or '-', got {name!r}")
     resolved["name"] = name
+    if not isinstance(resolved["text_column"], str) or not resolved["text_column"]:
+        raise DataError(f"text: option 'text_column' must be a column name, got {resolved['text_column']!r}")
 
 
 def resolve_options(source: str, options: dict | None) -> dict:
@@ -115,9 +126,9 @@ def resolve_options(source: str, options: dict | None) -> dict:
         raise DataError(f"{source}: option 'split' must be one of {', '.join(map(repr, TINYSHAKESPEARE_SPLITS))}, "
                         f"got {resolved['split']!r}")
     shards = resolved.get("train_shards")
-    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)
-                               or not 1 <= shards <= fineweb.N_TRAIN_FILES):
-        raise DataError(f"{source}: train_shards must be null or 1..{fineweb.N_TRAIN_FILES}, got {shards!r}")
+    most = fineweb_edu.N_TRAIN_FILES if source == FINEWEB_EDU else fineweb.N_TRAIN_FILES
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= most):
+        raise DataError(f"{source}: train_shards must be null or 1..{most}, got {shards!r}")
     return resolved
 
 
@@ -171,8 +182,8 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
-        return _Corpus(sources.files_fingerprint(files),
-                       lambda fraction: sources.hold_out(lambda: sources.read_documents(files), fraction, where))
+        return _Corpus(sources.files_fingerprint(files), lambda fraction: sources.hold_out(
+            lambda: sources.read_documents(files, options["text_column"]), fraction, where))
     assert source == "tinyshakespeare", source
     remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
@@ -244,7 +255,7 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
     otherwise reads, downloads or converts the source and writes it atomically, replacing the old
     folder. train_tokens (the run's training length) decides how many FineWeb files are needed;
     from_path is a local copy of a downloadable source (tinyshakespeare: the file; FineWeb: a
-    folder of .bin files).
+    folder of .bin files; FineWeb-Edu: a folder of .parquet shards).
     """
     resolved = resolve_options(source, options)
     if tokenizer not in TOKENIZER_NAMES:
@@ -253,12 +264,17 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
         raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
                         f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
     if from_path is not None and source not in _FROM_SOURCES:
-        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
+        raise DataError(f"{source}: --from applies only to {', '.join(_FROM_SOURCES[:-1])} and {_FROM_SOURCES[-1]}")
     path = dataset_dir(data_root, source, tokenizer, resolved.get("name"))
     if source == FINEWEB:
         with dataset_lock(path, log):
             return fineweb.prepare(path, resolved, train_tokens=train_tokens, from_dir=from_path,
                                    downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
+    if source == FINEWEB_EDU:
+        tok = get_tokenizer(tokenizer)  # before any lock or download: a missing gpt2 cache fails fast
+        with dataset_lock(path, log):
+            return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
+                                       downloads=Path(data_root) / "downloads" / FINEWEB_EDU, log=log)
     corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
     with dataset_lock(path, log):
         return _prepare_documents(path, source, tokenizer, resolved, corpus, log)

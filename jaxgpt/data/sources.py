@@ -1,7 +1,7 @@
 """Where documents come from: local text files and downloaded corpora (used by download_dataset.py).
 
     files = find_text_files(["corpus/", "notes/*.md", "dump.jsonl"])   # sorted, deduplicated
-    docs = lambda: read_documents(files)        # one str per .txt/.md file or per .jsonl line
+    docs = lambda: read_documents(files)        # one str per .txt/.md file, .jsonl line or .parquet row
     train, val, how = hold_out(docs, 0.05)      # whole documents held out for validation
 
     path = fetch_file(TINYSHAKESPEARE, data_root / "downloads", from_path=None, log=print)
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxgpt.data.parquet import parquet_documents
 from jaxgpt.data.shards import DataError
 from jaxgpt.files import sha256
 
-TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DOWNLOAD_TIMEOUT_S = 30
 
@@ -205,11 +206,14 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
                 yield text
 
 
-def read_documents(files: list[Path]) -> Iterator[str]:
-    """One document per .txt/.md file and per .jsonl line (its 'text' field); empty ones are skipped."""
+def read_documents(files: list[Path], text_column: str = "text") -> Iterator[str]:
+    """One document per .txt/.md file, per .jsonl line (its 'text' field) and per .parquet row (its
+    `text_column`, streamed one row group at a time); empty ones are skipped."""
     for path in files:
         if path.suffix.lower() == ".jsonl":
             yield from _jsonl_documents(path)
+        elif path.suffix.lower() == ".parquet":
+            yield from parquet_documents(path, text_column)
         else:
             text = _decode(path, path.read_bytes())
             if text:

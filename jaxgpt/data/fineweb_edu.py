@@ -1,0 +1,218 @@
+"""FineWeb-Edu as text (nanochat's parquet shards), tokenized here with any tokenizer, resumably.
+
+The Hugging Face dataset repo karpathy/fineweb-edu-100b-shuffle holds shard_00000.parquet ..
+shard_01822.parquet (~100 MB each, row groups of 1,024 documents, a string column "text"): the
+sample-100BT subset of HuggingFaceFW/fineweb-edu, shuffled, as nanochat trained on it. As in
+nanochat, the last shard (shard_01822) is the validation split; train shards are taken in order
+from shard_00000.
+
+prepare() tokenizes one parquet shard at a time into a *staged shard*: a small dataset folder
+<dataset>.staging/shard_NNNNN/ whose train split holds that file's tokens, written by
+shards.write_dataset (a temporary folder, fsync, then one rename). So a killed preparation leaves
+finished staged shards, which a rerun reuses as they are, and at most one unfinished temporary
+folder, which it deletes. The dataset itself (<dataset>/manifest.json + shards) is then built by
+hard-linking the staged shards in order, so it is byte-identical whether or not it was
+interrupted, and a longer run tokenizes only the shards it adds. Train shards are taken until
+their tokens reach the run's length (`train_tokens`), or exactly `train_shards` of them.
+
+Each parquet file is read from --from <folder> when it is there (in place, never copied), else
+from <data>/downloads/fineweb-edu/, else fetched there with huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from jaxgpt.data.fineweb import hub_download
+from jaxgpt.data.parquet import open_parquet, parquet_documents
+from jaxgpt.data.shards import DataError, Dataset, DatasetWriter, open_dataset, write_dataset
+from jaxgpt.data.tokenizer import Tokenizer
+
+SOURCE = "fineweb-edu"
+REPO_ID = "karpathy/fineweb-edu-100b-shuffle"
+N_FILES = 1823  # shard_00000 .. shard_01822 (nanochat's MAX_SHARD = 1822)
+N_TRAIN_FILES = N_FILES - 1
+TEXT_COLUMN = "text"
+_STAGED_SOURCE = f"{SOURCE}-staged"  # the source field of a staged shard's own manifest
+
+
+def shard_file(index: int) -> str:
+    """Name of parquet shard `index` (0-based, as published)."""
+    return f"shard_{index:05d}.parquet"
+
+
+VAL_FILE = shard_file(N_FILES - 1)
+
+
+def staging_dir(dataset_dir: Path) -> Path:
+    """Where the tokenized parquet shards of a dataset folder are kept (beside it, same file system)."""
+    return dataset_dir.with_name(f"{dataset_dir.name}.staging")
+
+
+# ----------------------------------------------------------------------------- fetching
+
+
+def locate(name: str, *, from_dir: Path | None, downloads: Path, log: Callable[[str], None]) -> Path:
+    """A readable local copy of `name`: in from_dir, else in downloads, else fetched into downloads."""
+    if from_dir is not None and (Path(from_dir) / name).is_file():
+        path = Path(from_dir) / name
+        open_parquet(path, TEXT_COLUMN)  # a bad file the user pointed at is an error, not something to replace
+        return path
+    local = downloads / name
+    if local.is_file():
+        try:
+            open_parquet(local, TEXT_COLUMN)
+            return local  # the published files never change: a readable local copy is up to date
+        except DataError as exc:
+            log(f"{exc}; fetching it again")
+            local.unlink()
+    log(f"fetching {name} from {REPO_ID} into {downloads}")
+    downloads.mkdir(parents=True, exist_ok=True)
+    path = hub_download(name, downloads, repo_id=REPO_ID, kind=".parquet")
+    open_parquet(path, TEXT_COLUMN)
+    return path
+
+
+# ----------------------------------------------------------------------------- staged shards
+
+
+def _fingerprint(name: str) -> str:
+    return f"hf:{REPO_ID}/{name}"
+
+
+def _remove_unfinished(staging: Path, log: Callable[[str], None]) -> None:
+    """Delete the temporary folders of staged shards whose writer was killed. Called under the
+    dataset's lock, which every writer of this staging folder holds: none of them is still in use."""
+    for leftover in sorted(staging.glob("*.tmp-*")) + sorted(staging.glob("*.old-*")):
+        log(f"removing {leftover} (left unfinished by an interrupted preparation)")
+        shutil.rmtree(leftover)
+
+
+def _staged(folder: Path, name: str, tok: Tokenizer, log: Callable[[str], None]) -> Dataset | None:
+    """The finished staged shard of parquet file `name` for this tokenizer, or None (then it is made anew)."""
+    if not folder.exists():
+        return None
+    try:
+        staged = open_dataset(folder)  # cheap checks: manifest, every shard's header and exact size
+    except DataError as exc:
+        log(f"{exc}; tokenizing {name} again")
+        return None
+    m = staged.manifest
+    if (m.get("fingerprint"), staged.tokenizer, staged.vocab_size, staged.eot_id) != \
+            (_fingerprint(name), tok.name, tok.n_vocab, tok.eot_id):
+        log(f"{folder}: made from another file or tokenizer; tokenizing {name} again")
+        return None
+    return staged
+
+
+def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, downloads: Path,
+           log: Callable[[str], None]) -> tuple[Dataset, bool]:
+    """(the staged shard of parquet file `name`, whether it was there already): the finished one if
+    there is one, else tokenized now."""
+    folder = staging / Path(name).stem
+    staged = _staged(folder, name, tok, log)
+    if staged is not None:
+        return staged, True
+    local = locate(name, from_dir=from_dir, downloads=downloads, log=log)
+    # Imported here: prepare.py imports this module (it registers the source there).
+    from jaxgpt.data.prepare import SHARD_TOKENS, tokenize_documents
+
+    started = time.perf_counter()
+    write_dataset(folder, source=_STAGED_SOURCE, options={"source_file": name}, fingerprint=_fingerprint(name),
+                  tokenizer=tok, shard_tokens=SHARD_TOKENS,
+                  splits={"train": tokenize_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []})
+    staged = open_dataset(folder)
+    log(f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
+        f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s")
+    return staged, False
+
+
+def _listing(names: list[str]) -> str:
+    """A few names, the rest elided: one line however many shards a run takes."""
+    return ", ".join(names if len(names) <= 6 else [*names[:3], "...", *names[-2:]])
+
+
+# ----------------------------------------------------------------------------- the dataset
+
+
+def _choose_train_files(train_shards: int | None, train_tokens: int | None, stage: Callable[[str], Dataset],
+                        log: Callable[[str], None]) -> dict[str, Dataset]:
+    """The first train files that hold train_tokens (or exactly train_shards), each staged."""
+    chosen: dict[str, Dataset] = {}
+    total = 0
+    for index in range(N_TRAIN_FILES):
+        if (len(chosen) >= train_shards) if train_shards is not None else total >= (train_tokens or 1):
+            break
+        name = shard_file(index)
+        chosen[name] = stage(name)
+        total += chosen[name].train.n_tokens
+    if train_shards is None and train_tokens and total < train_tokens:
+        log(f"note: the run needs {train_tokens:,} tokens, all {N_TRAIN_FILES} train files hold {total:,}; "
+            "it will see the data more than once")
+    return chosen
+
+
+def _entries(staged: dict[str, Dataset]) -> list[tuple[str, Path, np.memmap, dict]]:
+    """(source file, staged shard path, its tokens, its manifest entry) of every shard, in order."""
+    return [(name, ds.train.files[k], ds.train.shards[k], entry)
+            for name, ds in staged.items() for k, entry in enumerate(ds.manifest["splits"]["train"]["shards"])]
+
+
+def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[str, Dataset]]) -> bool:
+    """Whether the dataset at `path` already holds exactly these staged shards (by content hash)."""
+    try:
+        old = open_dataset(path).manifest  # the cheap checks: every shard present, right size
+    except DataError:
+        return False
+    if (old.get("source"), old.get("options"), old.get("tokenizer"), old.get("vocab_size")) != \
+            (SOURCE, options, tok.name, tok.n_vocab):
+        return False
+    return all([(e.get("source_file"), e.get("sha256")) for e in old["splits"][split]["shards"]] ==
+               [(name, entry["sha256"]) for name, _, _, entry in _entries(staged)] for split, staged in splits.items())
+
+
+def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: int | None, from_dir: Path | None,
+            downloads: Path, log: Callable[[str], None] = print) -> Path:
+    """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
+    `tokenizer`; reuse every shard already tokenized (also one finished before a kill)."""
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
+    staging = staging_dir(Path(path))
+    staging.mkdir(parents=True, exist_ok=True)
+    _remove_unfinished(staging, log)
+
+    reused: list[str] = []
+
+    def stage(name: str) -> Dataset:
+        staged, was_there = _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads, log=log)
+        reused.extend([name] if was_there else [])
+        return staged
+
+    splits = {"val": {VAL_FILE: stage(VAL_FILE)}}  # fixed, and needed by every run: first
+    if splits["val"][VAL_FILE].train.n_tokens == 0:
+        raise DataError(f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
+                        f"{splits['val'][VAL_FILE].path}); the validation split would be empty")
+    splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log)
+    if reused:
+        log(f"reused {len(reused)} tokenized shard(s) from {staging}: {_listing(reused)}")
+    if _matches(path, options, tokenizer, splits):
+        log(f"reusing dataset {path} ({len(splits['train'])} train file(s), manifest matches)")
+        return path
+    fingerprint = f"hf:{REPO_ID} train_files={len(splits['train'])}"
+    with DatasetWriter(path, source=SOURCE, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
+                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id) as writer:
+        for split in ("train", "val"):
+            for name, shard, tokens, entry in _entries(splits[split]):
+                # Each document ends with one end-of-text id, which ordinary text never encodes to.
+                documents = int(np.count_nonzero(tokens == tokenizer.eot_id))
+                writer.link_shard(split, shard, {**entry, "source_file": name, "documents": documents})
+        manifest = writer.commit()
+    log(f"wrote {path}: " + ", ".join(f"{split} {meta['tokens']:,} tokens / {meta['documents']:,} documents / "
+                                      f"{len(meta['shards'])} shard(s)" for split, meta in manifest["splits"].items()))
+    return path
+
