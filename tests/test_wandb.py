@@ -201,3 +201,15 @@ def test_wandb_mode_overrides_train_json(monkeypatch: pytest.MonkeyPatch) -> Non
     for env, mode in [("dryrun", "offline"), ("run", "online"), ("disabled", "disabled"), ("", "online")]:
         monkeypatch.setenv("WANDB_MODE", env)
         assert wandb_log.resolve_mode(cfg) == mode
+
+
+def test_restart_moves_the_id_aside_with_the_record(tmp_path: Path) -> None:
+    """--restart (layout.archive_checkpoints) starts a new W&B run: wandb.json goes with the record."""
+    run = tmp_path / "r"
+    run.mkdir()
+    wandb_log.write_id(run, "abc123xy")
+    (run / ckpt.METRICS_FILE).write_text('{"step": 1, "time": 0}\n')
+    assert wandb_log.read_id(run) == "abc123xy"
+    moved = ckpt.archive_checkpoints(run)
+    assert moved is not None and wandb_log.read_id(moved) == "abc123xy"
+    assert wandb_log.read_id(run) is None and not list(run.glob(".wandb.json*"))

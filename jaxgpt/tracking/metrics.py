@@ -146,10 +146,12 @@ class RunLog:
         self.enabled = enabled
         self.wandb: wandb_log.WandbLog | None = None
         if enabled:
+            if wandb is not None and wandb_log.resolve_mode(wandb) != "disabled":
+                # First: a W&B run that cannot start (no API key, no server) is an error that leaves
+                # the record and the event files untouched.
+                self.wandb = wandb_log.WandbLog(run_dir, wandb, resume_step)
             self.jsonl = MetricsLog(Path(run_dir) / METRICS_FILE, resume_step)
             self.tb = TensorBoardLog(Path(run_dir) / TENSORBOARD_DIR, resume_step)
-            if wandb is not None and wandb_log.resolve_mode(wandb) != "disabled":
-                self.wandb = wandb_log.WandbLog(run_dir, wandb, resume_step)
 
     def configs(self, step: int, configs: dict[str, dict[str, Any]]) -> None:
         """The session's configs: a line of the record, and a text event per file."""
