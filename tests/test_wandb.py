@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_run
+from conftest import ROOT, SLOW, wait_for_step, write_run
 
 import train
 from jaxgpt.checkpoints import layout as ckpt
@@ -39,11 +41,13 @@ def run_main(run_dir: Path, data_root: Path) -> int:
     return train.main([str(run_dir), "--data-dir", str(data_root)])
 
 
-def wandb_records(run_file: Path) -> list[dict[str, Any]]:
-    """Every record of a .wandb transaction log, as wandb's own reader prints them."""
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+def wandb_records(run_file: Path, complete: bool = True) -> list[dict[str, Any]]:
+    """Every record of a .wandb transaction log, as wandb's own reader prints them (complete=False:
+    a log whose writer was killed, which the reader reads to its end and then reports)."""
+    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 or not complete, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def history(records: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
@@ -131,6 +135,36 @@ def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Pat
     assert config["train"]["wandb"]["project"] == "jaxgpt-tests"
     assert [r["exit"]["exit_code"] for r in session2 if r["type"] == "exit"] == [0]
     assert not list(tmp_path.glob("wandb")) and not (Path.cwd() / "wandb").exists()  # only in the run dir
+
+
+@SLOW  # a training subprocess killed, then resumed
+def test_kill_9_then_resume_logs_into_the_same_run(tmp_path: Path, data_root: Path) -> None:
+    """kill -9 ends train.py (and wandb's writer, which flushes its file every 15 s: here it may have
+    written nothing) mid-run: the next session still resumes the same W&B run, in a second offline
+    folder, from the step after the checkpoint, and sends each step the record has from there."""
+    run = write_run(tmp_path / "k", MODEL, {**TRAIN, "train_steps": 400, "checkpoint_interval": 20})
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+                            cwd=ROOT, env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(run, proc, 20)
+        run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    resumed_from = ckpt.step_of(ckpt.latest_checkpoint(run))
+    assert resumed_from < 400, "the run finished before the kill: make it longer"
+    first = offline_runs(run, run_id)
+    assert len(first) == 1
+    killed = history(wandb_records(first[0] / f"run-{run_id}.wandb", complete=False))
+    assert sorted(killed) == list(range(1, len(killed) + 1))  # what the writer got to, from step 1
+
+    assert run_main(run, data_root) == 0
+    assert json.loads((run / ckpt.WANDB_FILE).read_text())["id"] == run_id
+    both = offline_runs(run, run_id)
+    assert len(both) == 2 and both[0] == first[0]
+    rows = history(wandb_records(both[1] / f"run-{run_id}.wandb"))
+    assert sorted(rows) == list(range(resumed_from + 1, 401))
+    assert rows == {s: row for s, row in record_rows(run, range(1, 401)).items() if s > resumed_from}
 
 
 @pytest.mark.parametrize("mode, env", [("disabled", "offline"), ("offline", "disabled")],
