@@ -233,8 +233,7 @@ class WandbConfig:
             value = getattr(self, key)
             if value is not None and not value.strip():
                 raise ConfigError(f"{TRAIN_FILE}: {key}={value!r} must not be empty (or null for the default)")
-        bad = sorted(set(self.project) & set(_WANDB_FORBIDDEN))
-        if bad or len(self.project) > 128:
+        if set(self.project) & set(_WANDB_FORBIDDEN) or len(self.project) > 128:
             raise ConfigError(f"{TRAIN_FILE}: project={self.project!r} must be at most 128 characters, none of "
                               f"{' '.join(_WANDB_FORBIDDEN)} (W&B's rule for project names)")
         for tag in self.tags:
