@@ -137,6 +137,32 @@ def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Pat
     assert not list(tmp_path.glob("wandb")) and not (Path.cwd() / "wandb").exists()  # only in the run dir
 
 
+def test_a_stop_finishes_the_run_as_preempting(tmp_path: Path, data_root: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (a real SIGINT to this process, caught by train.py's StopFlag) after step 5's checkpoint:
+    the run stops with a checkpoint at step 6, exit 130, and W&B's run is finished marked preempting."""
+    from jaxgpt.training import loop
+
+    run = write_run(tmp_path / "stop", MODEL, {**TRAIN, "train_steps": 40})
+    save = loop.Trainer.checkpoint
+
+    def ctrl_c_after_5(self: loop.Trainer, done: int, *args: Any, **kwargs: Any) -> Path:
+        path = save(self, done, *args, **kwargs)
+        if done == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return path
+
+    monkeypatch.setattr(loop.Trainer, "checkpoint", ctrl_c_after_5)
+    assert run_main(run, data_root) == 130
+    assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 6
+    run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]
+    [folder] = offline_runs(run, run_id)
+    records = wandb_records(folder / f"run-{run_id}.wandb")
+    assert sorted(history(records)) == list(range(1, 7))
+    assert [r["type"] for r in records if r["type"] in ("preempting", "exit")] == ["preempting", "exit"]
+    assert next(r["exit"]["exit_code"] for r in records if r["type"] == "exit") == 130
+
+
 @SLOW  # a training subprocess killed, then resumed
 def test_kill_9_then_resume_logs_into_the_same_run(tmp_path: Path, data_root: Path) -> None:
     """kill -9 ends train.py (and wandb's writer, which flushes its file every 15 s: here it may have
