@@ -169,8 +169,11 @@ def test_kill_9_then_resume_logs_into_the_same_run(tmp_path: Path, data_root: Pa
     written nothing) mid-run: the next session still resumes the same W&B run, in a second offline
     folder, from the step after the checkpoint, and sends each step the record has from there."""
     run = write_run(tmp_path / "k", MODEL, {**TRAIN, "train_steps": 400, "checkpoint_interval": 20})
+    # Without WANDB_SERVICE: wandb sets it in this process once an earlier test has started its service, and
+    # a child would log through that service, which outlives the kill and keeps the run "in use".
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_step(run, proc, 20)
         run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]

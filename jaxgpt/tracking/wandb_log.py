@@ -112,7 +112,7 @@ class WandbLog:
                 project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.name, group=cfg.group,
                 tags=list(cfg.tags) or None, id=run_id, resume="allow", dir=str(run_dir),
                 mode=resolve_mode(cfg), settings=wandb.Settings(finish_timeout=FINISH_TIMEOUT_S))
-        except wandb.errors.Error as e:
+        except Exception as e:  # wandb.errors.* and its service's own errors ("run ID ... is in use"): one line
             msg = " ".join(str(e).split())
             raise ConfigError(f"{run_dir}/{TRAIN_FILE}: wandb: cannot start the W&B run {run_id} "
                               f"({type(e).__name__}: {msg}); run `wandb login`, or set mode 'offline'") from None
