@@ -115,7 +115,7 @@ class WandbLog:
         except Exception as e:  # wandb.errors.* and its service's own errors ("run ID ... is in use"): one line
             msg = " ".join(str(e).split())
             raise ConfigError(f"{run_dir}/{TRAIN_FILE}: wandb: cannot start the W&B run {run_id} "
-                              f"({type(e).__name__}: {msg}); run `wandb login`, or set mode 'offline'") from None
+                              f"({type(e).__name__}: {msg}); `wandb login` sets an API key, mode 'offline' needs none") from None
         # Steps W&B holds already: the checkpoint's and those before it, and (online, resumed) what
         # its server reports; run.step is the next step it takes (0 offline, where nothing is known).
         self.floor = max(resume_step, self.run.step - 1)
