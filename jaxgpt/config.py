@@ -214,6 +214,36 @@ class MuonConfig:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
 
 
+@dataclass(frozen=True, slots=True)
+class WandbConfig:
+    """train.json "wandb": log the run to Weights & Biases too (jaxgpt/tracking/wandb_log.py; docs/watching.md).
+    The package is an optional extra (`uv sync --extra wandb`); without this section it is never imported."""
+
+    project: str  # the W&B project the run goes into
+    name: str | None = None  # the run's display name; None = the run directory's name
+    # "offline": written under runs/<name>/wandb/ only, uploaded later by `wandb sync`; "disabled":
+    # nothing. The environment's WANDB_MODE, when set, overrides this (W&B's own convention).
+    mode: Literal["online", "offline", "disabled"] = "online"
+    entity: str | None = None  # the team or user owning the project; None = the API key's default entity
+    group: str | None = None  # runs shown together (a sweep, the seeds of one recipe)
+    tags: tuple[str, ...] = ()  # labels to filter runs by
+
+    def __post_init__(self) -> None:
+        for key in ("project", "name", "entity", "group"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{TRAIN_FILE}: {key}={value!r} must not be empty (or null for the default)")
+        if set(self.project) & set(_WANDB_FORBIDDEN) or len(self.project) > 128:
+            raise ConfigError(f"{TRAIN_FILE}: project={self.project!r} must be at most 128 characters, none of "
+                              f"{' '.join(_WANDB_FORBIDDEN)} (W&B's rule for project names)")
+        for tag in self.tags:
+            if not 0 < len(tag) <= 64:
+                raise ConfigError(f"{TRAIN_FILE}: tags entry {tag!r} must be 1 to 64 characters (W&B's limit)")
+
+
+_WANDB_FORBIDDEN = ("/", "\\", "#", "?", "%", ":")  # wandb refuses them in a project name
+
+
 # What `learning_rate` and `weight_decay` mean when train.json leaves them out, per optimizer: Muon's
 # rate is that of orthogonalised (spectral-norm) updates, ~30x AdamW's; the embeddings' AdamW rate
 # under Muon (muon.embed_learning_rate) is so much higher than 6e-4 that GPT-2's decay of 0.1 would
@@ -281,6 +311,7 @@ class TrainConfig:
     # Weights to start from when the run has no checkpoint yet (fine-tuning): a checkpoint folder,
     # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
     init_from: str | None = None
+    wandb: WandbConfig | None = None  # also log to Weights & Biases; None = not at all
 
     def __post_init__(self) -> None:
         self._resolve()
@@ -472,6 +503,10 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
+    if origin is tuple:  # tuple[str, ...]: a JSON array
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}={value!r} must be a JSON array")
+        return tuple(_convert(typing.get_args(tp)[0], v, f"{where}[{i}]") for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}={value!r} must be a JSON object")

@@ -38,6 +38,9 @@ META = "meta.json"
 # checkpoints' history, so --restart moves them aside together with the checkpoints.
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+# train.json "wandb": the W&B run id a resumed run logs into again (jaxgpt/tracking/wandb_log.py); moved
+# aside with the record, so a --restart starts a new W&B run.
+WANDB_FILE = "wandb.json"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-step-(\d+)$")
 
 
@@ -188,9 +191,10 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
 
 def archive_checkpoints(run_dir: Path) -> Path | None:
     """Start a run over: rename checkpoints/ to checkpoints.old-<UTC time>/ and move the run's
-    metrics.jsonl and tensorboard/ into it, deleting nothing."""
+    metrics.jsonl, tensorboard/ and wandb.json into it, deleting nothing."""
     root = checkpoints_dir(run_dir)
-    records = [Path(run_dir) / name for name in (METRICS_FILE, TENSORBOARD_DIR) if (Path(run_dir) / name).exists()]
+    records = [Path(run_dir) / name for name in (METRICS_FILE, TENSORBOARD_DIR, WANDB_FILE)
+               if (Path(run_dir) / name).exists()]
     if not root.exists() and not records:
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -34,6 +34,8 @@ from tensorboardX import SummaryWriter
 logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
 from jaxgpt.checkpoints.layout import METRICS_FILE, TENSORBOARD_DIR  # noqa: E402 (after the logger is quieted)
+from jaxgpt.config import WandbConfig  # noqa: E402
+from jaxgpt.tracking import wandb_log  # noqa: E402 (imports wandb itself only when a WandbLog is made)
 
 # tag: meaning. Per step unless said otherwise; docs/watching.md's table of tags is this one.
 TAGS = {
@@ -139,11 +141,17 @@ class TensorBoardLog:
 
 
 class RunLog:
-    """The record and the event files of a run; on every process but 0 each call does nothing."""
+    """The record and the event files of a run, and W&B when train.json asks for it (wandb_log.py);
+    on every process but 0 each call does nothing."""
 
-    def __init__(self, run_dir: Path, resume_step: int, *, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, resume_step: int, *, enabled: bool, wandb: WandbConfig | None = None) -> None:
         self.enabled = enabled
+        self.wandb: wandb_log.WandbLog | None = None
         if enabled:
+            if wandb is not None and wandb_log.resolve_mode(wandb) != "disabled":
+                # First: a W&B run that cannot start (no API key, no server) is an error that leaves
+                # the record and the event files untouched.
+                self.wandb = wandb_log.WandbLog(run_dir, wandb, resume_step)
             self.jsonl = MetricsLog(Path(run_dir) / METRICS_FILE, resume_step)
             self.tb = TensorBoardLog(Path(run_dir) / TENSORBOARD_DIR, resume_step)
 
@@ -152,6 +160,8 @@ class RunLog:
         for name, cfg in configs.items() if self.enabled else ():
             self.tb.text(step, f"config/{name}", "```json\n" + json.dumps(cfg, indent=2) + "\n```")
         self.event(step, configs=configs)
+        if self.wandb is not None:
+            self.wandb.configs(configs)
 
     def checkpoint(self, step: int, name: str) -> None:
         """A checkpoint was written at `step` (the record is then flushed as far as it)."""
@@ -169,13 +179,18 @@ class RunLog:
             # JSON has no NaN: a non-finite loss is written as null (TensorBoard shows it as NaN).
             finite = {k: v if v is None or math.isfinite(v) else None for k, v in values.items()}
             self.jsonl.write({"step": step, "time": round(time.time(), 3)} | finite)
+            if self.wandb is not None:
+                self.wandb.scalars(step, values)  # after the record: it never has a step the record lacks
 
     def flush(self) -> None:
         if self.enabled:
             self.tb.flush()
             self.jsonl.flush()
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
+        """exit_code: the session's (0 done, 130 stopped with a checkpoint, else failed), for W&B's run state."""
         if self.enabled:
             self.tb.close()
             self.jsonl.close()
+            if self.wandb is not None:
+                self.wandb.close(exit_code)

@@ -274,19 +274,20 @@ class Trainer:
         if self.stops.now():
             self.log(f"Stopped before the first step of this session; nothing new to save in {run.run_dir}.")
             return 130
-        self.records = RunLog(run.run_dir, self.start, enabled=self.is_main)
+        self.records = RunLog(run.run_dir, self.start, enabled=self.is_main, wandb=self.cfg.wandb)
         self.records.configs(self.start, {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)})
         self.bar = tqdm(total=run.total_steps, initial=self.start, unit="step", dynamic_ncols=True,
                         disable=None if self.is_main else True)
         t0 = time.perf_counter()
         self.window = Window()
+        code = 1  # what the records (W&B's run state) are told if the loop raises
         try:
             code, last_loss = self.loop()
         finally:
             self.bar.close()
             if self.profile is not None:
                 self.profile.stop()
-            self.records.close()
+            self.records.close(code)
         if code == 0:
             self.summary(time.perf_counter() - t0, last_loss)
         return code

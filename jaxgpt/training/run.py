@@ -30,6 +30,7 @@ from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
 from jaxgpt.evaluation.core import PreparedTask, prepare
 from jaxgpt.evaluation.core_bundle import fetch_bundle, read_tasks
 from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
+from jaxgpt.tracking import wandb_log
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
 
@@ -64,6 +65,7 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     must verify (a damaged `latest` is set aside and the one before it used).
     """
     model_cfg, train_cfg = load_run_configs(run_dir)
+    wandb_log.check(run_dir, train_cfg.wandb)  # the optional package, before anything is built
     if lock:
         lock_run(run_dir)
     check_writable(run_dir, model_cfg, tidy=lock)
