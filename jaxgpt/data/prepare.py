@@ -13,11 +13,12 @@ Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" name
                      needs, fetched with huggingface_hub unless --from <folder> or
                      <data>/downloads/fineweb10B-gpt2/ already holds them (see fineweb.py).
 
-Documents are tokenized with `bytes` or `gpt2` and each is followed by the end-of-text token;
-a validation fraction is held out by whole documents (or, with too few documents for that, as
-the last part of the text). A folder whose manifest matches the request (source, options,
-fingerprint, tokenizer) is reused as is; anything else is rebuilt atomically. The data root is
---data-dir, else $JAXGPT_DATA_DIR, else the repository's data/. From Python:
+Documents are tokenized with `bytes`, `gpt2` or a tokenizer trained on a corpus (bpe.py) and each
+is followed by the end-of-text token; a validation fraction is held out by whole documents (or,
+with too few documents for that, as the last part of the text). A folder whose manifest matches
+the request (source, options, fingerprint, tokenizer and, for a trained one, its sha256) is reused
+as is; anything else is rebuilt atomically. The data root is --data-dir, else $JAXGPT_DATA_DIR,
+else the repository's data/. From Python:
 
     from jaxgpt.data.prepare import default_data_root, prepare_dataset
     path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
@@ -37,7 +38,7 @@ import numpy as np
 
 from jaxgpt.data import builtin, fineweb, sources
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
-from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
 
 FINEWEB = fineweb.SOURCE
 # Options that change what is written; each source lists its defaults here and nowhere else.
@@ -212,15 +213,18 @@ def _reuse_problem(path: Path, expected: dict) -> str | None:
 
 
 def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
-                       log: Callable[[str], None]) -> Path:
+                       log: Callable[[str], None], data_root: Path) -> Path:
     started = time.perf_counter()
     expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
+    trained = None if tokenizer in TOKENIZER_NAMES else get_tokenizer(tokenizer, data_root)
+    if trained is not None:  # retrained under the same name (--force): the dataset is rebuilt with the new one
+        expected["tokenizer_sha256"] = trained.sha256
     problem = _reuse_problem(path, expected)
     if problem is None:
         log(f"reusing dataset {path} (manifest matches)")
         return path
     log(f"preparing dataset {path}: {problem}")
-    tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
+    tok = trained or get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
     train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
     manifest = write_dataset(
         path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
@@ -247,9 +251,8 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
     folder of .bin files).
     """
     resolved = resolve_options(source, options)
-    if tokenizer not in TOKENIZER_NAMES:
-        raise TokenizerError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
-    if tokenizer not in _TOKENIZERS.get(source, TOKENIZER_NAMES):
+    check_name(tokenizer)  # bytes, gpt2 or a trained tokenizer's name (<data_root>/tokenizers/<name>)
+    if tokenizer not in _TOKENIZERS.get(source, (tokenizer,)):
         raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
                         f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
     if from_path is not None and source not in _FROM_SOURCES:
@@ -261,4 +264,4 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
                                    downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
     corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
     with dataset_lock(path, log):
-        return _prepare_documents(path, source, tokenizer, resolved, corpus, log)
+        return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root)
