@@ -27,7 +27,7 @@ from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError, TrainConfig, from_dict
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.evaluation import hellaswag
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
@@ -46,7 +46,7 @@ def main_hellaswag(args: argparse.Namespace) -> int:
         cfg = _train_config(train, str(ckpt_dir / "train.json"))
         path = args.hellaswag_file or hellaswag.fetch_val((args.data_dir or default_data_root()) / "downloads")
         examples = hellaswag.read_examples(path, args.limit)
-        tok = get_tokenizer(cfg.tokenizer)  # the run's: see hellaswag.py
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the run's: see hellaswag.py
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import hellaswag_score
 
@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         dataset = open_dataset(ds_path)
         if dataset.tokenizer != cfg.tokenizer:
             raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
+        if dataset.manifest.get("tokenizer_sha256", getattr(tok, "sha256", None)) != getattr(tok, "sha256", None):
+            raise DataError(f"{ds_path}: prepared with another tokenizer file named {cfg.tokenizer!r} than the "
+                            f"checkpoint's (sha256 {dataset.manifest['tokenizer_sha256'][:12]}... vs {tok.sha256[:12]}...)")
         if dataset.max_token_id >= model_cfg.vocab_size:
             raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
         split = dataset.train if args.split == "train" else dataset.val
@@ -112,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
-        tok = get_tokenizer(cfg.tokenizer)  # the dataset's, which the byte counts must follow
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")
         r = evaluate(model, tok, split, batch_size=args.batch_size or cfg.microbatch_size, seq_len=seq_len,
                      targets=cfg.targets, max_batches=args.max_batches)

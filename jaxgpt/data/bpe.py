@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -140,11 +141,11 @@ def _replace(tmp: Path, folder: Path) -> None:
 
 
 def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int, options: dict | None = None,
-                    from_path: Path | None = None, force: bool = False, progress: bool = True,
+                    from_path: Path | None = None, force: bool = False, progress: bool | None = None,
                     log: Callable[[str], None] = print) -> Path:
     """Train (or reuse) the tokenizer `name` on `source`'s train split; returns its folder,
     data_root/tokenizers/<name>. Every bad input is a one-line TokenizerError or DataError, raised
-    before training."""
+    before training. progress: tokenizers' progress bars (None: when stdout is a terminal)."""
     check_name(name)
     if name in TOKENIZER_NAMES:
         raise TokenizerError(f"tokenizer name {name!r} is built in; choose another name for a trained one")
@@ -163,7 +164,7 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
             return folder
         started = time.perf_counter()
         train_docs, val_docs, how = corpus.splits(resolved["validation_fraction"])
-        hf, trainer = _hf_bpe(vocab_size, progress)
+        hf, trainer = _hf_bpe(vocab_size, sys.stdout.isatty() if progress is None else progress)
         seen = _Counted(train_docs)
         log(f"training a {vocab_size}-token byte-level BPE on the {source} train split ...")
         hf.train_from_iterator(seen, trainer)

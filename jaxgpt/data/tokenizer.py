@@ -131,7 +131,7 @@ class TrainedTokenizer:
     Every byte is a token of its own, so any text encodes; end-of-text is the last id, a special
     token that `encode` never produces from text (encode_special_tokens: "<|endoftext|>" in a
     document is split like any other text). Decoding keeps it as the text "<|endoftext|>", as gpt2
-    does. Pickles as its name and tokenizer.json text, so it can be shipped to worker processes.
+    does. Pickles as its name and tokenizer.json bytes, so it can be shipped to worker processes.
     """
 
     def __init__(self, name: str, path: Path) -> None:
@@ -146,6 +146,7 @@ class TrainedTokenizer:
     def _load(self, data: bytes) -> None:
         from tokenizers import Tokenizer as HFTokenizer  # imported here: bytes and gpt2 do not need it
 
+        self.data = data  # the file as read: checkpoints keep a copy, byte for byte
         self.sha256 = hashlib.sha256(data).hexdigest()  # datasets and checkpoints record which file made them
         try:
             self._tok = HFTokenizer.from_str(data.decode("utf-8"))
@@ -161,11 +162,11 @@ class TrainedTokenizer:
         self._dtype = np.uint16 if self.n_vocab <= 1 << 16 else np.uint32
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "path": str(self.path), "json": self._tok.to_str()}
+        return {"name": self.name, "path": str(self.path), "data": self.data}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.name, self.path = state["name"], Path(state["path"])
-        self._load(state["json"].encode("utf-8"))
+        self._load(state["data"])
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -26,7 +26,7 @@ from jaxgpt.data.batches import BatchSampler, WholeSplit
 from jaxgpt.data.packing import DocumentSampler
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.data.tokenizer import TOKENIZER_FILE, TOKENIZER_NAMES, TokenizerError, TrainedTokenizer, get_tokenizer
 from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)
@@ -50,6 +50,8 @@ class Run:
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
     hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
+    # A trained tokenizer (train.json "tokenizer" names one): each checkpoint keeps a copy of its file.
+    tokenizer: TrainedTokenizer | None = None
 
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
@@ -69,6 +71,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
                               train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
     dataset = open_dataset(ds_path)
     _check_dataset(run_dir, model_cfg, train_cfg, dataset)
+    tokenizer = None
+    if train_cfg.tokenizer not in TOKENIZER_NAMES:
+        tokenizer = get_tokenizer(train_cfg.tokenizer, data_root)
+        assert isinstance(tokenizer, TrainedTokenizer) and dataset.manifest["tokenizer_sha256"] == tokenizer.sha256
     seq_len = train_cfg.seq_len(model_cfg)
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
@@ -94,12 +100,13 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     resume_from = _resume_point(run_dir)
     if resume_from is not None:
         _check_resume(resume_from, model_cfg, train_cfg, dataset)
+        _check_tokenizer(resume_from, tokenizer)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     examples = None
     if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
         examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from, examples)
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples, tokenizer)
 
 
 # ----------------------------------------------------------------------------- the run directory
@@ -248,6 +255,15 @@ _MUON_STATE_KEYS = {"coefficients": "standard", "normuon": False}
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
 _RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+
+
+def _check_tokenizer(ckpt_dir: Path, tokenizer: TrainedTokenizer | None) -> None:
+    """A run resumes with the tokenizer file its checkpoint was trained with: one retrained under the
+    same name (--force) gives the same ids other meanings."""
+    saved = ckpt_dir / TOKENIZER_FILE
+    if tokenizer is not None and saved.is_file() and ckpt.sha256(saved) != tokenizer.sha256:
+        raise TokenizerError(f"{tokenizer.path}: tokenizer {tokenizer.name!r} differs from the one checkpoint "
+                             f"{ckpt_dir.name} was trained with ({saved}); use --restart, or copy that file back")
 
 
 def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, dataset: Dataset) -> None:
