@@ -53,7 +53,7 @@ def main_hellaswag(args: argparse.Namespace) -> int:
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
-              f"{'' if tok.name == 'gpt2' else '; llm.c scores with gpt2, so compare with byte models only'})")
+              f"{'' if tok.name == 'gpt2' else f'; llm.c scores with gpt2, so compare with {tok.name} models only'})")
         r = hellaswag_score(model, examples, tok, batch_examples=args.batch_size or 16)
     except INPUT_ERRORS as e:  # HellaSwagError is a DataError
         print(f"error: {e}", file=sys.stderr)
@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         if dataset.tokenizer != cfg.tokenizer:
             raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
-        if dataset.manifest.get("tokenizer_sha256", getattr(tok, "sha256", None)) != getattr(tok, "sha256", None):
-            raise DataError(f"{ds_path}: prepared with another tokenizer file named {cfg.tokenizer!r} than the "
-                            f"checkpoint's (sha256 {dataset.manifest['tokenizer_sha256'][:12]}... vs {tok.sha256[:12]}...)")
+        sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
+        if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
+            raise DataError(f"{ds_path}: prepared with another {cfg.tokenizer!r} tokenizer file than the checkpoint's "
+                            f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
         if dataset.max_token_id >= model_cfg.vocab_size:
             raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
         split = dataset.train if args.split == "train" else dataset.val

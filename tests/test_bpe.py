@@ -95,7 +95,8 @@ def test_pickles_with_its_behaviour(tok: TrainedTokenizer) -> None:
 def test_deterministic_and_reused(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert train_cli(tmp_path) == 0
     for name in ("tokenizer.json", "meta.json"):
-        assert (tmp_path / "tokenizers/shakes" / name).read_bytes() == (trained / "tokenizers/shakes" / name).read_bytes()
+        first, second = (root / "tokenizers" / "shakes" / name for root in (trained, tmp_path))
+        assert second.read_bytes() == first.read_bytes()
     before = (tmp_path / "tokenizers/shakes/tokenizer.json").stat().st_mtime_ns
     capsys.readouterr()
     assert train_cli(tmp_path) == 0

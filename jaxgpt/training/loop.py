@@ -215,10 +215,11 @@ class Trainer:
         is_best = self.best is None or val < self.best
         self.best = val if is_best else self.best
         meta = self.meta(done, window, stats, val, is_best)
+        tok = self.run.tokenizer  # a trained one travels with each checkpoint
         path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
                                     {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
                                     keep_last=self.cfg.keep_last_checkpoints,
-                                    files={} if self.run.tokenizer is None else {"tokenizer.json": self.run.tokenizer.data})
+                                    files={} if tok is None else {"tokenizer.json": tok.data})
         self.records.checkpoint(done, path.name)
         if self.is_main and (last or time.perf_counter() >= self.charts_due):
             # Drawing the charts takes about a second on a CPU: where checkpoints are seconds
