@@ -146,14 +146,20 @@ def test_input_errors_are_one_line(trained: Path, tmp_path: Path, capsys: pytest
     assert "'gpt2' is built in" in capsys.readouterr().err
     assert dd.main(["tokenizer", "a/b", "builtin", "--vocab-size", "300", "--data-dir", str(tmp_path)]) == 2
     assert "got 'a/b'" in capsys.readouterr().err
-    assert not (tmp_path / "tokenizers").exists()
+    assert not (tmp_path / "tokenizers").exists()  # nothing written before the checks
     # Another vocabulary under the same name: refused before training, the old files untouched.
     old = (trained / "tokenizers/shakes/tokenizer.json").read_bytes()
     assert train_cli(trained, vocab=700) == 2
     err = capsys.readouterr().err
-    assert "already holds a different tokenizer 'shakes'" in err and "--force" in err and err.count("\n") == 1
+    assert "already holds a different tokenizer 'shakes' (its vocab_size is 600, now 700)" in err
+    assert "--force" in err and err.count("\n") == 1
     assert (trained / "tokenizers/shakes/tokenizer.json").read_bytes() == old
-    # A missing tokenizer: the folder and the command that makes it.
+    # A damaged file, and a missing tokenizer: the folder and the command that makes it.
+    bad = tmp_path / "tokenizers" / "broken" / "tokenizer.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"version": "1.0", "model": ')
+    with pytest.raises(TokenizerError, match=r"broken/tokenizer.json: not a tokenizers tokenizer.json \("):
+        get_tokenizer("broken", tmp_path)
     with pytest.raises(TokenizerError, match=r"tokenizer 'nosuch' not found: .*tokenizers/nosuch has no "
                                              r"tokenizer.json; train it with `download_dataset.py tokenizer nosuch"):
         get_tokenizer("nosuch", tmp_path)

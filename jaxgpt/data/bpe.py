@@ -125,8 +125,11 @@ def _existing(folder: Path, request: dict[str, Any], name: str, force: bool) -> 
         return True
     if force:
         return False
-    what = (f"trained on {meta.get('source')} {meta.get('options')} with vocab_size {meta.get('vocab_size')}"
-            if meta is not None else "no readable meta.json")
+    if meta is None:
+        what = f"no readable {META_FILE}"
+    else:  # the first setting that differs: the corpus itself (fingerprint) changes with any edit of its files
+        key = next((k for k in request if meta.get(k) != request[k]), None)
+        what = f"its {key} is {meta.get(key)!r}, now {request[key]!r}" if key else f"no {TOKENIZER_FILE}"
     raise TokenizerError(f"{folder}: already holds a different tokenizer {name!r} ({what}); pass --force to "
                          "replace it (datasets prepared with it are then rebuilt) or choose another name")
 
