@@ -217,9 +217,12 @@ def test_end_to_end_prepare_train_sample_evaluate(tmp_path: Path, capsys: pytest
     assert train_cli(data) == 0
     assert dd.main(["tinyshakespeare", "--from", str(SHAKESPEARE), "--tokenizer", "shakes", "--data-dir",
                     str(data)]) == 0
-    run = write_run(tmp_path / "run", MODEL, TRAIN)
+    jsonl = data / "downloads" / "hellaswag_val.jsonl"  # HellaSwag during training reads it offline from here
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in fixture_records()))
+    run = write_run(tmp_path / "run", MODEL, {**TRAIN, "hellaswag_interval": 4})
     assert train.main([str(run), "--data-dir", str(data)]) == 0
     latest = store.latest_checkpoint(run)
+    (during,) = store.read_meta(latest)["hellaswag"]
     saved = latest / "tokenizer.json"
     assert saved.read_bytes() == (data / "tokenizers/shakes/tokenizer.json").read_bytes()
     assert store.verify_checkpoint(latest) is None  # the copy is among the files meta.json vouches for
@@ -243,10 +246,17 @@ def test_end_to_end_prepare_train_sample_evaluate(tmp_path: Path, capsys: pytest
     val_tokens = np.concatenate(val.shards)
     n_bytes = len(tok.decode(val_tokens[1:]).encode("utf-8"))  # every token but the first is a target
     assert bpb == pytest.approx(loss * (val_tokens.size - 1) / n_bytes / np.log(2), rel=1e-3)
-    # HellaSwag on a local fixture file, scored with the trained tokenizer.
-    jsonl = tmp_path / "hellaswag_val.jsonl"
-    jsonl.write_text("".join(json.dumps(r) + "\n" for r in fixture_records()))
+    # HellaSwag on the local fixture file, scored with the trained tokenizer as during training.
     assert evaluate.main([str(moved), "--hellaswag-file", str(jsonl)]) == 0
     out = capsys.readouterr().out
-    assert "shakes tokenizer" in out and "Scored 9 examples" in out and "hellaswag acc" in out
+    assert "shakes tokenizer" in out and "Scored 9 examples" in out
+    assert (during["step"], during["tokenizer"], during["examples"]) == (4, "shakes", 9)
+    assert f"hellaswag acc {during['acc']:.4f} | acc_norm {during['acc_norm']:.4f}" in out
+    # Retrained under the run's name: resuming is refused in one line (the ids would mean other tokens).
+    assert train_cli(data, vocab=590) == 0
+    capsys.readouterr()
+    assert train.main([str(run), "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"tokenizer 'shakes' differs from the one checkpoint {latest.name} was trained with" in err
+    assert err.count("\n") == 1 and store.latest_checkpoint(run) == latest
     del model
