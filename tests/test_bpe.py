@@ -16,6 +16,7 @@ import tiktoken
 from conftest import SHARED, SLOW, write_run
 from tokenizers import Tokenizer as HFTokenizer
 
+import data as data_command
 import download_dataset as dd
 from jaxgpt.data import bpe, sources
 from jaxgpt.data.prepare import prepare_dataset
@@ -178,6 +179,11 @@ def test_a_retrained_tokenizer_rebuilds_its_datasets(tmp_path: Path, capsys: pyt
     prepare_dataset("tinyshakespeare", "shakes", tmp_path, log=log.append)
     assert any("tokenizer_sha256 changed" in line for line in log), log
     assert open_dataset(first).vocab_size == 320
+    # data.py --sample finds the tokenizer beside the dataset, in the same data root.
+    capsys.readouterr()
+    assert data_command.main([str(first), "--sample", "40"]) == 0
+    tok = get_tokenizer("shakes", tmp_path)
+    assert tok.decode(open_dataset(first).train.shards[0][:40]) in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- end to end

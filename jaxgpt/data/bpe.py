@@ -17,7 +17,6 @@ only with force=True (--force). The reference: docs/tokenizers.md.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxgpt.data.prepare import FINEWEB, SOURCES, _corpus, resolve_options
+from jaxgpt.data.prepare import FINEWEB, SOURCES, _corpus, resolve_options, tokenize_documents
 from jaxgpt.data.shards import DataError, _remove_stale, dataset_lock
 from jaxgpt.data.tokenizer import (EOT_TEXT, TOKENIZER_FILE, TOKENIZER_NAMES, GPT2Tokenizer, Tokenizer,
                                    TokenizerError, TrainedTokenizer, check_name, trained_dir)
@@ -44,7 +43,7 @@ MAX_VOCAB = 1 << 20  # far past any useful size; larger is a typo
 # Sources whose documents are text (FineWeb-10B arrives as GPT-2 ids: nothing to learn from).
 TEXT_SOURCES = tuple(s for s in SOURCES if s != FINEWEB)
 _FROM_SOURCES = ("tinyshakespeare",)
-_CHUNK = 256  # validation documents per encode_batch call while measuring compression
+_CHUNK_CHARS = 1 << 25  # characters of validation documents held at once while measuring compression
 
 
 def check_vocab_size(vocab_size: object) -> int:
@@ -87,15 +86,29 @@ class _Counted:
             yield doc
 
 
+def _chunks(documents: Iterable[str]) -> Iterator[list[str]]:
+    """Consecutive lists of documents of about _CHUNK_CHARS characters: memory stays bounded while
+    each tokenizer gets batches large enough to keep every core busy."""
+    chunk: list[str] = []
+    size = 0
+    for doc in documents:
+        chunk.append(doc)
+        size += len(doc)
+        if size >= _CHUNK_CHARS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
 def compression(documents: Iterable[str], tokenizers: dict[str, Tokenizer]) -> dict[str, Any]:
     """Bytes per token of each tokenizer over the same documents (no end-of-text), streamed in chunks."""
     n_docs, n_bytes, tokens = 0, 0, dict.fromkeys(tokenizers, 0)
-    documents = iter(documents)
-    while chunk := list(itertools.islice(documents, _CHUNK)):
+    for chunk in _chunks(documents):
         n_docs += len(chunk)
         n_bytes += sum(len(doc.encode("utf-8")) for doc in chunk)
-        for key, tok in tokenizers.items():
-            tokens[key] += sum(int(ids.size) for ids in tok.encode_batch(chunk))
+        for key, tok in tokenizers.items():  # prepare.py's encoder, as the dataset is encoded
+            tokens[key] += sum(int(ids.size) for ids in tokenize_documents(tok, chunk, eot=False))
     return {"documents": n_docs, "bytes": n_bytes,
             **{key: {"tokens": n, "bytes_per_token": n_bytes / n if n else None} for key, n in tokens.items()}}
 
