@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 import data as data_command
 import download_dataset as dd
-from jaxgpt.data import bpe, sources
+from jaxgpt.data import sources
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import open_dataset
 from jaxgpt.data.tokenizer import TokenizerError, TrainedTokenizer, get_tokenizer
@@ -212,11 +212,11 @@ def test_train_json_errors_before_any_compile(trained: Path, tmp_path: Path, cap
 
 @SLOW  # trains a tiny model, then samples and evaluates it: compiles several programs
 def test_end_to_end_prepare_train_sample_evaluate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from test_hellaswag import fixture_records
+
     import evaluate
     import test_generation
     import train
-    from test_hellaswag import fixture_records
-
     from jaxgpt.checkpoints import store
 
     data = tmp_path / "data"

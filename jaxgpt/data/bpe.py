@@ -28,8 +28,18 @@ from typing import Any
 
 from jaxgpt.data.prepare import FINEWEB, SOURCES, _corpus, resolve_options, tokenize_documents
 from jaxgpt.data.shards import DataError, _remove_stale, dataset_lock
-from jaxgpt.data.tokenizer import (EOT_TEXT, TOKENIZER_FILE, TOKENIZER_NAMES, GPT2Tokenizer, Tokenizer,
-                                   TokenizerError, TrainedTokenizer, check_name, trained_dir)
+from jaxgpt.data.tokenizer import (
+    EOT_TEXT,
+    TOKENIZER_FILE,
+    TOKENIZER_NAMES,
+    GPT2Tokenizer,
+    Tokenizer,
+    TokenizerError,
+    TrainedTokenizer,
+    check_name,
+    trained_dir,
+)
+from jaxgpt.files import fsync
 
 # nanochat's GPT-4-style split: \p{N}{1,2} rather than GPT-4's {1,3}, which wastes fewer tokens on
 # numbers at small vocabulary sizes (nanochat/tokenizer.py).
@@ -201,6 +211,8 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
                     "train_split": {"documents": seen.count, "bytes": seen.bytes},
                     "validation_split": how, "compression": figures}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+            for path in (tmp / TOKENIZER_FILE, tmp / META_FILE, tmp):  # on disk before the rename makes them current
+                fsync(path)
             _replace(tmp, folder)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
