@@ -26,8 +26,8 @@ from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError, TrainConfig, from_dict
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.data.shards import DataError, Dataset, open_dataset
+from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
 from jaxgpt.evaluation import hellaswag
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
@@ -37,6 +37,18 @@ def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
     if not train:  # a checkpoint without a train.json: the defaults (builtin corpus, bytes tokenizer)
         return TrainConfig(microbatch_size=8, train_steps=1)
     return from_dict(TrainConfig, train, where)
+
+
+def _check_dataset(dataset: Dataset, tok: Tokenizer, vocab_size: int) -> None:
+    """The dataset holds the model's tokenizer's ids (for a trained one, of the same file), all in range."""
+    if dataset.tokenizer != tok.name:
+        raise DataError(f"{dataset.path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {tok.name!r}")
+    sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
+    if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
+        raise DataError(f"{dataset.path}: prepared with another {tok.name!r} tokenizer file than the checkpoint's "
+                        f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
+    if dataset.max_token_id >= vocab_size:
+        raise DataError(f"{dataset.path}: token id {dataset.max_token_id} is out of range for vocab_size={vocab_size}")
 
 
 def main_hellaswag(args: argparse.Namespace) -> int:
@@ -102,15 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                       args.data_dir or default_data_root(),
                                       options=cfg.dataset.options if same else None, log=print)
         dataset = open_dataset(ds_path)
-        if dataset.tokenizer != cfg.tokenizer:
-            raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
-        sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
-        if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
-            raise DataError(f"{ds_path}: prepared with another {cfg.tokenizer!r} tokenizer file than the checkpoint's "
-                            f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
-        if dataset.max_token_id >= model_cfg.vocab_size:
-            raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
+        _check_dataset(dataset, tok, model_cfg.vocab_size)
         split = dataset.train if args.split == "train" else dataset.val
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import evaluate, report_line

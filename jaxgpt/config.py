@@ -11,16 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxgpt.data.tokenizer import TRAINED_NAME
-
 MODEL_FILE = "model.json"
 TRAIN_FILE = "train.json"
+# train.json "tokenizer": "bytes", "gpt2" or a trained tokenizer's name, which becomes part of folder
+# names (<data>/tokenizers/<name>, <source>-<name>); jaxgpt/data/tokenizer.py resolves it.
+TOKENIZER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class ConfigError(ValueError):
@@ -315,7 +317,7 @@ class TrainConfig:
         if self.packing == "documents" and self.targets != "next":
             raise ConfigError(f"{TRAIN_FILE}: packing='documents' packs documents for next-token targets "
                               f"(targets={self.targets!r}); use packing 'windows'")
-        if not TRAINED_NAME.fullmatch(self.tokenizer):
+        if not TOKENIZER_NAME.fullmatch(self.tokenizer):
             raise ConfigError(f"{TRAIN_FILE}: tokenizer={self.tokenizer!r} must be 'bytes', 'gpt2' or a trained "
                               f"tokenizer's name (letters, digits, '.', '_' or '-'; download_dataset.py tokenizer)")
         if self.init_from is not None and not self.init_from.strip():

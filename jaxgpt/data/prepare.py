@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.data import builtin, fineweb, sources
+from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
 
@@ -60,15 +61,6 @@ _ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
-
-
-REPOSITORY = Path(__file__).resolve().parents[2]
-
-
-def default_data_root() -> Path:
-    """$JAXGPT_DATA_DIR if set, else the repository's git-ignored data/ folder."""
-    env = os.environ.get("JAXGPT_DATA_DIR")
-    return Path(env) if env else REPOSITORY / "data"
 
 
 def dataset_dir(data_root: Path, source: str, tokenizer: str, name: str | None = None) -> Path:

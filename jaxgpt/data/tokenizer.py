@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from jaxgpt.config import TOKENIZER_NAME as TRAINED_NAME
+from jaxgpt.data.root import default_data_root
+
 TOKENIZER_NAMES = ("bytes", "gpt2")  # built in; any other valid name is a trained tokenizer's
-# A trained tokenizer's name: it becomes part of folder names (<data>/tokenizers/<name>, <source>-<name>).
-TRAINED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TOKENIZERS_DIR = "tokenizers"  # under the data root
 TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face tokenizers file, in its folder and in each checkpoint
 EOT_TEXT = "<|endoftext|>"
@@ -196,11 +196,7 @@ class TrainedTokenizer:
 
 def trained_dir(name: str, data_root: Path | None = None) -> Path:
     """<data root>/tokenizers/<name>: where `download_dataset.py tokenizer` saves a trained tokenizer."""
-    if data_root is None:
-        from jaxgpt.data.prepare import default_data_root  # here: prepare.py imports this module
-
-        data_root = default_data_root()
-    return Path(data_root) / TOKENIZERS_DIR / name
+    return Path(default_data_root() if data_root is None else data_root) / TOKENIZERS_DIR / name
 
 
 def check_name(name: object) -> str:
