@@ -74,7 +74,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     tokenizer = None
     if train_cfg.tokenizer not in TOKENIZER_NAMES:
         tokenizer = get_tokenizer(train_cfg.tokenizer, data_root)
-        assert isinstance(tokenizer, TrainedTokenizer) and dataset.manifest["tokenizer_sha256"] == tokenizer.sha256
+        assert isinstance(tokenizer, TrainedTokenizer), tokenizer
+        if dataset.manifest.get("tokenizer_sha256") != tokenizer.sha256:  # every source's preparation records it
+            raise DataError(f"{ds_path}/manifest.json: not prepared with {tokenizer.path} (tokenizer_sha256 "
+                            f"{dataset.manifest.get('tokenizer_sha256')!r}); prepare the dataset again")
     seq_len = train_cfg.seq_len(model_cfg)
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
