@@ -5,7 +5,9 @@ to end: prepare, train, sample and evaluate (loss and HellaSwag) with a trained 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import pickle
 import shutil
 from pathlib import Path
@@ -91,6 +93,14 @@ def test_pickles_with_its_behaviour(tok: TrainedTokenizer) -> None:
     assert (copy.name, copy.n_vocab, copy.eot_id, copy.sha256) == (tok.name, tok.n_vocab, tok.eot_id, tok.sha256)
     assert copy.encode(text) == tok.encode(text) and tok.eot_id not in copy.encode(text)
     assert [a.tolist() for a in copy.encode_batch(TEXTS)] == [a.tolist() for a in tok.encode_batch(TEXTS)]
+
+
+def test_encodes_the_same_in_a_worker_process(tok: TrainedTokenizer) -> None:
+    """What a parallel preparation does with it: pickled to a fresh (spawned) process, encoding there."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        got = pool.submit(tok.encode_batch, TEXTS).result(timeout=120)
+    assert [a.tolist() for a in got] == [tok.encode(t) for t in TEXTS]
 
 
 def test_deterministic_and_reused(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
