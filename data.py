@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             split = ds.train if args.split == "train" else ds.val
             tokens = split.read(0, min(args.sample, split.n_tokens)).tolist()
             print(f"--- the first {len(tokens)} tokens of the {args.split} split, decoded ---")
-            print(get_tokenizer(ds.tokenizer).decode(tokens))
+            print(get_tokenizer(ds.tokenizer, ds.path.parent).decode(tokens))  # a trained one sits beside it
     except (ConfigError, DataError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

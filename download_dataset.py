@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 from jaxgpt.config import ConfigError, load_run_configs
-from jaxgpt.data import fineweb, fineweb_edu
+from jaxgpt.data import bpe, fineweb, fineweb_edu
 from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import TOKENIZER_NAMES, TokenizerError
+from jaxgpt.data.tokenizer import TokenizerError
 
 
 def _count(text: str) -> int:
@@ -36,30 +36,22 @@ def _count(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", type=Path, default=None,
-                        help="data root (default: $JAXGPT_DATA_DIR or <project>/data)")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--data-dir", type=Path, default=None,
+                       help="data root (default: $JAXGPT_DATA_DIR or <project>/data)")
+    common = argparse.ArgumentParser(add_help=False, parents=[where])
     common.add_argument("--verify", action="store_true", help="afterwards, check every shard's sha256")
-    tokenized = argparse.ArgumentParser(add_help=False, parents=[common])
-    tokenized.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="bytes", help="default: bytes")
-    tokenized.add_argument("--validation-fraction", type=float, default=None,
-                           help="share held out for validation (default: 0.05; tinyshakespeare 0.1)")
+    split = argparse.ArgumentParser(add_help=False)
+    split.add_argument("--validation-fraction", type=float, default=None,
+                       help="share held out for validation (default: 0.05; tinyshakespeare 0.1)")
+    tokenized = argparse.ArgumentParser(add_help=False, parents=[common, split])
+    tokenized.add_argument("--tokenizer", default="bytes",
+                           help="bytes (default), gpt2, or the name of a trained tokenizer (the tokenizer command)")
     parser = argparse.ArgumentParser(description="Tokenize a corpus into train/val safetensors shards "
                                      "(reused when already prepared).", epilog=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    sub.add_parser("builtin", parents=[tokenized], help="offline corpus of Python's own documentation")
-    text = sub.add_parser("text", parents=[tokenized], help="local .txt/.md/.jsonl/.parquet files, folders or globs")
-    text.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
-    text.add_argument("--text-column", default=None, help="the string column of .parquet files (default: text)")
-    text.add_argument("--name", default=None,
-                      help="dataset folder text-<name>-<tokenizer> (default: the first path's name)")
-    shakespeare = sub.add_parser("tinyshakespeare", parents=[tokenized], help="the 1.1 MB char-rnn corpus")
-    shakespeare.add_argument("--from", dest="from_path", type=Path, default=None,
-                             help="a local copy of input.txt instead of downloading it")
-    shakespeare.add_argument("--split", choices=TINYSHAKESPEARE_SPLITS, default=None,
-                             help="nanogpt (default): nanoGPT's exact cut, no end-of-text; newline: cut at the "
-                                  "next newline, end-of-text after each part")
+    _text_sources(sub, tokenized)
     web = sub.add_parser(FINEWEB, parents=[common], help="FineWeb-10B as GPT-2 tokens (llm.c .bin files)")
     size = web.add_mutually_exclusive_group()
     size.add_argument("--train-tokens", type=_count, default=None,
@@ -70,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="a folder holding the .bin files (e.g. modded-nanogpt's data/fineweb10B)")
     edu = sub.add_parser(FINEWEB_EDU, parents=[common], help="FineWeb-Edu text (nanochat's parquet shards), "
                          "tokenized here, resumable")
-    edu.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="gpt2", help="default: gpt2")
+    edu.add_argument("--tokenizer", default="gpt2",
+                     help="gpt2 (default), bytes, or the name of a trained tokenizer")
     size = edu.add_mutually_exclusive_group()
     size.add_argument("--train-tokens", type=_count, default=None,
                       help="take train shards in order until they hold this many tokens (default: 1 shard)")
@@ -83,7 +76,31 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_path", type=Path, default=None,
                      help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder, "
                           "FineWeb-Edu .parquet folder)")
+    trainer = argparse.ArgumentParser(add_help=False, parents=[where, split])
+    trainer.add_argument("--vocab-size", type=int, required=True,
+                         help=f"tokens in all, end-of-text included ({bpe.MIN_VOCAB}..{bpe.MAX_VOCAB})")
+    trainer.add_argument("--force", action="store_true", help="replace a different tokenizer of that name")
+    tok = sub.add_parser("tokenizer", help="train a byte-level BPE on a source's train split (docs/tokenizers.md)")
+    tok.add_argument("tokenizer_name", metavar="NAME", help="saved as <data>/tokenizers/NAME; train.json "
+                     "\"tokenizer\": NAME uses it")
+    _text_sources(tok.add_subparsers(dest="corpus", required=True, metavar="SOURCE"), trainer)
     return parser
+
+
+def _text_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    """The sources of text documents: for preparing a dataset, and for training a tokenizer on."""
+    sub.add_parser("builtin", parents=[parent], help="offline corpus of Python's own documentation")
+    text = sub.add_parser("text", parents=[parent], help="local .txt/.md/.jsonl/.parquet files, folders or globs")
+    text.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
+    text.add_argument("--text-column", default=None, help="the string column of .parquet files (default: text)")
+    text.add_argument("--name", default=None,
+                      help="dataset folder text-<name>-<tokenizer> (default: the first path's name)")
+    shakespeare = sub.add_parser("tinyshakespeare", parents=[parent], help="the 1.1 MB char-rnn corpus")
+    shakespeare.add_argument("--from", dest="from_path", type=Path, default=None,
+                             help="a local copy of input.txt instead of downloading it")
+    shakespeare.add_argument("--split", choices=TINYSHAKESPEARE_SPLITS, default=None,
+                             help="nanogpt (default): nanoGPT's exact cut, no end-of-text; newline: cut at the "
+                                  "next newline, end-of-text after each part")
 
 
 def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
@@ -98,16 +115,17 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
     if args.source == FINEWEB_EDU:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB_EDU, args.tokenizer, options, args.train_tokens
+    source = args.corpus if args.source == "tokenizer" else args.source
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
     if getattr(args, "split", None) is not None:
         options["split"] = args.split
-    if args.source == "text":
+    if source == "text":
         options["paths"] = args.paths
         if args.name is not None:
             options["name"] = args.name
         if args.text_column is not None:
             options["text_column"] = args.text_column
-    return args.source, args.tokenizer, options, None
+    return source, getattr(args, "tokenizer", ""), options, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     data_root = args.data_dir if args.data_dir is not None else default_data_root()
     try:
         source, tokenizer, options, train_tokens = _request(args)
+        if args.source == "tokenizer":
+            bpe.train_tokenizer(args.tokenizer_name, source, data_root, vocab_size=args.vocab_size, options=options,
+                                from_path=getattr(args, "from_path", None), force=args.force)
+            return 0
         path = prepare_dataset(source, tokenizer, data_root, options=options, train_tokens=train_tokens,
                                from_path=getattr(args, "from_path", None))
         if args.verify:

@@ -28,8 +28,8 @@ from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError, TrainConfig, from_dict
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+from jaxgpt.data.shards import DataError, Dataset, open_dataset
+from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
 from jaxgpt.evaluation import core, core_bundle, hellaswag
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
@@ -41,6 +41,18 @@ def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
     return from_dict(TrainConfig, train, where)
 
 
+def _check_dataset(dataset: Dataset, tok: Tokenizer, vocab_size: int) -> None:
+    """The dataset holds the model's tokenizer's ids (for a trained one, of the same file), all in range."""
+    if dataset.tokenizer != tok.name:
+        raise DataError(f"{dataset.path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {tok.name!r}")
+    sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
+    if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
+        raise DataError(f"{dataset.path}: prepared with another {tok.name!r} tokenizer file than the checkpoint's "
+                        f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
+    if dataset.max_token_id >= vocab_size:
+        raise DataError(f"{dataset.path}: token id {dataset.max_token_id} is out of range for vocab_size={vocab_size}")
+
+
 def main_hellaswag(args: argparse.Namespace) -> int:
     """evaluate.py --hellaswag: acc and acc_norm over the validation examples (hellaswag.py)."""
     try:
@@ -48,14 +60,14 @@ def main_hellaswag(args: argparse.Namespace) -> int:
         cfg = _train_config(train, str(ckpt_dir / "train.json"))
         path = args.hellaswag_file or hellaswag.fetch_val((args.data_dir or default_data_root()) / "downloads")
         examples = hellaswag.read_examples(path, args.limit)
-        tok = get_tokenizer(cfg.tokenizer)  # the run's: see hellaswag.py
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the run's: see hellaswag.py
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import hellaswag_score
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
-              f"{'' if tok.name == 'gpt2' else '; llm.c scores with gpt2, so compare with byte models only'})")
+              f"{'' if tok.name == 'gpt2' else f'; llm.c scores with gpt2, so compare with {tok.name} models only'})")
         r = hellaswag_score(model, examples, tok, batch_examples=args.batch_size or 16)
     except INPUT_ERRORS as e:  # HellaSwagError is a DataError
         print(f"error: {e}", file=sys.stderr)
@@ -73,7 +85,7 @@ def main_core(args: argparse.Namespace) -> int:
         cfg = _train_config(train, str(ckpt_dir / "train.json"))
         path = args.core_from or core_bundle.fetch_bundle((args.data_dir or default_data_root()) / "downloads")
         tasks = core_bundle.read_tasks(path, args.limit)
-        tok = get_tokenizer(cfg.tokenizer)  # the run's: core.py prepends its end-of-text id
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # core.py prepends its eot id
         prepared = core.prepare(tasks, tok, context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import core_score
@@ -144,17 +156,14 @@ def main(argv: list[str] | None = None) -> int:
                                       args.data_dir or default_data_root(),
                                       options=cfg.dataset.options if same else None, train_tokens=length, log=print)
         dataset = open_dataset(ds_path)
-        if dataset.tokenizer != cfg.tokenizer:
-            raise DataError(f"{ds_path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {cfg.tokenizer!r}")
-        if dataset.max_token_id >= model_cfg.vocab_size:
-            raise DataError(f"{ds_path}: token id {dataset.max_token_id} is out of range for vocab_size={model_cfg.vocab_size}")
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
+        _check_dataset(dataset, tok, model_cfg.vocab_size)
         split = dataset.train if args.split == "train" else dataset.val
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import evaluate, report_line
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
-        tok = get_tokenizer(cfg.tokenizer)  # the dataset's, which the byte counts must follow
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")
         r = evaluate(model, tok, split, batch_size=args.batch_size or cfg.microbatch_size, seq_len=seq_len,
                      targets=cfg.targets, max_batches=args.max_batches)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from typing import Any, Literal
 
 MODEL_FILE = "model.json"
 TRAIN_FILE = "train.json"
+# train.json "tokenizer": "bytes", "gpt2" or a trained tokenizer's name, which becomes part of folder
+# names (<data>/tokenizers/<name>, <source>-<name>); jaxgpt/data/tokenizer.py resolves it.
+TOKENIZER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class ConfigError(ValueError):
@@ -257,7 +261,9 @@ DEFAULT_COOLDOWN_PERCENT = 20.0  # nanochat's warmdown
 class TrainConfig:
     microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    tokenizer: Literal["bytes", "gpt2"] = "bytes"
+    # "bytes", "gpt2", or the name of a tokenizer trained on a corpus (download_dataset.py tokenizer):
+    # <data root>/tokenizers/<name>/ (docs/tokenizers.md)
+    tokenizer: str = "bytes"
     targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
     sequence_length: int | None = None  # tokens per sequence; None = model context_length
     # Training rows: "windows", non-overlapping windows of the token stream in a shuffled order;
@@ -351,6 +357,9 @@ class TrainConfig:
         if self.packing == "documents" and self.targets != "next":
             raise ConfigError(f"{TRAIN_FILE}: packing='documents' packs documents for next-token targets "
                               f"(targets={self.targets!r}); use packing 'windows'")
+        if not TOKENIZER_NAME.fullmatch(self.tokenizer):
+            raise ConfigError(f"{TRAIN_FILE}: tokenizer={self.tokenizer!r} must be 'bytes', 'gpt2' or a trained "
+                              f"tokenizer's name (letters, digits, '.', '_' or '-'; download_dataset.py tokenizer)")
         if self.init_from is not None and not self.init_from.strip():
             raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
         for key in ("lr_end_factor", "weight_decay", "seed"):

@@ -94,7 +94,8 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("string-for-dict", t(dataset={"options": "x"}), "train.json", ["options", "'x'"]),
     # --- choices
     ("unknown-architecture", m(architecture="bert"), "model.json", ["architecture", "'bert'", "'gpt2'"]),
-    ("unknown-tokenizer", t(tokenizer="sentencepiece"), "train.json", ["tokenizer", "'sentencepiece'", "'bytes'"]),
+    # Any other name may be a trained tokenizer's (looked up when the run starts): only an impossible one fails here.
+    ("bad-tokenizer-name", t(tokenizer="sentence/piece"), "train.json", ["tokenizer", "'sentence/piece'", "'bytes'"]),
     ("unknown-targets", t(targets="prev"), "train.json", ["targets", "'prev'", "'next'"]),
     # --- model values
     ("emb-not-divisible", m(emb_dim=30), "model.json", ["emb_dim=30", "n_heads=4"]),

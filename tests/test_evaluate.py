@@ -71,7 +71,7 @@ def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, caps
         tokens += y.size
         nbytes += int((y != 256).sum())  # bytes tokenizer: one byte per id, end-of-text none
     loss = nats / tokens
-    r = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, max_batches=3)
+    r = scoring.evaluate(model, BytesTokenizer(), val, batch_size=4, seq_len=32, max_batches=3)
     assert r["tokens"] == tokens == 3 * 4 * 32 and r["bytes"] == nbytes
     assert r["loss"] == pytest.approx(loss, abs=1e-5)
     assert r["perplexity"] == pytest.approx(math.exp(loss), rel=1e-5)
@@ -86,7 +86,7 @@ def test_a_uniform_model_scores_log_vocab(tmp_path: Path, data_root: Path, capsy
     out = capsys.readouterr().out
     assert "train split" in out and "Scored 96 tokens (" in out and "2 batches x 3 x 16): the first 2 of" in out
     train = open_dataset(dataset_dir(data_root, "builtin", "bytes")).train
-    r = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), train, batch_size=3, seq_len=16, max_batches=2)
+    r = scoring.evaluate(model, BytesTokenizer(), train, batch_size=3, seq_len=16, max_batches=2)
     assert r["loss"] == pytest.approx(math.log(257), rel=1e-6)
     assert r["perplexity"] == pytest.approx(257, rel=1e-5)
     assert r["bits_per_byte"] == pytest.approx(math.log2(257) * r["tokens"] / r["bytes"], rel=1e-6)
@@ -136,7 +136,7 @@ def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_
     figures = {}
     for chunk in (None, 24):
         model = build_model(ModelConfig(**{**MODEL, "loss_chunk": chunk}), seed=1)
-        figures[chunk] = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32,
+        figures[chunk] = scoring.evaluate(model, BytesTokenizer(), val, batch_size=4, seq_len=32,
                                            max_batches=2, progress=False)
         batches = WholeSplit(val, microbatch_size=4, seq_len=32)
         want = sum(float(eval_sums(model, *map(jax.device_put, batches.microbatch(i)))[0]) for i in range(2))
@@ -184,13 +184,13 @@ def test_whole_split_scores_every_token_but_the_first_once(small_split) -> None:
 def test_evaluate_scores_the_whole_split_exactly(small_split) -> None:
     split, val = small_split
     model = build_model(ModelConfig(**MODEL), seed=2)
-    r = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), split, batch_size=5, seq_len=32, progress=False)
+    r = scoring.evaluate(model, BytesTokenizer(), split, batch_size=5, seq_len=32, progress=False)
     assert r["tokens"] == split.n_tokens - 1 == 1012 and r["whole_split"] and r["bytes"] == 1012
     nats = sum(np_loss_sum(model, val[j * 32:min(j * 32 + 32, 1012)], val[j * 32 + 1:min(j * 32 + 33, 1013)])
                for j in range(32))
     assert r["loss"] == pytest.approx(nats / 1012, rel=1e-5)
     line = scoring.report_line(r, "val", "next")
     assert line.startswith("Scored 1,012 tokens (1,012 bytes; 7 batches x 5 x 32): the whole val split of 1,013")
-    part = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), split, batch_size=5, seq_len=32, max_batches=2,
+    part = scoring.evaluate(model, BytesTokenizer(), split, batch_size=5, seq_len=32, max_batches=2,
                              progress=False)
     assert part["tokens"] == 320 and not part["whole_split"]

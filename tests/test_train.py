@@ -216,9 +216,9 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     hellaswag_interval: HellaSwag at that validation, in meta.json, charts/hellaswag.png and metrics.jsonl."""
     from test_hellaswag import fixture_records
 
-    import evaluate
     from jaxgpt.checkpoints.store import load_model
     from jaxgpt.data.shards import open_dataset
+    from jaxgpt.data.tokenizer import BytesTokenizer
     from jaxgpt.evaluation import hellaswag, scoring
 
     (tmp_path / "data" / "downloads").mkdir(parents=True)  # where train.py looks for the file offline
@@ -238,10 +238,10 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     assert meta["val_tokens"] == val.n_tokens - 1
     assert f"({val.n_tokens - 1:,} tokens)" in capsys.readouterr().out
     model, *_ = load_model(ckpt.latest_checkpoint(run))
-    r = scoring.evaluate(model, evaluate.get_tokenizer("bytes"), val, batch_size=4, seq_len=32, progress=False)
+    r = scoring.evaluate(model, BytesTokenizer(), val, batch_size=4, seq_len=32, progress=False)
     assert r["tokens"] == meta["val_tokens"] and r["loss"] == pytest.approx(meta["val_loss"], rel=1e-6)
     examples = hellaswag.read_examples(tmp_path / "data" / "downloads" / "hellaswag_val.jsonl", 5)
-    h = scoring.hellaswag_score(model, examples, evaluate.get_tokenizer("bytes"), progress=False)
+    h = scoring.hellaswag_score(model, examples, BytesTokenizer(), progress=False)
     assert meta["hellaswag"] == [{"step": 2, "acc": h["acc"], "acc_norm": h["acc_norm"], "examples": 5,
                                   "tokenizer": "bytes"}]
     assert (run / "charts" / "hellaswag.png").stat().st_size > 1000

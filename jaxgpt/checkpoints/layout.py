@@ -7,6 +7,7 @@ Layout of a run's checkpoints (written by jaxgpt/checkpoints/store.py, the only 
             model.safetensors           parameters, dotted keys (blocks.0.attn.qkv.kernel)
             optimizer/                  Orbax pytree of nnx.state(optimizer)
             model.json, train.json      the resolved configs it was trained with
+            tokenizer.json              a trained tokenizer's file (train.json "tokenizer" names one)
             meta.json                   step, losses, lr, grad norm, data position, RNG ... (written last)
         latest -> 2026...-step-100      relative symlinks, swapped atomically
         best   -> 2026...-step-80
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, from_json
+from jaxgpt.data.tokenizer import TOKENIZER_FILE, Tokenizer, get_tokenizer
 from jaxgpt.files import fsync, sha256  # noqa: F401 (store.py uses them from here)
 
 CHECKPOINTS = "checkpoints"
@@ -161,6 +163,13 @@ def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
     else:
         train = saved.get("train.json", {})
     return ckpt_dir, model_cfg, train
+
+
+def checkpoint_tokenizer(ckpt_dir: Path, name: str, data_root: Path | None = None) -> Tokenizer:
+    """The tokenizer a checkpoint was trained with: a trained one from the copy saved in the
+    checkpoint (so a checkpoint moved away from its data root still decodes), else by name."""
+    saved = Path(ckpt_dir) / TOKENIZER_FILE
+    return get_tokenizer(name, data_root, file=saved if saved.is_file() else None)
 
 
 # ----------------------------------------------------------------------------- moving and pruning

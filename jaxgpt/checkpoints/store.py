@@ -34,6 +34,7 @@ from jaxgpt.checkpoints.layout import (  # noqa: F401 - re-exported: the JAX-fre
     CheckpointError,
     archive_checkpoints,
     checkpoint_configs,
+    checkpoint_tokenizer,
     checkpoints_dir,
     file_records,
     fsync,
@@ -55,7 +56,7 @@ from jaxgpt.checkpoints.layout import (  # noqa: F401 - re-exported: the JAX-fre
     write_json,
 )
 from jaxgpt.config import ModelConfig, TrainConfig
-from jaxgpt.data.tokenizer import Tokenizer, get_tokenizer
+from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.model.gpt import build_model, stack_layer_weights, unstack_layer_weights
 
 # ----------------------------------------------------------------------------- weights
@@ -121,13 +122,14 @@ def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str
 
 def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
                     meta: dict[str, Any], configs: dict[str, dict[str, Any]], *,
-                    keep_last: int, now: dt.datetime | None = None) -> Path:
+                    keep_last: int, now: dt.datetime | None = None, files: dict[str, bytes] | None = None) -> Path:
     """Write one checkpoint atomically, move `latest` (and `best` if meta["is_best"]), prune.
 
     meta.json records every file's size and sha256 (`files`), so a damaged checkpoint is found on
     resume. Raises on any failure: a run must stop loudly rather than train on without
     checkpoints; a file system error (no space, read-only) is a one-line CheckpointError, with
-    the half-written folder removed and the previous checkpoint and `latest` untouched.
+    the half-written folder removed and the previous checkpoint and `latest` untouched. `files`:
+    other files to write into the checkpoint by name (a trained tokenizer's tokenizer.json).
     """
     root = checkpoints_dir(run_dir)
     name = f"{_agreed_time(now).strftime('%Y%m%dT%H%M%SZ')}-step-{meta['step']}"
@@ -145,7 +147,7 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
         with _orbax_errors_held():
             ocp.v1.save((tmp / OPTIMIZER).absolute(), nnx.state(optimizer))  # Orbax wants absolute paths
         if main:
-            _write_files(tmp, weights, configs, meta)
+            _write_files(tmp, weights, configs, meta, files or {})
             if final.exists():  # same step saved twice within one second: keep the newer one
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -167,10 +169,12 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
 
 
 def _write_files(tmp: Path, weights: dict[str, np.ndarray], configs: dict[str, dict[str, Any]],
-                 meta: dict[str, Any]) -> None:
+                 meta: dict[str, Any], files: dict[str, bytes]) -> None:
     save_file(weights, str(tmp / WEIGHTS))
     for filename, cfg in configs.items():
         write_json(tmp / filename, cfg)
+    for filename, data in files.items():  # byte for byte: its sha256 is the one datasets record
+        (tmp / filename).write_bytes(data)
     write_json(tmp / META, meta | {"files": file_records(tmp)})  # last: its presence marks the folder complete
     fsync_tree(tmp)
 
@@ -250,9 +254,10 @@ def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
     """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir."""
     ckpt_dir, model_cfg, train = checkpoint_configs(path)
     tokenizer_name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
+    tokenizer = checkpoint_tokenizer(ckpt_dir, tokenizer_name)  # before the weights: a missing one fails fast
     model = build_model(model_cfg)
     load_weights(model, ckpt_dir / WEIGHTS)
-    return model, model_cfg, get_tokenizer(tokenizer_name), ckpt_dir
+    return model, model_cfg, tokenizer, ckpt_dir
 
 
 # ----------------------------------------------------------------------------- helpers

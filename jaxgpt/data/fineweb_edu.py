@@ -103,8 +103,8 @@ def _staged(folder: Path, name: str, tok: Tokenizer, log: Callable[[str], None])
         log(f"{exc}; tokenizing {name} again")
         return None
     m = staged.manifest
-    if (m.get("fingerprint"), staged.tokenizer, staged.vocab_size, staged.eot_id) != \
-            (_fingerprint(name), tok.name, tok.n_vocab, tok.eot_id):
+    if (m.get("fingerprint"), staged.tokenizer, staged.vocab_size, staged.eot_id, m.get("tokenizer_sha256")) != \
+            (_fingerprint(name), tok.name, tok.n_vocab, tok.eot_id, getattr(tok, "sha256", None)):
         log(f"{folder}: made from another file or tokenizer; tokenizing {name} again")
         return None
     return staged
@@ -169,8 +169,8 @@ def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[s
         old = open_dataset(path).manifest  # the cheap checks: every shard present, right size
     except DataError:
         return False
-    if (old.get("source"), old.get("options"), old.get("tokenizer"), old.get("vocab_size")) != \
-            (SOURCE, options, tok.name, tok.n_vocab):
+    if (old.get("source"), old.get("options"), old.get("tokenizer"), old.get("vocab_size"),
+            old.get("tokenizer_sha256")) != (SOURCE, options, tok.name, tok.n_vocab, getattr(tok, "sha256", None)):
         return False
     return all([(e.get("source_file"), e.get("sha256")) for e in old["splits"][split]["shards"]] ==
                [(name, entry["sha256"]) for name, _, _, entry in _entries(staged)] for split, staged in splits.items())
@@ -205,7 +205,8 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
         return path
     fingerprint = f"hf:{REPO_ID} train_files={len(splits['train'])}"
     with DatasetWriter(path, source=SOURCE, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
-                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id) as writer:
+                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id,
+                       tokenizer_sha256=getattr(tokenizer, "sha256", None)) as writer:
         for split in ("train", "val"):
             for name, shard, tokens, entry in _entries(splits[split]):
                 # Each document ends with one end-of-text id, which ordinary text never encodes to.

@@ -18,11 +18,12 @@ Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" name
                      tokenized here with any tokenizer, shard by shard and resumable after a kill;
                      only as many train shards as the training length needs (see fineweb_edu.py).
 
-Documents are tokenized with `bytes` or `gpt2` and each is followed by the end-of-text token;
-a validation fraction is held out by whole documents (or, with too few documents for that, as
-the last part of the text). A folder whose manifest matches the request (source, options,
-fingerprint, tokenizer) is reused as is; anything else is rebuilt atomically. The data root is
---data-dir, else $JAXGPT_DATA_DIR, else the repository's data/. From Python:
+Documents are tokenized with `bytes`, `gpt2` or a tokenizer trained on a corpus (bpe.py) and each
+is followed by the end-of-text token; a validation fraction is held out by whole documents (or,
+with too few documents for that, as the last part of the text). A folder whose manifest matches
+the request (source, options, fingerprint, tokenizer and, for a trained one, its sha256) is reused
+as is; anything else is rebuilt atomically. The data root is --data-dir, else $JAXGPT_DATA_DIR,
+else the repository's data/. From Python:
 
     from jaxgpt.data.prepare import default_data_root, prepare_dataset
     path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
@@ -41,8 +42,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.data import builtin, fineweb, fineweb_edu, sources
+from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
-from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
 
 FINEWEB = fineweb.SOURCE
 FINEWEB_EDU = fineweb_edu.SOURCE
@@ -68,15 +70,6 @@ _ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
-
-
-REPOSITORY = Path(__file__).resolve().parents[2]
-
-
-def default_data_root() -> Path:
-    """$JAXGPT_DATA_DIR if set, else the repository's git-ignored data/ folder."""
-    env = os.environ.get("JAXGPT_DATA_DIR")
-    return Path(env) if env else REPOSITORY / "data"
 
 
 def dataset_dir(data_root: Path, source: str, tokenizer: str, name: str | None = None) -> Path:
@@ -223,15 +216,18 @@ def _reuse_problem(path: Path, expected: dict) -> str | None:
 
 
 def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
-                       log: Callable[[str], None]) -> Path:
+                       log: Callable[[str], None], data_root: Path) -> Path:
     started = time.perf_counter()
     expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
+    trained = None if tokenizer in TOKENIZER_NAMES else get_tokenizer(tokenizer, data_root)
+    if trained is not None:  # retrained under the same name (--force): the dataset is rebuilt with the new one
+        expected["tokenizer_sha256"] = trained.sha256
     problem = _reuse_problem(path, expected)
     if problem is None:
         log(f"reusing dataset {path} (manifest matches)")
         return path
     log(f"preparing dataset {path}: {problem}")
-    tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
+    tok = trained or get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
     train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
     manifest = write_dataset(
         path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
@@ -258,9 +254,8 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
     folder of .bin files; FineWeb-Edu: a folder of .parquet shards).
     """
     resolved = resolve_options(source, options)
-    if tokenizer not in TOKENIZER_NAMES:
-        raise TokenizerError(f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
-    if tokenizer not in _TOKENIZERS.get(source, TOKENIZER_NAMES):
+    check_name(tokenizer)  # bytes, gpt2 or a trained tokenizer's name (<data_root>/tokenizers/<name>)
+    if tokenizer not in _TOKENIZERS.get(source, (tokenizer,)):
         raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
                         f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
     if from_path is not None and source not in _FROM_SOURCES:
@@ -271,10 +266,10 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
             return fineweb.prepare(path, resolved, train_tokens=train_tokens, from_dir=from_path,
                                    downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
     if source == FINEWEB_EDU:
-        tok = get_tokenizer(tokenizer)  # before any lock or download: a missing gpt2 cache fails fast
+        tok = get_tokenizer(tokenizer, data_root)  # before any lock or download: a missing one fails fast
         with dataset_lock(path, log):
             return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
                                        downloads=Path(data_root) / "downloads" / FINEWEB_EDU, log=log)
     corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
     with dataset_lock(path, log):
-        return _prepare_documents(path, source, tokenizer, resolved, corpus, log)
+        return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root)

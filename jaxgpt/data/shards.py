@@ -95,7 +95,7 @@ class DatasetWriter:
     """
 
     def __init__(self, dataset_dir: Path, *, source: str, options: dict, fingerprint: str,
-                 tokenizer: str, vocab_size: int, eot_id: int) -> None:
+                 tokenizer: str, vocab_size: int, eot_id: int, tokenizer_sha256: str | None = None) -> None:
         self.path = Path(dataset_dir)
         self.vocab_size = vocab_size
         self.dtype = token_dtype(vocab_size)
@@ -105,6 +105,8 @@ class DatasetWriter:
             "tokenizer": tokenizer, "vocab_size": int(vocab_size), "eot_id": int(eot_id), "dtype": self.dtype.name,
             "splits": {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS},
         }
+        if tokenizer_sha256 is not None:  # a trained tokenizer: its file, so a retrained one of that name is noticed
+            self.manifest["tokenizer_sha256"] = tokenizer_sha256
         self._committed = False
 
     def __enter__(self) -> DatasetWriter:
@@ -218,7 +220,8 @@ def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint:
     if shard_tokens < 1:
         raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
     with DatasetWriter(dataset_dir, source=source, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
-                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id) as writer:
+                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id,
+                       tokenizer_sha256=getattr(tokenizer, "sha256", None)) as writer:
         for split in SPLITS:
             _write_split(writer, split, splits[split], shard_tokens)
         return writer.commit()

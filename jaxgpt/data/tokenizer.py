@@ -1,24 +1,33 @@
-"""Tokenizers: raw UTF-8 bytes (offline, vocab 257) and GPT-2 BPE (tiktoken, vocab 50257).
+"""Tokenizers: raw UTF-8 bytes (offline, vocab 257), GPT-2 BPE (tiktoken, vocab 50257) and byte-level
+BPEs trained on a corpus (`download_dataset.py tokenizer`, jaxgpt/data/bpe.py), each used by name.
 
     from jaxgpt.data.tokenizer import get_tokenizer
-    tok = get_tokenizer("bytes")          # or "gpt2"
+    tok = get_tokenizer("bytes")          # or "gpt2", or a trained one: <data root>/tokenizers/<name>/
     ids = tok.encode("héllo")             # list[int]
     text = tok.decode(ids)
 
-Both tokenizers encode text as *ordinary* text: the literal string "<|endoftext|>" is never turned
+Every tokenizer encodes text as *ordinary* text: the literal string "<|endoftext|>" is never turned
 into the end-of-text id. Documents are separated by appending `eot_id` explicitly (see
 download_dataset.py), so no text in a corpus can forge a document boundary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
-TOKENIZER_NAMES = ("bytes", "gpt2")
+from jaxgpt.config import TOKENIZER_NAME as TRAINED_NAME
+from jaxgpt.data.root import default_data_root
+
+TOKENIZER_NAMES = ("bytes", "gpt2")  # built in; any other valid name is a trained tokenizer's
+TOKENIZERS_DIR = "tokenizers"  # under the data root
+TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face tokenizers file, in its folder and in each checkpoint
+EOT_TEXT = "<|endoftext|>"
 # GPT-2's vocabulary, for data that arrives already tokenized (no tiktoken files needed to use it).
 GPT2_N_VOCAB, GPT2_EOT_ID = 50257, 50256
 
@@ -116,10 +125,101 @@ class GPT2Tokenizer:
         return self._enc.decode(arr.tolist(), errors="replace")
 
 
-def get_tokenizer(name: str) -> Tokenizer:
-    """The tokenizer called `name` ("bytes" or "gpt2"); TokenizerError for any other name."""
+class TrainedTokenizer:
+    """A byte-level BPE trained on a corpus (jaxgpt/data/bpe.py), run by Hugging Face `tokenizers`.
+
+    Every byte is a token of its own, so any text encodes; end-of-text is the last id, a special
+    token that `encode` never produces from text (encode_special_tokens: "<|endoftext|>" in a
+    document is split like any other text). Decoding keeps it as the text "<|endoftext|>", as gpt2
+    does. Pickles as its name and tokenizer.json bytes, so it can be shipped to worker processes.
+    """
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name = name
+        self.path = Path(path)
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise TokenizerError(f"{self.path}: cannot read tokenizer {name!r} ({exc.strerror or exc})") from None
+        self._load(data)
+
+    def _load(self, data: bytes) -> None:
+        from tokenizers import Tokenizer as HFTokenizer  # imported here: bytes and gpt2 do not need it
+
+        self.data = data  # the file as read: checkpoints keep a copy, byte for byte
+        self.sha256 = hashlib.sha256(data).hexdigest()  # datasets and checkpoints record which file made them
+        try:
+            self._tok = HFTokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception for a malformed file (and UnicodeDecodeError)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TokenizerError(f"{self.path}: not a tokenizers tokenizer.json ({first[:120]})") from None
+        eot = self._tok.token_to_id(EOT_TEXT)
+        if eot is None:
+            raise TokenizerError(f"{self.path}: has no {EOT_TEXT} token (train it with download_dataset.py tokenizer)")
+        self._tok.encode_special_tokens = True  # "<|endoftext|>" in text is ordinary text (not saved in the file)
+        self.eot_id: int = eot
+        self.n_vocab: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self._dtype = np.uint16 if self.n_vocab <= 1 << 16 else np.uint32
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "data": self.data}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.name, self.path = state["name"], Path(state["path"])
+        self._load(state["data"])
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # encode_batch_fast: tokenizers' threads (Rust, no GIL) share the batch; no character offsets computed.
+        encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=self._dtype) for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = arr[(arr < 0) | (arr >= self.n_vocab)]
+        if bad.size:  # tokenizers would skip them silently
+            raise TokenizerError(f"{self.name} tokenizer: cannot decode id {int(bad[0])} "
+                                 f"(valid ids are 0..{self.n_vocab - 1})")
+        # The ByteLevel decoder replaces invalid UTF-8 (half a character) with U+FFFD.
+        return self._tok.decode(arr.tolist(), skip_special_tokens=False)
+
+    def token_bytes(self) -> np.ndarray:
+        """(n_vocab,) bytes of text behind each id (special tokens 0): byte-level tokens spell one
+        character per byte, which decoding one id alone would miscount for a part of a character."""
+        lengths = np.array([len(self._tok.id_to_token(i)) for i in range(self.n_vocab)], np.int64)
+        for i in self._tok.get_added_tokens_decoder():
+            lengths[i] = 0
+        return lengths
+
+
+def trained_dir(name: str, data_root: Path | None = None) -> Path:
+    """<data root>/tokenizers/<name>: where `download_dataset.py tokenizer` saves a trained tokenizer."""
+    return Path(default_data_root() if data_root is None else data_root) / TOKENIZERS_DIR / name
+
+
+def check_name(name: object) -> str:
+    """A tokenizer name as train.json and the commands take it; TokenizerError otherwise."""
+    if not isinstance(name, str) or not TRAINED_NAME.fullmatch(name):
+        raise TokenizerError(f"tokenizer name must be 'bytes', 'gpt2' or a trained tokenizer's name (letters, "
+                             f"digits, '.', '_' or '-'), got {name!r}")
+    return name
+
+
+def get_tokenizer(name: str, data_root: Path | None = None, *, file: Path | None = None) -> Tokenizer:
+    """The tokenizer called `name`: "bytes", "gpt2", or a trained one read from `file` (a copy saved
+    in a checkpoint) or else from <data_root>/tokenizers/<name>/tokenizer.json (data_root: see
+    trained_dir). TokenizerError, naming the folder and the command that makes it, when it is missing."""
     if name == "bytes":
         return BytesTokenizer()
     if name == "gpt2":
         return GPT2Tokenizer()
-    raise TokenizerError(f"unknown tokenizer {name!r}; choose one of {', '.join(TOKENIZER_NAMES)}")
+    check_name(name)
+    if file is not None:
+        return TrainedTokenizer(name, file)
+    folder = trained_dir(name, data_root)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise TokenizerError(f"tokenizer {name!r} not found: {folder} has no {TOKENIZER_FILE}; train it with "
+                             f"`download_dataset.py tokenizer {name} <source> --vocab-size N` (docs/tokenizers.md)")
+    return TrainedTokenizer(name, folder / TOKENIZER_FILE)

@@ -93,6 +93,8 @@ def token_bytes(tok: Tokenizer) -> np.ndarray:
 
         enc = tiktoken.get_encoding("gpt2")
         lengths = np.array([len(enc.decode_single_token_bytes(i)) for i in range(tok.n_vocab)], np.int64)
+    elif hasattr(tok, "token_bytes"):  # a trained byte-level BPE knows its tokens' bytes (tokenizer.py)
+        lengths = tok.token_bytes()
     else:  # any other tokenizer: decoding each id alone is exact for whole-character tokens
         lengths = np.array([len(tok.decode([i]).encode("utf-8")) for i in range(tok.n_vocab)], np.int64)
     lengths[tok.eot_id] = 0

@@ -205,7 +205,8 @@ class Trainer:
         from jaxgpt.data.tokenizer import get_tokenizer
         from jaxgpt.evaluation.scoring import hellaswag_score
 
-        r = hellaswag_score(self.model, self.run.hellaswag, get_tokenizer(self.cfg.tokenizer), progress=False)
+        tok = self.run.tokenizer or get_tokenizer(self.cfg.tokenizer)
+        r = hellaswag_score(self.model, self.run.hellaswag, tok, progress=False)
         self.hellaswag_results.append({"step": done, "acc": r["acc"], "acc_norm": r["acc_norm"],
                                        "examples": r["examples"], "tokenizer": r["tokenizer"]})
         self.records.scalars(done, {"hellaswag/acc": r["acc"], "hellaswag/acc_norm": r["acc_norm"]})
@@ -236,9 +237,11 @@ class Trainer:
         is_best = self.best is None or val < self.best
         self.best = val if is_best else self.best
         meta = self.meta(done, window, stats, val, is_best)
+        tok = self.run.tokenizer  # a trained one travels with each checkpoint
         path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
                                     {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
-                                    keep_last=self.cfg.keep_last_checkpoints)
+                                    keep_last=self.cfg.keep_last_checkpoints,
+                                    files={} if tok is None else {"tokenizer.json": tok.data})
         self.records.checkpoint(done, path.name)
         if self.is_main and (last or time.perf_counter() >= self.charts_due):
             # Drawing the charts takes about a second on a CPU: where checkpoints are seconds

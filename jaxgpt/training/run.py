@@ -26,7 +26,7 @@ from jaxgpt.data.batches import BatchSampler, WholeSplit
 from jaxgpt.data.packing import DocumentSampler
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
-from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import TOKENIZER_FILE, TOKENIZER_NAMES, TokenizerError, TrainedTokenizer, get_tokenizer
 from jaxgpt.evaluation.core import PreparedTask, prepare
 from jaxgpt.evaluation.core_bundle import fetch_bundle, read_tasks
 from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
@@ -54,6 +54,8 @@ class Run:
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
     hellaswag: list[Example] | None = None  # train.json hellaswag_interval: the examples to score
     core: list[PreparedTask] | None = None  # train.json core_interval: every task's rows, tokenized once
+    # A trained tokenizer (train.json "tokenizer" names one): each checkpoint keeps a copy of its file.
+    tokenizer: TrainedTokenizer | None = None
 
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
@@ -74,6 +76,13 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
                               train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
     dataset = open_dataset(ds_path)
     _check_dataset(run_dir, model_cfg, train_cfg, dataset)
+    tokenizer = None
+    if train_cfg.tokenizer not in TOKENIZER_NAMES:
+        tokenizer = get_tokenizer(train_cfg.tokenizer, data_root)
+        assert isinstance(tokenizer, TrainedTokenizer), tokenizer
+        if dataset.manifest.get("tokenizer_sha256") != tokenizer.sha256:  # every source's preparation records it
+            raise DataError(f"{ds_path}/manifest.json: not prepared with {tokenizer.path} (tokenizer_sha256 "
+                            f"{dataset.manifest.get('tokenizer_sha256')!r}); prepare the dataset again")
     seq_len = train_cfg.seq_len(model_cfg)
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
                   seed=train_cfg.seed, targets=train_cfg.targets)
@@ -99,6 +108,7 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     resume_from = _resume_point(run_dir)
     if resume_from is not None:
         _check_resume(resume_from, model_cfg, train_cfg, dataset)
+        _check_tokenizer(resume_from, tokenizer)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     examples = None
     if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
@@ -106,10 +116,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     core = None
     if train_cfg.core_interval is not None:  # the bundle read and every prompt tokenized before anything compiles
         tasks = read_tasks(fetch_bundle(Path(data_root) / "downloads"), train_cfg.core_examples)
-        core = prepare(tasks, get_tokenizer(train_cfg.tokenizer), context_length=model_cfg.context_length,
-                       vocab_size=model_cfg.vocab_size)
+        core = prepare(tasks, tokenizer or get_tokenizer(train_cfg.tokenizer),
+                       context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from, examples, core)
+               train_cfg.total_steps(model_cfg), resume_from, init_from, examples, core, tokenizer)
 
 
 # ----------------------------------------------------------------------------- the run directory
@@ -258,6 +268,15 @@ _MUON_STATE_KEYS = {"coefficients": "standard", "normuon": False}
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
 _RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+
+
+def _check_tokenizer(ckpt_dir: Path, tokenizer: TrainedTokenizer | None) -> None:
+    """A run resumes with the tokenizer file its checkpoint was trained with: one retrained under the
+    same name (--force) gives the same ids other meanings."""
+    saved = ckpt_dir / TOKENIZER_FILE
+    if tokenizer is not None and saved.is_file() and ckpt.sha256(saved) != tokenizer.sha256:
+        raise TokenizerError(f"{tokenizer.path}: tokenizer {tokenizer.name!r} differs from the one checkpoint "
+                             f"{ckpt_dir.name} was trained with ({saved}); use --restart, or copy that file back")
 
 
 def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, dataset: Dataset) -> None:
