@@ -110,17 +110,24 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
         _check_resume(resume_from, model_cfg, train_cfg, dataset)
         _check_tokenizer(resume_from, tokenizer)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
-    examples = None
-    if train_cfg.hellaswag_interval is not None:  # downloaded (or a one-line error) before anything compiles
-        examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
-    core = None
-    if train_cfg.core_interval is not None:  # the bundle read and every prompt tokenized before anything compiles
-        tasks = read_tasks(fetch_bundle(Path(data_root) / "downloads"), train_cfg.core_examples)
-        core = prepare(tasks, tokenizer or get_tokenizer(train_cfg.tokenizer),
-                       context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
+    examples, core = _benchmarks(model_cfg, train_cfg, data_root, tokenizer)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
                train_cfg.total_steps(model_cfg), resume_from, init_from, examples, core, tokenizer)
 
+
+
+def _benchmarks(model_cfg: ModelConfig, train_cfg: TrainConfig, data_root: Path, tokenizer: TrainedTokenizer | None
+                ) -> tuple[list[Example] | None, list[PreparedTask] | None]:
+    """HellaSwag's examples and CORE's tokenized tasks, when train.json scores them during training:
+    downloaded (or a one-line error), read and tokenized before anything compiles."""
+    examples = core = None
+    if train_cfg.hellaswag_interval is not None:
+        examples = read_examples(fetch_val(Path(data_root) / "downloads"), train_cfg.hellaswag_examples)
+    if train_cfg.core_interval is not None:
+        tasks = read_tasks(fetch_bundle(Path(data_root) / "downloads"), train_cfg.core_examples)
+        core = prepare(tasks, tokenizer or get_tokenizer(train_cfg.tokenizer),
+                       context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
+    return examples, core
 
 # ----------------------------------------------------------------------------- the run directory
 
