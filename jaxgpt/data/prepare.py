@@ -25,6 +25,7 @@ fingerprint, tokenizer) is reused as is; anything else is rebuilt atomically. Th
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import re
@@ -36,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.data import builtin, fineweb, sources
-from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
+from jaxgpt.data.encode import Progress, encode_documents
+from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, TokenizerError, get_tokenizer
 
 FINEWEB = fineweb.SOURCE
@@ -55,7 +57,6 @@ DEFAULT_OPTIONS: dict[str, dict] = {
 SOURCES = tuple(DEFAULT_OPTIONS)
 _TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
 _FROM_SOURCES = ("tinyshakespeare", FINEWEB)  # sources that can read a local copy instead of downloading
-_ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
@@ -136,18 +137,29 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True) -> Iterator[np.ndarray]:
+def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True, *,
+                       workers: int | None = None, progress: Progress | None = None) -> Iterator[np.ndarray]:
     """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
-    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it)."""
-    dtype = token_dtype(tokenizer.n_vocab)
-    documents = iter(documents)
-    while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
-        for ids in tokenizer.encode_batch(chunk):
-            doc = np.empty(ids.size + int(eot), dtype=dtype)
-            doc[:ids.size] = ids
-            if eot:
-                doc[-1] = tokenizer.eot_id
+    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it).
+
+    The tokenizer runs on `workers` threads (default: every core) while the caller consumes the
+    arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens."""
+    return encode_documents(tokenizer, documents, eot=eot, workers=workers, progress=progress)
+
+
+def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]], eot: bool,
+                     progress: Progress) -> Iterator[tuple[str, np.ndarray]]:
+    """(split, tokens) per (held out?, document): both splits tokenized as one stream, so the
+    corpus is read once for them (write_dataset takes the pairs)."""
+    held_out: collections.deque[bool] = collections.deque()  # documents read ahead by the tokenizer's threads
+
+    def texts() -> Iterator[str]:
+        for is_val, doc in documents:
+            held_out.append(is_val)
             yield doc
+
+    for tokens in tokenize_documents(tokenizer, texts(), eot, progress=progress):
+        yield ("val" if held_out.popleft() else "train"), tokens
 
 
 @dataclass
@@ -155,36 +167,42 @@ class _Corpus:
     """A document source: its fingerprint now (cheap), its train/val documents only when building."""
 
     fingerprint: str
-    splits: Callable[[float], tuple[Iterable[str], Iterable[str], str]]  # fraction -> train, val, how
+    # fraction -> (held out?, document) in the order read, and how validation was chosen
+    documents: Callable[[float], tuple[Iterable[tuple[bool, str]], str]]
     eot: bool = True  # end-of-text after each document
+
+
+def _in_order(train: Iterable[str], val: Iterable[str]) -> Iterator[tuple[bool, str]]:
+    """Splits already apart (as lists), as one stream: every train document, then every validation one."""
+    return itertools.chain(((False, doc) for doc in train), ((True, doc) for doc in val))
 
 
 def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
             log: Callable[[str], None]) -> _Corpus:
     if source == "builtin":
-        def split_builtin(fraction: float) -> tuple[list[str], list[str], str]:
+        def split_builtin(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
             docs = builtin.builtin_documents()
             train, val = split_documents(docs, fraction)
-            return train, val, f"{len(val)} of {len(docs)} documents"
+            return _in_order(train, val), f"{len(val)} of {len(docs)} documents"
 
         return _Corpus(builtin.builtin_fingerprint(), split_builtin)
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
         return _Corpus(sources.files_fingerprint(files),
-                       lambda fraction: sources.hold_out(lambda: sources.read_documents(files), fraction, where))
+                       lambda fraction: sources.hold_out_routed(lambda: sources.read_documents(files), fraction, where))
     assert source == "tinyshakespeare", source
     remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
         sources.fetch_file(remote, downloads, from_path=from_path, log=log)
 
-    def split_file(fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
+    def split_file(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
         path = sources.fetch_file(remote, downloads, from_path=None, log=log)
         if options["split"] == "nanogpt":
             (text,) = sources.read_documents([path])
             train, val = sources.nanogpt_split(text, fraction, str(path))
-            return iter([train]), iter([val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
-        return sources.hold_out(lambda: sources.read_documents([path]), fraction, str(path))
+            return _in_order([train], [val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
+        return sources.hold_out_routed(lambda: sources.read_documents([path]), fraction, str(path))
 
     # The file is pinned by its hash. nanoGPT's split adds no end-of-text: the splits are its bytes.
     return _Corpus(f"sha256-{remote.sha256}", split_file, eot=options["split"] != "nanogpt")
@@ -221,11 +239,13 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
         return path
     log(f"preparing dataset {path}: {problem}")
     tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
-    train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
-    manifest = write_dataset(
-        path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
-        splits={"train": tokenize_documents(tok, train_docs, corpus.eot),
-                "val": tokenize_documents(tok, val_docs, corpus.eot)})
+    documents, how = corpus.documents(options["validation_fraction"])
+    progress = Progress(f"tokenizing {path.name}")
+    try:
+        manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok,
+                                 shard_tokens=SHARD_TOKENS, splits=_tokenize_routed(tok, documents, corpus.eot, progress))
+    finally:
+        progress.close()
     splits = manifest["splits"]
     share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
     counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
