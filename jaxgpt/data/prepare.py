@@ -242,8 +242,9 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
     documents, how = corpus.documents(options["validation_fraction"])
     progress = Progress(f"tokenizing {path.name}")
     try:
-        manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok,
-                                 shard_tokens=SHARD_TOKENS, splits=_tokenize_routed(tok, documents, corpus.eot, progress))
+        manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint,
+                                 tokenizer=tok, shard_tokens=SHARD_TOKENS,
+                                 splits=_tokenize_routed(tok, documents, corpus.eot, progress))
     finally:
         progress.close()
     splits = manifest["splits"]

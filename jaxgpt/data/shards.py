@@ -190,7 +190,8 @@ class _SplitShards:
         if doc.size == 0:
             return
         if not np.issubdtype(doc.dtype, np.integer):
-            raise DataError(f"{writer.path}: {split} document {self.n_docs - 1} has dtype {doc.dtype}, expected integers")
+            raise DataError(
+                f"{writer.path}: {split} document {self.n_docs - 1} has dtype {doc.dtype}, expected integers")
         lo, hi = int(doc.min()), int(doc.max())
         if lo < 0 or hi >= writer.vocab_size:  # checked before the cast, which would silently wrap
             raise DataError(f"{writer.path}: {split} document {self.n_docs - 1} has token id {lo if lo < 0 else hi} "
