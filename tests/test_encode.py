@@ -178,6 +178,10 @@ def test_progress_reports_bytes_and_tokens(capsys: pytest.CaptureFixture[str]) -
     bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert bar.startswith("tokenizing test: 13.0kB") and "13,002 tokens" in bar and "tokens/s" in bar, bar
     assert encode.text_bytes("héllo") == 6 and encode.text_bytes("hello") == 5
+    quiet = encode.Progress("not a terminal")  # capsys's stderr, as a log file or a pipe: no bar, no tqdm
+    quiet.update(10, 5)
+    quiet.close()
+    assert quiet.bar is None and quiet.tokens == 5 and capsys.readouterr().err == ""
 
 
 def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(tmp_path: Path, tiktoken_cache: None) -> None:
