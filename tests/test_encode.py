@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, SHARED
 from safetensors.numpy import load_file, save_file
 
-from jaxgpt.data import builtin, encode, prepare
+from jaxgpt.data import builtin, encode, prepare, sources
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
 
@@ -79,9 +79,13 @@ def reference_shards(folder: Path, tokenizer: str, fraction: float, shard_tokens
     return splits
 
 
-@pytest.mark.parametrize("tokenizer", ["bytes", "gpt2"])
+@pytest.mark.parametrize("tokenizer, reads", [("bytes", 1), ("bytes", 2), ("gpt2", 1), ("gpt2", 2)],
+                         ids=["bytes-one-read", "bytes-count-then-read", "gpt2-one-read", "gpt2-count-then-read"])
 def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
-        tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+        tokenizer: str, reads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """Both ways of reading a corpus: a small one tokenized while it is counted (one read), a
+    larger one counted first and read again for both splits."""
     if tokenizer == "gpt2":
         request.getfixturevalue("tiktoken_cache")
     write_corpus(tmp_path / "corpus", gpt2=tokenizer == "gpt2")
@@ -90,9 +94,14 @@ def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
     monkeypatch.setattr(encode, "CHUNK_BYTES", 2048)
     monkeypatch.setattr(encode, "default_workers", lambda: 4)
     monkeypatch.setattr(prepare, "SHARD_TOKENS", 5_000 if tokenizer == "gpt2" else 20_000)
+    monkeypatch.setattr(prepare, "ONE_READ_BYTES", 10**9 if reads == 1 else 1000)
+    calls = []
+    read_documents = sources.read_documents
+    monkeypatch.setattr(sources, "read_documents", lambda files: calls.append(1) or read_documents(files))
     path = prepare.prepare_dataset("text", tokenizer, tmp_path / "data",
                                    options={"paths": [str(tmp_path / "corpus")], "validation_fraction": 0.1},
                                    log=lambda _msg: None)
+    assert len(calls) == reads
     expected = reference_shards(tmp_path / "corpus", tokenizer, 0.1, prepare.SHARD_TOKENS)
     manifest = open_dataset(path, verify=True).manifest
     for split, shards in expected.items():
@@ -184,22 +193,29 @@ def test_progress_reports_bytes_and_tokens(capsys: pytest.CaptureFixture[str]) -
     assert quiet.bar is None and quiet.tokens == 5 and capsys.readouterr().err == ""
 
 
-def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(tmp_path: Path, tiktoken_cache: None) -> None:
-    """SIGINT to download_dataset.py in the middle of tokenizing (its temporary folder exists): it
-    exits at once with a one-line message, no dataset and no temporary folder left behind."""
+@pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "count-then-read"])
+def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_path: Path, tiktoken_cache: None
+                                                          ) -> None:
+    """SIGINT to download_dataset.py in the middle of tokenizing: it exits at once with a one-line
+    message, no dataset and no temporary folder left behind, whichever way it reads the corpus."""
     paragraphs = "\n\n".join(prose(50, seed=4))
-    with open(tmp_path / "big.jsonl", "w") as f:  # ~40 MB: seconds of BPE even on many cores
-        for i in range(max(1, 40_000_000 // len(paragraphs))):
+    size = 40_000_000 if one_read else prepare.ONE_READ_BYTES + 10_000_000  # seconds of BPE even on many cores
+    with open(tmp_path / "big.jsonl", "w") as f:
+        for i in range(max(1, size // len(paragraphs))):
             f.write(json.dumps({"text": f"{i} {paragraphs}"}) + "\n")
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "download_dataset.py"), "text", str(tmp_path / "big.jsonl"),
-                             "--tokenizer", "gpt2", "--data-dir", str(data)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "download_dataset.py"), "text",
+                             str(tmp_path / "big.jsonl"), "--tokenizer", "gpt2", "--data-dir", str(data)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not list(data.glob("text-big-gpt2.tmp-*")):
-            assert proc.poll() is None and time.monotonic() < deadline, "never started writing"
-            time.sleep(0.005)
+        assert proc.stdout.readline().startswith("preparing dataset")  # then the tokenizer loads, and it starts
+        if one_read:
+            time.sleep(0.5)
+        else:  # after the count: the temporary folder exists while both splits are tokenized and written
+            deadline = time.monotonic() + 120
+            while not list(data.glob("text-big-gpt2.tmp-*")):
+                assert proc.poll() is None and time.monotonic() < deadline, "never started writing"
+                time.sleep(0.005)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

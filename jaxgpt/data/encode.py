@@ -67,6 +67,12 @@ class Progress:
             self.bar.set_postfix_str(f"{self.tokens:,} tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
             self.bar.update(nbytes)
 
+    def restart(self) -> None:
+        """Count from zero again (a corpus read a second time)."""
+        self.started, self.tokens = time.perf_counter(), 0
+        if self.bar is not None:
+            self.bar.reset()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

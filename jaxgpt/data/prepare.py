@@ -58,6 +58,10 @@ SOURCES = tuple(DEFAULT_OPTIONS)
 _TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
 _FROM_SOURCES = ("tinyshakespeare", FINEWEB)  # sources that can read a local copy instead of downloading
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
+# Text files of at most this many bytes hold at most about this many tokens (a byte-level
+# tokenizer makes no more tokens than bytes): tokenized while counted, their tokens kept until
+# the hold-out is known, so the corpus is read once. Larger ones are counted, then read again.
+ONE_READ_BYTES = SHARD_TOKENS
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
 
@@ -162,6 +166,33 @@ def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]]
         yield ("val" if held_out.popleft() else "train"), tokens
 
 
+def _tokenized_while_counted(tokenizer: Tokenizer, documents: Callable[[], Iterator[str]], fraction: float,
+                             where: str, progress: Progress) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
+    """A small corpus in one read: every document tokenized while they are counted, the arrays kept
+    (a shard's worth at most, as the writer holds anyway), then given to their split once the count
+    decides the hold-out. None when the corpus is larger than that after all, or has too few
+    documents to hold out whole ones (the text's tail is held out instead): read it again then."""
+    kept: list[np.ndarray] = []
+    n_tokens = 0
+    stream = tokenize_documents(tokenizer, documents(), progress=progress)
+    for tokens in stream:
+        kept.append(tokens)
+        n_tokens += tokens.size
+        if n_tokens > 2 * ONE_READ_BYTES:  # a tokenizer or format with more tokens than bytes
+            stream.close()
+            return None
+    mask = sources.hold_out_mask(len(kept), fraction, where)
+    if mask is None:
+        return None
+    kept.reverse()  # handed out from the end: the writer's copy is the only one left
+
+    def splits() -> Iterator[tuple[str, np.ndarray]]:
+        for held in mask:
+            yield ("val" if held else "train"), kept.pop()
+
+    return splits(), sources.held_out(mask)
+
+
 @dataclass
 class _Corpus:
     """A document source: its fingerprint now (cheap), its train/val documents only when building."""
@@ -170,6 +201,9 @@ class _Corpus:
     # fraction -> (held out?, document) in the order read, and how validation was chosen
     documents: Callable[[float], tuple[Iterable[tuple[bool, str]], str]]
     eot: bool = True  # end-of-text after each document
+    # Local text small enough to read once (_tokenized_while_counted): its documents, and where they are.
+    read_once: Callable[[], Iterator[str]] | None = None
+    where: str = ""
 
 
 def _in_order(train: Iterable[str], val: Iterable[str]) -> Iterator[tuple[bool, str]]:
@@ -189,8 +223,13 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
-        return _Corpus(sources.files_fingerprint(files),
-                       lambda fraction: sources.hold_out_routed(lambda: sources.read_documents(files), fraction, where))
+        read = lambda: sources.read_documents(files)  # noqa: E731
+        # Whole files only, too few to hold out whole documents: the tail is held out, read twice anyway.
+        few = (all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
+               and round(options["validation_fraction"] * len(files)) == 0)
+        small = not few and sum(f.stat().st_size for f in files) <= ONE_READ_BYTES
+        return _Corpus(sources.files_fingerprint(files), lambda fraction: sources.hold_out_routed(read, fraction, where),
+                       read_once=read if small else None, where=where)
     assert source == "tinyshakespeare", source
     remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
@@ -239,12 +278,20 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
         return path
     log(f"preparing dataset {path}: {problem}")
     tok = get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
-    documents, how = corpus.documents(options["validation_fraction"])
     progress = Progress(f"tokenizing {path.name}")
     try:
+        once = None
+        if corpus.read_once is not None:
+            once = _tokenized_while_counted(tok, corpus.read_once, options["validation_fraction"], corpus.where,
+                                            progress)
+        if once is not None:
+            splits, how = once
+        else:
+            progress.restart()
+            documents, how = corpus.documents(options["validation_fraction"])
+            splits = _tokenize_routed(tok, documents, corpus.eot, progress)
         manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint,
-                                 tokenizer=tok, shard_tokens=SHARD_TOKENS,
-                                 splits=_tokenize_routed(tok, documents, corpus.eot, progress))
+                                 tokenizer=tok, shard_tokens=SHARD_TOKENS, splits=splits)
     finally:
         progress.close()
     splits = manifest["splits"]

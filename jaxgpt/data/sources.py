@@ -30,6 +30,7 @@ from jaxgpt.data.shards import DataError
 from jaxgpt.files import sha256
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl")
+WHOLE_FILE_SUFFIXES = (".txt", ".md")  # one document per file (the others hold one per record)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DOWNLOAD_TIMEOUT_S = 30
 
@@ -249,22 +250,36 @@ def nanogpt_split(text: str, fraction: float, where: str = "corpus") -> tuple[st
     return text[:cut], text[cut:]
 
 
-def _hold_out_plan(documents: Callable[[], Iterator[str]], fraction: float, where: str
-                   ) -> tuple[np.ndarray | tuple[list[str], list[str]], str]:
-    """Counts the documents (one read, which also reports bad files before any tokenizing) and
-    chooses: a mask of the held-out documents, or (few documents) the text's tail as (train, val)."""
-    n = sum(1 for _ in documents())
+def hold_out_mask(n: int, fraction: float, where: str = "corpus") -> np.ndarray | None:
+    """Which of n documents are held out for validation (a seeded choice spread over the corpus),
+    or None when there are too few to hold out whole ones: then the text's tail is (split_tail)."""
     if n == 0:
         raise DataError(f"{where}: no text (every file or record is empty)")
     n_val = round(fraction * n)
     if n_val == 0:  # fewer than ~1/(2 * fraction) documents: by document would give 0% or far too much
-        return split_tail(list(documents()), fraction, where), f"the last {fraction:.0%} of the text of {n} document(s)"
+        return None
     if n_val >= n:
         raise DataError(f"{where}: cannot hold out {n_val} of {n} documents for validation and still train")
     # The same seeded choice as the builtin corpus: spread over the corpus, original order kept.
     is_val = np.zeros(n, dtype=bool)
     is_val[np.random.default_rng(0).permutation(n)[:n_val]] = True
-    return is_val, f"{n_val} of {n} documents"
+    return is_val
+
+
+def held_out(mask: np.ndarray) -> str:
+    """How hold_out_mask chose: "<held out> of <n> documents"."""
+    return f"{int(mask.sum())} of {mask.size} documents"
+
+
+def _hold_out_plan(documents: Callable[[], Iterator[str]], fraction: float, where: str
+                   ) -> tuple[np.ndarray | tuple[list[str], list[str]], str]:
+    """Counts the documents (one read, which also reports bad files before any tokenizing) and
+    chooses: a mask of the held-out documents, or (few documents) the text's tail as (train, val)."""
+    n = sum(1 for _ in documents())
+    mask = hold_out_mask(n, fraction, where)
+    if mask is None:
+        return split_tail(list(documents()), fraction, where), f"the last {fraction:.0%} of the text of {n} document(s)"
+    return mask, held_out(mask)
 
 
 def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
