@@ -32,6 +32,7 @@ from typing import Any
 
 from bench.train_step import BenchError
 from jaxgpt.caches import cpu_model
+from jaxgpt.cpu.malloc import TUNABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = Path(__file__).with_name("tiktoken_batch.py")  # side (i)
@@ -91,10 +92,21 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _plain_env() -> dict[str, str]:
+    """This environment without the huge-page malloc tunable `python -m bench` sets for JAX
+    (jaxgpt/cpu/malloc.py): both sides run as a shell starts them, download_dataset.py without it."""
+    env = dict(os.environ)
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != f"{TUNABLE}=1"]
+    env.pop("GLIBC_TUNABLES", None)
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(tunables)
+    return env
+
+
 def _run(command: list[str], what: str) -> tuple[float, float, str]:
     """(wall seconds, CPU seconds, stdout) of a fresh process; BenchError with its last line if it fails."""
     cpu0, t0 = _children_cpu_s(), time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_plain_env())
     seconds, cpu_s = time.perf_counter() - t0, _children_cpu_s() - cpu0
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -74,6 +74,13 @@ def test_bench_tokenize_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert cli.main(["tokenize", "--rounds", "0", "--corpus-dir", str(tmp_path)]) == 2
 
 
+def test_bench_tokenize_runs_its_sides_without_the_bench_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+    assert tokenizing._plain_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert "GLIBC_TUNABLES" not in tokenizing._plain_env()
+
+
 @SLOW  # a benchmark run end to end
 def test_bench_train_runs(tmp_path: Path) -> None:
     """The real train_step on a tiny run for 2 timed steps (and the extras): every figure present and sane."""
