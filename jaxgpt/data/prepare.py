@@ -228,7 +228,8 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
         few = (all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
                and round(options["validation_fraction"] * len(files)) == 0)
         small = not few and sum(f.stat().st_size for f in files) <= ONE_READ_BYTES
-        return _Corpus(sources.files_fingerprint(files), lambda fraction: sources.hold_out_routed(read, fraction, where),
+        return _Corpus(sources.files_fingerprint(files),
+                       lambda fraction: sources.hold_out_routed(read, fraction, where),
                        read_once=read if small else None, where=where)
     assert source == "tinyshakespeare", source
     remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
