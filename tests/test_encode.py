@@ -116,19 +116,31 @@ def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
     assert not pool_threads()
 
 
-class SlowFirstChunks(BytesTokenizer):
-    """The bytes tokenizer, slower on earlier documents: chunks finish in the reverse of their order."""
+class FirstChunkLast(BytesTokenizer):
+    """The bytes tokenizer whose first chunk (documents 0-2) waits until the fourth (9-11) is done."""
+
+    def __init__(self) -> None:
+        self.fourth_done = threading.Event()
+        self.order: list[int] = []
 
     def encode_batch(self, texts):
-        time.sleep(0.02 * max(0, 8 - int(texts[0].split()[0])))
-        return super().encode_batch(texts)
+        first = int(texts[0].split()[0])
+        if first == 0:
+            assert self.fourth_done.wait(timeout=60), "the fourth chunk never ran beside the first"
+        out = super().encode_batch(texts)
+        self.order.append(first)
+        if first == 9:
+            self.fourth_done.set()
+        return out
 
 
 def test_documents_come_back_in_order_whatever_finishes_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(encode, "CHUNK_DOCUMENTS", 3)
     docs = [f"{i} document number {i} " + "é" * (i % 7) for i in range(40)]
     one = list(prepare.tokenize_documents(BytesTokenizer(), docs, workers=1))
-    four = list(prepare.tokenize_documents(SlowFirstChunks(), docs, workers=4))
+    late = FirstChunkLast()
+    four = list(prepare.tokenize_documents(late, docs, workers=4))
+    assert late.order.index(0) > late.order.index(9)  # the first chunk really finished after a later one
     assert len(one) == len(four) == 40
     for doc, a, b in zip(docs, one, four):
         assert a.dtype == b.dtype == np.uint16
@@ -193,6 +205,18 @@ def test_progress_reports_bytes_and_tokens(capsys: pytest.CaptureFixture[str]) -
     assert quiet.bar is None and quiet.tokens == 5 and capsys.readouterr().err == ""
 
 
+def read_position(pid: int, path: Path) -> int:
+    """How far process `pid` has read the file at `path` (Linux /proc), 0 while it has it closed."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if Path(os.readlink(fd)) == path:
+                return int(Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().split()[1])  # "pos: N"
+        except OSError:  # closed meanwhile
+            continue
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="reads the process's file position in /proc")
 @pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "count-then-read"])
 def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_path: Path, tiktoken_cache: None
                                                           ) -> None:
@@ -208,14 +232,14 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
                              str(tmp_path / "big.jsonl"), "--tokenizer", "gpt2", "--data-dir", str(data)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().startswith("preparing dataset")  # then the tokenizer loads, and it starts
-        if one_read:
-            time.sleep(0.5)
-        else:  # after the count: the temporary folder exists while both splits are tokenized and written
-            deadline = time.monotonic() + 120
-            while not list(data.glob("text-big-gpt2.tmp-*")):
-                assert proc.poll() is None and time.monotonic() < deadline, "never started writing"
-                time.sleep(0.005)
+        deadline = time.monotonic() + 120
+        # One read: the file is read as it is tokenized (a few MB ahead at most), so a read position
+        # past the first MB and short of the end is the middle of tokenizing. Counted first: the
+        # temporary folder exists while both splits are tokenized and written.
+        while not (1_000_000 < read_position(proc.pid, tmp_path / "big.jsonl") < size // 2 if one_read
+                   else list(data.glob("text-big-gpt2.tmp-*"))):
+            assert proc.poll() is None and time.monotonic() < deadline, "never started tokenizing"
+            time.sleep(0.002)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
