@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, TokenizerError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # writes are atomic: a half-written dataset was removed on the way out
+        print("interrupted: no half-written dataset was kept (run the command again to prepare it)", file=sys.stderr)
+        return 130
     return 0
 
 

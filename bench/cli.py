@@ -9,11 +9,12 @@
     uv run -m bench compare --rounds 2 --json compare.json    # ours vs PyTorch ($JAXGPT_TORCH_PYTHON): fp32/fp32, bf16/bf16
     uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate: fp32/bf16, batch 1/8, (un)scanned
     uv run -m bench gemv                                  # one decode matmul per form, float32 vs bfloat16 weights
+    uv run -m bench tokenize --rounds 3                   # download_dataset.py text vs tiktoken's batch, 100 MB
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py); this file is their command line:
+train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize); this file is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
 that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
@@ -32,6 +33,7 @@ from bench import decode as decode_bench
 from bench.compare import DTYPES, TORCH_PYTHON_ENV, TORCH_STEP, bench_compare, torch_python_from_env
 from bench.gemv import bench_gemv
 from bench.loader import bench_data
+from bench.tokenizing import DOWNLOAD_DATASET, bench_tokenize
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from jaxgpt.data.shards import DataError
@@ -273,6 +275,22 @@ def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
     return bench_gemv(shapes, calls=args.calls)
 
 
+# ----------------------------------------------------------------------------- tokenize
+
+
+def _add_tokenize_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--megabytes", type=float, default=100.0, help="corpus size (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the two sides (default: %(default)s)")
+    parser.add_argument("--corpus-dir", type=Path, default=None,
+                        help="where the corpus is written once and reused (default: <data root>/bench)")
+    parser.add_argument("--script", type=Path, default=DOWNLOAD_DATASET,
+                        help="the download_dataset.py to time, e.g. another checkout's (default: this one's)")
+
+
+def _run_tokenize(args: argparse.Namespace) -> dict[str, Any]:
+    return bench_tokenize(args.megabytes, args.rounds, corpus_dir=args.corpus_dir, script=args.script)
+
+
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], dict[str, Any]]]] = {
@@ -282,6 +300,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
     "gemv": ("a decode step's matrix-vector product per form: float32 vs bfloat16 weights", _add_gemv_args, _run_gemv),
     "generate": ("sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
                  _add_generate_args, _run_generate),
+    "tokenize": ("download_dataset.py text against tiktoken's encode_ordinary_batch, MB/s", _add_tokenize_args,
+                 _run_tokenize),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
             _run_gpu),
 }

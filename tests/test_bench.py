@@ -5,13 +5,14 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import SLOW, write_run
 
-from bench import cli, compare, decode, gemv, loader, torch_generate, torch_step, train_step
+from bench import cli, compare, decode, gemv, loader, tokenizing, torch_generate, torch_step, train_step
 from jaxgpt.config import ModelConfig, load_run_configs
 
 TINY_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
@@ -46,6 +47,38 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["data", "--help"])
     assert info.value.code == 0 and "--json" in capsys.readouterr().out
     assert cli.main(["data", "--run", "/nonexistent-run"]) == 2
+
+
+def test_bench_tokenize_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both sides, fresh processes, on a ~1 MB corpus: what it prints and writes (figures positive, never timed)."""
+    out = tmp_path / "tokenize.json"
+    args = ["tokenize", "--megabytes", "1", "--rounds", "1", "--corpus-dir", str(tmp_path), "--json", str(out)]
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("writing the benchmark corpus") and lines[1].startswith("CPU: ")
+    (line,) = [line for line in lines if line.startswith("round ")]
+    assert "tiktoken encode_ordinary_batch" in line and "download_dataset.py text" in line and "ratio" in line
+    assert lines[-1].startswith("medians of 1 round(s): tiktoken ") and lines[-1].endswith("(target >= 0.8)")
+    figures = json.loads(out.read_text())
+    run = figures["runs"][0]
+    assert figures["tiktoken_mb_per_s"] > 0 and figures["prepare_mb_per_s"] > 0 and figures["ratio"] > 0
+    assert run["tokens"] > 0 and run["prepare_cpu_s"] > 0 and run["threads"] == os.cpu_count()
+    corpus = Path(figures["corpus"])
+    docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    assert run["documents"] == len(docs) and abs(corpus.stat().st_size - 1e6) < 30_000
+    assert 8000 <= sorted(len(d.encode()) for d in docs)[len(docs) // 2] < 12_000  # ~8 KB documents
+    # Deterministic, and written once: a second request reuses the file.
+    assert tokenizing.corpus_documents(0.05) == tokenizing.corpus_documents(0.05)
+    stamp = corpus.stat().st_mtime_ns
+    assert tokenizing.corpus_file(1, tmp_path, log=pytest.fail) == corpus and corpus.stat().st_mtime_ns == stamp
+    assert cli.main(["tokenize", "--rounds", "0", "--corpus-dir", str(tmp_path)]) == 2
+
+
+def test_bench_tokenize_runs_its_sides_without_the_bench_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
+    assert tokenizing._plain_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert "GLIBC_TUNABLES" not in tokenizing._plain_env()
 
 
 @SLOW  # a benchmark run end to end

@@ -114,6 +114,24 @@ def test_write_rejects_bad_input(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # failed writes leave nothing behind
 
 
+def test_interleaved_splits_write_the_same_shards(tmp_path: Path) -> None:
+    """write_dataset's one-stream form ((split, tokens) pairs in any interleaving) writes byte for
+    byte what the mapping form writes, shard cuts and manifest included."""
+    rng = np.random.default_rng(0)
+    docs = [(("val" if rng.random() < 0.3 else "train"), rng.integers(0, 257, rng.integers(1, 40))) for _ in range(200)]
+    common = dict(source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(), shard_tokens=300)
+    write_dataset(tmp_path / "mapping", splits={s: [d for split, d in docs if split == s] for s in ("train", "val")},
+                  **common)
+    write_dataset(tmp_path / "stream", splits=iter(docs), **common)
+    files = sorted(p.name for p in (tmp_path / "mapping").iterdir())
+    assert len(files) > 10 and files == sorted(p.name for p in (tmp_path / "stream").iterdir())
+    for name in files:
+        assert (tmp_path / "mapping" / name).read_bytes() == (tmp_path / "stream" / name).read_bytes(), name
+    with pytest.raises(DataError, match="unknown split 'test'"):
+        write_dataset(tmp_path / "bad", splits=[("train", np.array([1])), ("test", np.array([2]))], **common)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_overwrite_is_atomic(tmp_path: Path) -> None:
     path = tmp_path / "ds"
     write_text(path, ["old text " * 100])

@@ -119,6 +119,34 @@ def test_hold_out_tail_for_few_documents() -> None:
         sources.hold_out(lambda: iter([]), 0.1, "empty")
 
 
+@pytest.mark.parametrize("docs", [[f"doc {i}\n" for i in range(40)], ["".join(f"line {i}\n" for i in range(100))]],
+                         ids=["by-document", "tail"])
+def test_hold_out_routed_is_hold_out_in_one_stream(docs: list[str]) -> None:
+    """One read for both splits (what preparing uses): the same documents as hold_out's two, in corpus order."""
+    reads = []
+
+    def documents():
+        reads.append(1)
+        return iter(docs)
+
+    train, val, how = sources.hold_out(documents, 0.1)
+    train, val = list(train), list(val)
+    reads.clear()
+    routed, routed_how = sources.hold_out_routed(documents, 0.1)
+    pairs = list(routed)
+    assert routed_how == how and len(reads) == 2  # count, then one read for both splits (hold_out: one each)
+    assert [d for held, d in pairs if not held] == train and [d for held, d in pairs if held] == val
+    if len(docs) > 1:
+        assert [d for _, d in pairs] == docs  # corpus order: the writer routes each document as it comes
+
+
+def test_hold_out_routed_notices_a_changed_corpus() -> None:
+    sizes = iter([10, 11])
+    routed, _ = sources.hold_out_routed(lambda: iter([f"d{i}" for i in range(next(sizes))]), 0.2)
+    with pytest.raises(DataError, match="corpus changed while it was being prepared \\(10 documents, then 11\\)"):
+        list(routed)
+
+
 # ----------------------------------------------------------------------------- text source end to end
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,21 @@ def test_gpt2_round_trip(gpt2, text: str) -> None:
     assert gpt2.decode(ids) == text
     (batch,) = gpt2.encode_batch([text])
     assert batch.dtype == np.uint16 and batch.tolist() == ids
+
+
+def test_gpt2_batch_repairs_lone_surrogates_as_encode_ordinary(gpt2) -> None:
+    text = "half a pair \ud800 here"  # JSON "\ud800" reads as this; UTF-8 cannot hold it
+    (batch,) = gpt2.encode_batch([text])
+    assert batch.tolist() == gpt2._enc.encode_ordinary(text) and batch.size > 0
+
+
+def test_tokenizers_pickle_small(gpt2) -> None:
+    """Picklable (a worker process or a saved object can take one), by name: not the 50k-entry vocabulary."""
+    for tok in (gpt2, get_tokenizer("bytes")):
+        data = pickle.dumps(tok)
+        again = pickle.loads(data)
+        assert len(data) < 1000 and (again.name, again.n_vocab, again.eot_id) == (tok.name, tok.n_vocab, tok.eot_id)
+        assert again.encode("Every effort moves you") == tok.encode("Every effort moves you")
 
 
 def test_gpt2_eot_and_bad_ids(gpt2) -> None:

@@ -190,7 +190,7 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
             log(f"reusing tokenizer {folder} (trained with these settings on this corpus)")
             return folder
         started = time.perf_counter()
-        train_docs, val_docs, how = corpus.splits(resolved["validation_fraction"])
+        train_docs, val_docs, how = _splits(corpus, resolved["validation_fraction"])
         hf, trainer = _hf_bpe(vocab_size, sys.stdout.isatty() if progress is None else progress)
         seen = _Counted(train_docs)
         log(f"training a {vocab_size}-token byte-level BPE on the {source} train split ...")
@@ -221,6 +221,18 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
         f"documents / {seen.bytes:,} bytes in {time.perf_counter() - started:.1f} s")
     log(compression_line(figures))
     return folder
+
+
+def _splits(corpus: Any, fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
+    """(train documents, validation documents, how validation was chosen): the dataset's own hold-out.
+    The corpus comes as one stream of (held out?, document); validation is read again, after training."""
+    routed, how = corpus.documents(fraction)
+
+    def validation() -> Iterator[str]:
+        again, _ = corpus.documents(fraction)
+        yield from (doc for held, doc in again if held)
+
+    return (doc for held, doc in routed if not held), validation(), how
 
 
 def compression_line(figures: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxgpt.data.encode import encode_documents
 from jaxgpt.data.fineweb import hub_download
 from jaxgpt.data.parquet import open_parquet, parquet_documents
 from jaxgpt.data.shards import DataError, Dataset, DatasetWriter, open_dataset, write_dataset
@@ -110,7 +111,7 @@ def _staged(folder: Path, name: str, tok: Tokenizer, log: Callable[[str], None])
     return staged
 
 
-def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, downloads: Path,
+def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, downloads: Path, shard_tokens: int,
            log: Callable[[str], None]) -> tuple[Dataset, bool]:
     """(the staged shard of parquet file `name`, whether it was there already): the finished one if
     there is one, else tokenized now."""
@@ -119,13 +120,10 @@ def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, d
     if staged is not None:
         return staged, True
     local = locate(name, from_dir=from_dir, downloads=downloads, log=log)
-    # Imported here: prepare.py imports this module (it registers the source there).
-    from jaxgpt.data.prepare import SHARD_TOKENS, tokenize_documents
-
     started = time.perf_counter()
     write_dataset(folder, source=_STAGED_SOURCE, options={"source_file": name}, fingerprint=_fingerprint(name),
-                  tokenizer=tok, shard_tokens=SHARD_TOKENS,
-                  splits={"train": tokenize_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []})
+                  tokenizer=tok, shard_tokens=shard_tokens,
+                  splits={"train": encode_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []})
     staged = open_dataset(folder)
     log(f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
         f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s")
@@ -177,7 +175,7 @@ def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[s
 
 
 def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: int | None, from_dir: Path | None,
-            downloads: Path, log: Callable[[str], None] = print) -> Path:
+            downloads: Path, shard_tokens: int, log: Callable[[str], None] = print) -> Path:
     """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
     `tokenizer`; reuse every shard already tokenized (also one finished before a kill)."""
     if from_dir is not None and not Path(from_dir).is_dir():
@@ -189,7 +187,8 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
     reused: list[str] = []
 
     def stage(name: str) -> Dataset:
-        staged, was_there = _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads, log=log)
+        staged, was_there = _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads,
+                                   shard_tokens=shard_tokens, log=log)
         reused.extend([name] if was_there else [])
         return staged
 

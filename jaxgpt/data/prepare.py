@@ -31,6 +31,7 @@ else the repository's data/. From Python:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import re
@@ -42,8 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.data import builtin, fineweb, fineweb_edu, sources
+from jaxgpt.data.encode import Progress, encode_documents
 from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
-from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, token_dtype, write_dataset
+from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
 
 FINEWEB = fineweb.SOURCE
@@ -66,8 +68,11 @@ DEFAULT_OPTIONS: dict[str, dict] = {
 SOURCES = tuple(DEFAULT_OPTIONS)
 _TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
 _FROM_SOURCES = ("tinyshakespeare", FINEWEB, FINEWEB_EDU)  # sources that can read a local copy instead of downloading
-_ENCODE_CHUNK = 256  # documents per tokenizer call: bounds memory while keeping tiktoken's threads busy
 SHARD_TOKENS = 2**27  # tokens per shard (256 MiB of uint16): bounded files, few enough to open quickly
+# Text files of at most this many bytes hold at most about this many tokens (a byte-level
+# tokenizer makes no more tokens than bytes): tokenized while counted, their tokens kept until
+# the hold-out is known, so the corpus is read once. Larger ones are counted, then read again.
+ONE_READ_BYTES = SHARD_TOKENS
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 TINYSHAKESPEARE_SPLITS = ("nanogpt", "newline")  # tinyshakespeare's two cuts (DEFAULT_OPTIONS)
 
@@ -140,18 +145,56 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True) -> Iterator[np.ndarray]:
+def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True, *,
+                       workers: int | None = None, progress: Progress | None = None) -> Iterator[np.ndarray]:
     """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
-    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it)."""
-    dtype = token_dtype(tokenizer.n_vocab)
-    documents = iter(documents)
-    while chunk := list(itertools.islice(documents, _ENCODE_CHUNK)):
-        for ids in tokenizer.encode_batch(chunk):
-            doc = np.empty(ids.size + int(eot), dtype=dtype)
-            doc[:ids.size] = ids
-            if eot:
-                doc[-1] = tokenizer.eot_id
+    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it).
+
+    The tokenizer runs on `workers` threads (default: every core) while the caller consumes the
+    arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens."""
+    return encode_documents(tokenizer, documents, eot=eot, workers=workers, progress=progress)
+
+
+def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]], eot: bool,
+                     progress: Progress) -> Iterator[tuple[str, np.ndarray]]:
+    """(split, tokens) per (held out?, document): both splits tokenized as one stream, so the
+    corpus is read once for them (write_dataset takes the pairs)."""
+    held_out: collections.deque[bool] = collections.deque()  # documents read ahead by the tokenizer's threads
+
+    def texts() -> Iterator[str]:
+        for is_val, doc in documents:
+            held_out.append(is_val)
             yield doc
+
+    for tokens in tokenize_documents(tokenizer, texts(), eot, progress=progress):
+        yield ("val" if held_out.popleft() else "train"), tokens
+
+
+def _tokenized_while_counted(tokenizer: Tokenizer, documents: Callable[[], Iterator[str]], fraction: float,
+                             where: str, progress: Progress) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
+    """A small corpus in one read: every document tokenized while they are counted, the arrays kept
+    (a shard's worth at most, as the writer holds anyway), then given to their split once the count
+    decides the hold-out. None when the corpus is larger than that after all, or has too few
+    documents to hold out whole ones (the text's tail is held out instead): read it again then."""
+    kept: list[np.ndarray] = []
+    n_tokens = 0
+    stream = tokenize_documents(tokenizer, documents(), progress=progress)
+    for tokens in stream:
+        kept.append(tokens)
+        n_tokens += tokens.size
+        if n_tokens > 2 * ONE_READ_BYTES:  # a tokenizer or format with more tokens than bytes
+            stream.close()
+            return None
+    mask = sources.hold_out_mask(len(kept), fraction, where)
+    if mask is None:
+        return None
+    kept.reverse()  # handed out from the end: the writer's copy is the only one left
+
+    def splits() -> Iterator[tuple[str, np.ndarray]]:
+        for held in mask:
+            yield ("val" if held else "train"), kept.pop()
+
+    return splits(), sources.held_out(mask)
 
 
 @dataclass
@@ -159,36 +202,51 @@ class _Corpus:
     """A document source: its fingerprint now (cheap), its train/val documents only when building."""
 
     fingerprint: str
-    splits: Callable[[float], tuple[Iterable[str], Iterable[str], str]]  # fraction -> train, val, how
+    # fraction -> (held out?, document) in the order read, and how validation was chosen
+    documents: Callable[[float], tuple[Iterable[tuple[bool, str]], str]]
     eot: bool = True  # end-of-text after each document
+    # Local text small enough to read once (_tokenized_while_counted): its documents, and where they are.
+    read_once: Callable[[], Iterator[str]] | None = None
+    where: str = ""
+
+
+def _in_order(train: Iterable[str], val: Iterable[str]) -> Iterator[tuple[bool, str]]:
+    """Splits already apart (as lists), as one stream: every train document, then every validation one."""
+    return itertools.chain(((False, doc) for doc in train), ((True, doc) for doc in val))
 
 
 def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
             log: Callable[[str], None]) -> _Corpus:
     if source == "builtin":
-        def split_builtin(fraction: float) -> tuple[list[str], list[str], str]:
+        def split_builtin(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
             docs = builtin.builtin_documents()
             train, val = split_documents(docs, fraction)
-            return train, val, f"{len(val)} of {len(docs)} documents"
+            return _in_order(train, val), f"{len(val)} of {len(docs)} documents"
 
         return _Corpus(builtin.builtin_fingerprint(), split_builtin)
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
-        return _Corpus(sources.files_fingerprint(files), lambda fraction: sources.hold_out(
-            lambda: sources.read_documents(files, options["text_column"]), fraction, where))
+        read = lambda: sources.read_documents(files, options["text_column"])  # noqa: E731
+        # Whole files only, too few to hold out whole documents: the tail is held out, read twice anyway.
+        few = (all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
+               and round(options["validation_fraction"] * len(files)) == 0)
+        small = not few and sum(f.stat().st_size for f in files) <= ONE_READ_BYTES
+        return _Corpus(sources.files_fingerprint(files),
+                       lambda fraction: sources.hold_out_routed(read, fraction, where),
+                       read_once=read if small else None, where=where)
     assert source == "tinyshakespeare", source
     remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
         sources.fetch_file(remote, downloads, from_path=from_path, log=log)
 
-    def split_file(fraction: float) -> tuple[Iterator[str], Iterator[str], str]:
+    def split_file(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
         path = sources.fetch_file(remote, downloads, from_path=None, log=log)
         if options["split"] == "nanogpt":
             (text,) = sources.read_documents([path])
             train, val = sources.nanogpt_split(text, fraction, str(path))
-            return iter([train]), iter([val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
-        return sources.hold_out(lambda: sources.read_documents([path]), fraction, str(path))
+            return _in_order([train], [val]), f"nanoGPT's cut at character {len(train):,}, no end-of-text"
+        return sources.hold_out_routed(lambda: sources.read_documents([path]), fraction, str(path))
 
     # The file is pinned by its hash. nanoGPT's split adds no end-of-text: the splits are its bytes.
     return _Corpus(f"sha256-{remote.sha256}", split_file, eot=options["split"] != "nanogpt")
@@ -228,11 +286,22 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
         return path
     log(f"preparing dataset {path}: {problem}")
     tok = trained or get_tokenizer(tokenizer)  # before any writing: a missing gpt2 cache fails fast
-    train_docs, val_docs, how = corpus.splits(options["validation_fraction"])
-    manifest = write_dataset(
-        path, source=source, options=options, fingerprint=corpus.fingerprint, tokenizer=tok, shard_tokens=SHARD_TOKENS,
-        splits={"train": tokenize_documents(tok, train_docs, corpus.eot),
-                "val": tokenize_documents(tok, val_docs, corpus.eot)})
+    progress = Progress(f"tokenizing {path.name}")
+    try:
+        once = None
+        if corpus.read_once is not None:
+            once = _tokenized_while_counted(tok, corpus.read_once, options["validation_fraction"], corpus.where,
+                                            progress)
+        if once is not None:
+            splits, how = once
+        else:
+            progress.restart()
+            documents, how = corpus.documents(options["validation_fraction"])
+            splits = _tokenize_routed(tok, documents, corpus.eot, progress)
+        manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint,
+                                 tokenizer=tok, shard_tokens=SHARD_TOKENS, splits=splits)
+    finally:
+        progress.close()
     splits = manifest["splits"]
     share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
     counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
@@ -269,7 +338,8 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
         tok = get_tokenizer(tokenizer, data_root)  # before any lock or download: a missing one fails fast
         with dataset_lock(path, log):
             return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
-                                       downloads=Path(data_root) / "downloads" / FINEWEB_EDU, log=log)
+                                       downloads=Path(data_root) / "downloads" / FINEWEB_EDU,
+                                       shard_tokens=SHARD_TOKENS, log=log)
     corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
     with dataset_lock(path, log):
         return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root)

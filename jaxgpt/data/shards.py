@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,54 +176,77 @@ class DatasetWriter:
         return self.manifest
 
 
-def _write_split(writer: DatasetWriter, split: str, docs: Iterable[np.ndarray], shard_tokens: int) -> None:
-    """Stream documents into shards of exactly shard_tokens tokens (the last one shorter)."""
-    pending: list[np.ndarray] = []  # documents not yet written, at most ~one shard's worth
-    n_pending = n_docs = 0
-    for doc in docs:
+class _SplitShards:
+    """Cuts one split's documents, added one at a time, into shards of exactly shard_tokens tokens
+    (the last one shorter, written by close())."""
+
+    def __init__(self, writer: DatasetWriter, split: str, shard_tokens: int) -> None:
+        self.writer, self.split, self.shard_tokens = writer, split, shard_tokens
+        self.pending: list[np.ndarray] = []  # documents not yet written, at most ~one shard's worth
+        self.n_pending = self.n_docs = 0
+
+    def add(self, doc: np.ndarray) -> None:
+        writer, split, shard_tokens = self.writer, self.split, self.shard_tokens
         doc = np.asarray(doc).reshape(-1)
-        n_docs += 1
+        self.n_docs += 1
         if doc.size == 0:
-            continue
+            return
         if not np.issubdtype(doc.dtype, np.integer):
-            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has dtype {doc.dtype}, expected integers")
+            raise DataError(
+                f"{writer.path}: {split} document {self.n_docs - 1} has dtype {doc.dtype}, expected integers")
         lo, hi = int(doc.min()), int(doc.max())
         if lo < 0 or hi >= writer.vocab_size:  # checked before the cast, which would silently wrap
-            raise DataError(f"{writer.path}: {split} document {n_docs - 1} has token id {lo if lo < 0 else hi} "
+            raise DataError(f"{writer.path}: {split} document {self.n_docs - 1} has token id {lo if lo < 0 else hi} "
                             f"outside 0..{writer.vocab_size - 1}")
-        pending.append(doc.astype(writer.dtype, copy=False))
-        n_pending += doc.size
-        if n_pending >= shard_tokens:
+        self.pending.append(doc.astype(writer.dtype, copy=False))
+        self.n_pending += doc.size
+        if self.n_pending >= shard_tokens:
             # Concatenate once and cut every full shard from it: a long document may fill several.
-            flat = np.concatenate(pending)
+            flat = np.concatenate(self.pending)
             n_full = flat.size // shard_tokens
             for i in range(n_full):
                 writer.add_shard(split, flat[i * shard_tokens:(i + 1) * shard_tokens])
             rest = flat[n_full * shard_tokens:]
-            pending, n_pending = ([rest] if rest.size else []), int(rest.size)
-    if n_pending:
-        writer.add_shard(split, np.concatenate(pending))
-    writer.manifest["splits"][split]["documents"] = n_docs
+            self.pending, self.n_pending = ([rest] if rest.size else []), int(rest.size)
+
+    def close(self) -> None:
+        if self.n_pending:
+            self.writer.add_shard(self.split, np.concatenate(self.pending))
+        self.writer.manifest["splits"][self.split]["documents"] = self.n_docs
 
 
 def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint: str, tokenizer: Tokenizer,
-                  splits: dict[str, Iterable[np.ndarray]], shard_tokens: int = 2**27) -> dict:
+                  splits: Mapping[str, Iterable[np.ndarray]] | Iterable[tuple[str, np.ndarray]],
+                  shard_tokens: int = 2**27) -> dict:
     """Write a dataset atomically (see DatasetWriter) and return its manifest.
 
     `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
     already ending with its end-of-text token; they are concatenated in order and cut into
-    shards of `shard_tokens` tokens (2**27 = 256 MiB of uint16 by default).
+    shards of `shard_tokens` tokens (2**27 = 256 MiB of uint16 by default). Or it is one stream
+    of (split, array) pairs, the two splits interleaved in any way (one pass over a corpus whose
+    documents go to either split): each split's shards are the same as from the mapping.
     """
     dataset_dir = Path(dataset_dir)
-    if sorted(splits) != sorted(SPLITS):
+    if isinstance(splits, Mapping) and sorted(splits) != sorted(SPLITS):
         raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
     if shard_tokens < 1:
         raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
     with DatasetWriter(dataset_dir, source=source, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
                        vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id,
                        tokenizer_sha256=getattr(tokenizer, "sha256", None)) as writer:
-        for split in SPLITS:
-            _write_split(writer, split, splits[split], shard_tokens)
+        shards = {split: _SplitShards(writer, split, shard_tokens) for split in SPLITS}
+        if isinstance(splits, Mapping):
+            for split in SPLITS:
+                for doc in splits[split]:
+                    shards[split].add(doc)
+                shards[split].close()  # one split's pending tokens in memory at a time
+        else:
+            for split, doc in splits:  # each split holds up to a shard's worth pending
+                if split not in shards:
+                    raise DataError(f"{dataset_dir}: unknown split {split!r} (expected one of {list(SPLITS)})")
+                shards[split].add(doc)
+            for split in SPLITS:
+                shards[split].close()
         return writer.commit()
 
 

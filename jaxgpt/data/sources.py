@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from jaxgpt.data.shards import DataError
 from jaxgpt.files import sha256
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
+WHOLE_FILE_SUFFIXES = (".txt", ".md")  # one document per file (the others hold one per record)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _DOWNLOAD_TIMEOUT_S = 30
 
@@ -252,6 +254,38 @@ def nanogpt_split(text: str, fraction: float, where: str = "corpus") -> tuple[st
     return text[:cut], text[cut:]
 
 
+def hold_out_mask(n: int, fraction: float, where: str = "corpus") -> np.ndarray | None:
+    """Which of n documents are held out for validation (a seeded choice spread over the corpus),
+    or None when there are too few to hold out whole ones: then the text's tail is (split_tail)."""
+    if n == 0:
+        raise DataError(f"{where}: no text (every file or record is empty)")
+    n_val = round(fraction * n)
+    if n_val == 0:  # fewer than ~1/(2 * fraction) documents: by document would give 0% or far too much
+        return None
+    if n_val >= n:
+        raise DataError(f"{where}: cannot hold out {n_val} of {n} documents for validation and still train")
+    # The same seeded choice as the builtin corpus: spread over the corpus, original order kept.
+    is_val = np.zeros(n, dtype=bool)
+    is_val[np.random.default_rng(0).permutation(n)[:n_val]] = True
+    return is_val
+
+
+def held_out(mask: np.ndarray) -> str:
+    """How hold_out_mask chose: "<held out> of <n> documents"."""
+    return f"{int(mask.sum())} of {mask.size} documents"
+
+
+def _hold_out_plan(documents: Callable[[], Iterator[str]], fraction: float, where: str
+                   ) -> tuple[np.ndarray | tuple[list[str], list[str]], str]:
+    """Counts the documents (one read, which also reports bad files before any tokenizing) and
+    chooses: a mask of the held-out documents, or (few documents) the text's tail as (train, val)."""
+    n = sum(1 for _ in documents())
+    mask = hold_out_mask(n, fraction, where)
+    if mask is None:
+        return split_tail(list(documents()), fraction, where), f"the last {fraction:.0%} of the text of {n} document(s)"
+    return mask, held_out(mask)
+
+
 def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
              ) -> tuple[Iterator[str], Iterator[str], str]:
     """(train, val, description): whole documents held out, or the text's tail when there are too few documents.
@@ -259,28 +293,29 @@ def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str
     `documents` is called once to count (which also reports bad files before any tokenizing) and
     then once per split, so a corpus larger than memory streams through.
     """
-    n = sum(1 for _ in documents())
-    if n == 0:
-        raise DataError(f"{where}: no text (every file or record is empty)")
-    n_val = round(fraction * n)
-    if n_val == 0:  # fewer than ~1/(2 * fraction) documents: by document would give 0% or far too much
-        train, val = split_tail(list(documents()), fraction, where)
-        return iter(train), iter(val), f"the last {fraction:.0%} of the text of {n} document(s)"
-    if n_val >= n:
-        raise DataError(f"{where}: cannot hold out {n_val} of {n} documents for validation and still train")
-    # The same seeded choice as the builtin corpus: spread over the corpus, original order kept.
-    is_val = np.zeros(n, dtype=bool)
-    is_val[np.random.default_rng(0).permutation(n)[:n_val]] = True
-    return _select(documents, is_val, False), _select(documents, is_val, True), f"{n_val} of {n} documents"
+    plan, how = _hold_out_plan(documents, fraction, where)
+    if isinstance(plan, tuple):
+        return iter(plan[0]), iter(plan[1]), how
+    return ((doc for is_val, doc in _routed(documents, plan) if not is_val),
+            (doc for is_val, doc in _routed(documents, plan) if is_val), how)
 
 
-def _select(documents: Callable[[], Iterator[str]], is_val: np.ndarray, want: bool) -> Iterator[str]:
+def hold_out_routed(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
+                    ) -> tuple[Iterator[tuple[bool, str]], str]:
+    """hold_out's split as one stream of (held out?, document) in the corpus's order, and its
+    description: `documents` is called once to count and once more for both splits together."""
+    plan, how = _hold_out_plan(documents, fraction, where)
+    if isinstance(plan, tuple):
+        return itertools.chain(((False, doc) for doc in plan[0]), ((True, doc) for doc in plan[1])), how
+    return _routed(documents, plan), how
+
+
+def _routed(documents: Callable[[], Iterator[str]], is_val: np.ndarray) -> Iterator[tuple[bool, str]]:
     count = 0
     for count, doc in enumerate(documents(), start=1):
         if count > is_val.size:
             break
-        if is_val[count - 1] == want:
-            yield doc
+        yield bool(is_val[count - 1]), doc
     if count != is_val.size:  # a file changed between the counting pass and this one
         raise DataError(f"the corpus changed while it was being prepared ({is_val.size} documents, then "
                         f"{count}); prepare it again")

@@ -49,7 +49,11 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Token ids of each text (no end-of-text added), as 1-D integer arrays; fast path for datasets."""
+        """Token ids of each text (no end-of-text added), as 1-D integer arrays; fast path for datasets.
+
+        tokenize_documents calls it from one thread per core at once (jaxgpt/data/encode.py): it
+        must be thread-safe, and scales when its heavy part drops the GIL (native code does).
+        """
         ...
 
 
@@ -111,10 +115,17 @@ class GPT2Tokenizer:
         return self._enc.encode_ordinary(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # encode_ordinary_batch spreads documents over threads (tiktoken's Rust core drops the GIL).
-        threads = max(1, min(8, os.cpu_count() or 1))
-        lists = self._enc.encode_ordinary_batch(list(texts), num_threads=threads)
-        return [np.asarray(ids, dtype=np.uint16) for ids in lists]  # n_vocab 50257 fits in uint16
+        # encode_to_numpy hands back tiktoken's own uint32 buffer: no Python int per token (their
+        # making holds the GIL), so tokenize_documents' threads encode on every core at once.
+        # With nothing allowed and nothing disallowed, "<|endoftext|>" in a text stays text:
+        # exactly encode_ordinary's ids.
+        return [self._encode_array(text).astype(np.uint16) for text in texts]  # n_vocab 50257 fits in uint16
+
+    def _encode_array(self, text: str) -> np.ndarray:
+        try:
+            return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+        except UnicodeEncodeError:  # lone surrogates (JSON "\ud800"): encode_ordinary's own repair
+            return np.asarray(self._enc.encode_ordinary(text), dtype=np.uint32)
 
     def decode(self, ids: Sequence[int]) -> str:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)
