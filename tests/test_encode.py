@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, SHARED
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from jaxgpt.data import builtin, encode, prepare, sources
 from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
+from jaxgpt.data.tokenizer import BytesTokenizer
 
 TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 
