@@ -97,7 +97,7 @@ def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
     monkeypatch.setattr(prepare, "ONE_READ_BYTES", 10**9 if reads == 1 else 1000)
     calls = []
     read_documents = sources.read_documents
-    monkeypatch.setattr(sources, "read_documents", lambda files: calls.append(1) or read_documents(files))
+    monkeypatch.setattr(sources, "read_documents", lambda files, *args: calls.append(1) or read_documents(files, *args))
     path = prepare.prepare_dataset("text", tokenizer, tmp_path / "data",
                                    options={"paths": [str(tmp_path / "corpus")], "validation_fraction": 0.1},
                                    log=lambda _msg: None)
