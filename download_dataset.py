@@ -76,14 +76,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--from", dest="from_path", type=Path, default=None,
                      help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder, "
                           "FineWeb-Edu .parquet folder)")
-    trainer = argparse.ArgumentParser(add_help=False, parents=[where, split])
+    trainer = argparse.ArgumentParser(add_help=False, parents=[where])
     trainer.add_argument("--vocab-size", type=int, required=True,
                          help=f"tokens in all, end-of-text included ({bpe.MIN_VOCAB}..{bpe.MAX_VOCAB})")
     trainer.add_argument("--force", action="store_true", help="replace a different tokenizer of that name")
     tok = sub.add_parser("tokenizer", help="train a byte-level BPE on a source's train split (docs/tokenizers.md)")
     tok.add_argument("tokenizer_name", metavar="NAME", help="saved as <data>/tokenizers/NAME; train.json "
                      "\"tokenizer\": NAME uses it")
-    _text_sources(tok.add_subparsers(dest="corpus", required=True, metavar="SOURCE"), trainer)
+    corpora = tok.add_subparsers(dest="corpus", required=True, metavar="SOURCE")
+    _text_sources(corpora, argparse.ArgumentParser(add_help=False, parents=[trainer, split]))
+    edu = corpora.add_parser(FINEWEB_EDU, parents=[trainer], help="FineWeb-Edu's first train shards, as nanochat")
+    edu.add_argument("--from", dest="from_path", type=Path, default=None,
+                     help="a folder holding shard_NNNNN.parquet files (read in place)")
+    for key, meaning in ("max_chars", "characters to train on in all"), ("doc_cap", "characters kept of each document"):
+        edu.add_argument(f"--{key.replace('_', '-')}", type=_count, default=None,
+                         help=f"{meaning} (default: {bpe.EDU_OPTIONS[key]:,}, nanochat's)")
     return parser
 
 
@@ -116,6 +123,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB_EDU, args.tokenizer, options, args.train_tokens
     source = args.corpus if args.source == "tokenizer" else args.source
+    if source == FINEWEB_EDU:  # the tokenizer command's
+        return source, "", {k: getattr(args, k) for k in bpe.EDU_OPTIONS if getattr(args, k) is not None}, None
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
     if getattr(args, "split", None) is not None:
         options["split"] = args.split

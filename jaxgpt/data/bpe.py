@@ -10,7 +10,9 @@ tokens, so any text encodes), no normalizer, and one special token, "<|endoftext
 which documents are separated with (jaxgpt/data/tokenizer.py: TrainedTokenizer). It learns from
 the same train split the source's dataset trains on (prepare.py's _corpus, same options), so the
 validation documents are never seen; its compression (bytes per token) on those validation
-documents, against GPT-2's, is printed and kept in meta.json. The same corpus and settings give a
+documents, against GPT-2's, is printed and kept in meta.json. FineWeb-Edu is read as nanochat's
+scripts/tok_train.py reads it: the first max_chars characters of the train files, each document cut
+to doc_cap, measured on the fixed validation file. The same corpus and settings give a
 byte-identical tokenizer.json; a folder holding a different tokenizer of that name is replaced
 only with force=True (--force). The reference: docs/tokenizers.md.
 """
@@ -26,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.data import fineweb_edu
+from jaxgpt.data.parquet import parquet_documents
 from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_options, tokenize_documents
 from jaxgpt.data.shards import DataError, _remove_stale, dataset_lock
 from jaxgpt.data.tokenizer import (
@@ -50,10 +54,14 @@ FORMAT_VERSION = 1
 SPECIAL_TOKENS = (EOT_TEXT,)
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte, then the specials
 MAX_VOCAB = 1 << 20  # far past any useful size; larger is a typo
-# Sources whose documents are read here (FineWeb-10B arrives as GPT-2 ids: nothing to learn from; FineWeb-Edu:
-# train on a text source holding some of its parquet shards, docs/tokenizers.md).
-TEXT_SOURCES = tuple(s for s in SOURCES if s not in (FINEWEB, FINEWEB_EDU))
-_FROM_SOURCES = ("tinyshakespeare",)
+# Sources whose documents are read here (FineWeb-10B arrives as GPT-2 ids: nothing to learn from).
+TEXT_SOURCES = tuple(s for s in SOURCES if s != FINEWEB)
+_FROM_SOURCES = ("tinyshakespeare", FINEWEB_EDU)
+# FineWeb-Edu: nanochat's scripts/tok_train.py defaults (the first 2B characters of the train shards,
+# each document cut to 10,000 characters); compression on the first 10M characters of whole documents
+# of the fixed validation shard (~a tenth of it: a stable figure in seconds).
+EDU_OPTIONS = {"max_chars": 2_000_000_000, "doc_cap": 10_000}
+EDU_VAL_CHARS = 10_000_000
 _CHUNK_CHARS = 1 << 25  # characters of validation documents held at once while measuring compression
 
 
@@ -181,16 +189,15 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
     check_vocab_size(vocab_size)
     if from_path is not None and source not in _FROM_SOURCES:
         raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
-    resolved = resolve_options(source, options)
-    corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here
+    resolved, fingerprint, splits = _source(source, options, data_root, from_path, log)  # bad paths fail here
     folder = trained_dir(name, data_root)
-    request = _request(source, resolved, corpus.fingerprint, vocab_size)
+    request = _request(source, resolved, fingerprint, vocab_size)
     with dataset_lock(folder, log):
         if _existing(folder, request, name, force):
             log(f"reusing tokenizer {folder} (trained with these settings on this corpus)")
             return folder
         started = time.perf_counter()
-        train_docs, val_docs, how = _splits(corpus, resolved["validation_fraction"])
+        train_docs, val_docs, how = splits()
         hf, trainer = _hf_bpe(vocab_size, sys.stdout.isatty() if progress is None else progress)
         seen = _Counted(train_docs)
         log(f"training a {vocab_size}-token byte-level BPE on the {source} train split ...")
@@ -221,6 +228,55 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
         f"documents / {seen.bytes:,} bytes in {time.perf_counter() - started:.1f} s")
     log(compression_line(figures))
     return folder
+
+
+Splits = Callable[[], tuple[Iterator[str], Iterator[str], str]]
+
+
+def _source(source: str, options: dict | None, data_root: Path, from_path: Path | None,
+            log: Callable[[str], None]) -> tuple[dict, str, Splits]:
+    """(resolved options, corpus fingerprint, the function that opens the train and validation documents)."""
+    if source == FINEWEB_EDU:
+        return _fineweb_edu(options, data_root, from_path, log)
+    resolved = resolve_options(source, options)
+    corpus = _corpus(source, resolved, data_root, from_path, log)
+    return resolved, corpus.fingerprint, lambda: _splits(corpus, resolved["validation_fraction"])
+
+
+def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None,
+                 log: Callable[[str], None]) -> tuple[dict, str, Splits]:
+    """nanochat's tokenizer corpus: the train files' first max_chars characters, documents cut to
+    doc_cap. The files are chosen (and fetched) one by one by counting their characters first, so the
+    fingerprint (their names and sizes) is known before the reuse check; the text is read again to train."""
+    unknown = sorted(set(options or {}) - set(EDU_OPTIONS))
+    if unknown:
+        raise DataError(f"{FINEWEB_EDU}: unknown tokenizer option {unknown[0]!r} (known: {', '.join(EDU_OPTIONS)})")
+    resolved = {**EDU_OPTIONS, **(options or {})}
+    for key, value in resolved.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"{FINEWEB_EDU}: --{key.replace('_', '-')} must be a positive whole number, got {value!r}")
+    downloads = Path(data_root) / "downloads" / FINEWEB_EDU
+    paths = fineweb_edu.tokenizer_files(resolved["max_chars"], resolved["doc_cap"], from_dir=from_dir,
+                                        downloads=downloads, log=log)
+    fingerprint = " ".join(f"{path.name}:{path.stat().st_size}" for path in paths)
+
+    def splits() -> tuple[Iterator[str], Iterator[str], str]:
+        val = fineweb_edu.locate(fineweb_edu.VAL_FILE, from_dir=from_dir, downloads=downloads, log=log)
+        how = f"the fixed validation file {fineweb_edu.VAL_FILE}: its first {EDU_VAL_CHARS:,} characters of documents"
+        return (fineweb_edu.capped_documents(paths, resolved["max_chars"], resolved["doc_cap"]),
+                _first_chars(parquet_documents(val, fineweb_edu.TEXT_COLUMN), EDU_VAL_CHARS), how)
+
+    return resolved, fingerprint, splits
+
+
+def _first_chars(documents: Iterable[str], limit: int) -> Iterator[str]:
+    """Whole documents, in order, until they hold `limit` characters."""
+    chars = 0
+    for doc in documents:
+        if chars >= limit:
+            return
+        chars += len(doc)
+        yield doc
 
 
 def _splits(corpus: Any, fraction: float) -> tuple[Iterator[str], Iterator[str], str]:

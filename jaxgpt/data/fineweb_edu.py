@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +216,45 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
                                       f"{len(meta['shards'])} shard(s)" for split, meta in manifest["splits"].items()))
     return path
 
+
+
+# ----------------------------------------------------------------------------- text for a tokenizer
+
+
+def _capped_chars(path: Path, doc_cap: int) -> int:
+    """Characters of the documents of one parquet file, each cut to doc_cap (one row group at a time)."""
+    import pyarrow.compute as pc
+
+    pf = open_parquet(path, TEXT_COLUMN)
+    return sum(int(pc.sum(pc.min_element_wise(pc.utf8_length(pf.read_row_group(g, columns=[TEXT_COLUMN]).column(0)),
+                                              doc_cap)).as_py() or 0) for g in range(pf.num_row_groups))
+
+
+def tokenizer_files(max_chars: int, doc_cap: int, *, from_dir: Path | None, downloads: Path,
+                    log: Callable[[str], None]) -> list[Path]:
+    """The train files, from shard_00000 in order, that capped_documents reads: each located (or
+    fetched) only once the ones before it hold no more than max_chars characters (documents cut to
+    doc_cap), so no file is touched that the training will not read. Never the validation file."""
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
+    paths: list[Path] = []
+    total = 0
+    for index in range(N_TRAIN_FILES):
+        if total > max_chars:
+            break
+        paths.append(locate(shard_file(index), from_dir=from_dir, downloads=downloads, log=log))
+        total += _capped_chars(paths[-1], doc_cap)
+    return paths
+
+
+def capped_documents(paths: list[Path], max_chars: int, doc_cap: int) -> Iterator[str]:
+    """nanochat's scripts/tok_train.py text_iterator: the documents of `paths` in order, each cut to
+    doc_cap characters, ending with the one that takes the count past max_chars."""
+    chars = 0
+    for path in paths:
+        for doc in parquet_documents(path, TEXT_COLUMN):
+            doc = doc[:doc_cap]
+            chars += len(doc)
+            yield doc
+            if chars > max_chars:
+                return
