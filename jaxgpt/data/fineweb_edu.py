@@ -17,6 +17,10 @@ their tokens reach the run's length (`train_tokens`), or exactly `train_shards` 
 
 Each parquet file is read from --from <folder> when it is there (in place, never copied), else
 from <data>/downloads/fineweb-edu/, else fetched there with huggingface_hub.
+
+tokenizer_files/capped_documents give the text a tokenizer is trained on (bpe.py, nanochat's
+scripts/tok_train.py): the first train files' documents, each cut to a number of characters, up to
+a number of characters in all; no file past those is opened.
 """
 
 from __future__ import annotations
@@ -223,11 +227,7 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
 
 def _capped_chars(path: Path, doc_cap: int) -> int:
     """Characters of the documents of one parquet file, each cut to doc_cap (one row group at a time)."""
-    import pyarrow.compute as pc
-
-    pf = open_parquet(path, TEXT_COLUMN)
-    return sum(int(pc.sum(pc.min_element_wise(pc.utf8_length(pf.read_row_group(g, columns=[TEXT_COLUMN]).column(0)),
-                                              doc_cap)).as_py() or 0) for g in range(pf.num_row_groups))
+    return sum(min(len(doc), doc_cap) for doc in parquet_documents(path, TEXT_COLUMN))
 
 
 def tokenizer_files(max_chars: int, doc_cap: int, *, from_dir: Path | None, downloads: Path,
