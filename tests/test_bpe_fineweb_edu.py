@@ -40,6 +40,11 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+def learned_from_validation(vocab: dict[str, int]) -> list[str]:
+    """The learned tokens (merges) that hold a letter only the validation text has."""
+    return [t for t in vocab if len(t) > 1 and set(t) & set(VAL_ONLY) and t != EOT_TEXT]
+
+
 def capped(name: str) -> list[str]:
     return [doc[:DOC_CAP] for doc in shard_documents(name, 60, 30)]
 
@@ -89,7 +94,7 @@ def test_trains_on_the_needed_train_shards_only(src: Path, tmp_path: Path) -> No
     assert len(capped(shard_file(0))) < len(expected) < len(capped(shard_file(0))) + 60  # stopped inside shard 1
     assert meta["train_split"] == {"documents": len(expected), "bytes": sum(len(d.encode()) for d in expected)}
     vocab = HFTokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
-    assert not [t for t in vocab if len(t) > 1 and set(t) & set(VAL_ONLY) and t != EOT_TEXT]  # nothing learned from validation
+    assert not learned_from_validation(vocab)
     assert any(len(t) >= 4 and t.strip("Ġ").isalpha() for t in vocab)  # ... while words of the train text were
 
 
@@ -100,7 +105,7 @@ def test_the_validation_text_would_be_learned_if_trained_on(tmp_path: Path) -> N
     root = tmp_path / "data"
     assert train(root, folder, limit=1000) == 0  # within that one shard
     vocab = HFTokenizer.from_file(str(root / "tokenizers" / "edu" / "tokenizer.json")).get_vocab()
-    assert [t for t in vocab if len(t) > 1 and set(t) & set(VAL_ONLY) and t != EOT_TEXT]
+    assert learned_from_validation(vocab)
 
 
 def test_compression_on_the_validation_shard(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
