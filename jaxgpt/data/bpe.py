@@ -59,7 +59,7 @@ TEXT_SOURCES = tuple(s for s in SOURCES if s != FINEWEB)
 _FROM_SOURCES = ("tinyshakespeare", FINEWEB_EDU)
 # FineWeb-Edu: nanochat's scripts/tok_train.py defaults (the first 2B characters of the train shards,
 # each document cut to 10,000 characters); compression on the first 10M characters of whole documents
-# of the fixed validation shard (~a tenth of it: a stable figure in seconds).
+# of the fixed validation shard (~a 25th of it: a stable figure in seconds).
 EDU_OPTIONS = {"max_chars": 2_000_000_000, "doc_cap": 10_000}
 EDU_VAL_CHARS = 10_000_000
 _CHUNK_CHARS = 1 << 25  # characters of validation documents held at once while measuring compression

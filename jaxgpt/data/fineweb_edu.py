@@ -83,6 +83,11 @@ def locate(name: str, *, from_dir: Path | None, downloads: Path, log: Callable[[
     return path
 
 
+def _check_from(from_dir: Path | None) -> None:
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
+
+
 # ----------------------------------------------------------------------------- staged shards
 
 
@@ -182,8 +187,7 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
             downloads: Path, shard_tokens: int, log: Callable[[str], None] = print) -> Path:
     """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
     `tokenizer`; reuse every shard already tokenized (also one finished before a kill)."""
-    if from_dir is not None and not Path(from_dir).is_dir():
-        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
+    _check_from(from_dir)
     staging = staging_dir(Path(path))
     staging.mkdir(parents=True, exist_ok=True)
     _remove_unfinished(staging, log)
@@ -221,7 +225,6 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
     return path
 
 
-
 # ----------------------------------------------------------------------------- text for a tokenizer
 
 
@@ -235,8 +238,7 @@ def tokenizer_files(max_chars: int, doc_cap: int, *, from_dir: Path | None, down
     """The train files, from shard_00000 in order, that capped_documents reads: each located (or
     fetched) only once the ones before it hold no more than max_chars characters (documents cut to
     doc_cap), so no file is touched that the training will not read. Never the validation file."""
-    if from_dir is not None and not Path(from_dir).is_dir():
-        raise DataError(f"{from_dir}: --from folder not found (it should hold shard_NNNNN.parquet files)")
+    _check_from(from_dir)
     paths: list[Path] = []
     total = 0
     for index in range(N_TRAIN_FILES):
