@@ -230,7 +230,10 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "download_dataset.py"), "text",
                              str(tmp_path / "big.jsonl"), "--tokenizer", "gpt2", "--data-dir", str(data)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # A shell's background job (CI started with `&`) ignores SIGINT, and Python then
+                            # installs no KeyboardInterrupt handler: give the child Ctrl-C's usual meaning.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         # One read: the file is read as it is tokenized (a few MB ahead at most), so a read position
