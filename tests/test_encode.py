@@ -228,12 +228,13 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
         for i in range(max(1, size // len(paragraphs))):
             f.write(json.dumps({"text": f"{i} {paragraphs}"}) + "\n")
     data = tmp_path / "data"
-    proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "download_dataset.py"), "text",
+    # A shell's background job (CI started with `&`) ignores SIGINT, and Python then installs no
+    # KeyboardInterrupt handler: the child gives Ctrl-C its usual meaning before it runs the command.
+    ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", ctrl_c, str(ROOT / "download_dataset.py"), "text",
                              str(tmp_path / "big.jsonl"), "--tokenizer", "gpt2", "--data-dir", str(data)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # A shell's background job (CI started with `&`) ignores SIGINT, and Python then
-                            # installs no KeyboardInterrupt handler: give the child Ctrl-C's usual meaning.
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         # One read: the file is read as it is tokenized (a few MB ahead at most), so a read position
