@@ -72,6 +72,10 @@ def hellaswag(step: int, acc: float, acc_norm: float) -> dict:
     return scalars(step, {"hellaswag/acc": acc, "hellaswag/acc_norm": acc_norm})
 
 
+def core(step: int, score: float, **tasks: float) -> dict:
+    return scalars(step, {"core/CORE": score, **{f"core/{task}": value for task, value in tasks.items()}})
+
+
 def write_record(run: Path, lines: list[dict], tail: str | bytes = "") -> Path:
     """runs/<name>/metrics.jsonl holding these lines (and `tail`, e.g. a line torn by a kill)."""
     run.mkdir(parents=True, exist_ok=True)
@@ -387,6 +391,31 @@ def test_hellaswag_chart(tmp_path: Path) -> None:
     assert legend_texts(ax) == ["acc (summed ending loss)", "acc_norm (mean ending loss)", "chance (1 in 4)"]
     assert ax.yaxis.get_major_formatter()(0.25, 0).startswith("25")  # a percentage of 1
     assert ax.yaxis.get_major_formatter()(0.25, 0).endswith("%")
+    assert legend_inside(fig, ax)
+    plt.close("all")
+
+
+# ----------------------------------------------------------------------------- core.png
+
+def test_draw_charts_adds_core_png_once_the_run_has_scores(tmp_path: Path) -> None:
+    run = tmp_path / "scored"
+    write_record(run, demo_lines(extra={10: [core(10, 0.02, copa=0.1, piqa=-0.06)]}))
+    paths = drawing.draw_charts(run)
+    assert [p.name for p in paths] == ["loss.png", "lr.png", "grad_norm.png", "throughput.png", "core.png"]
+    assert_png(run / "charts" / "core.png")
+
+
+def test_core_chart(tmp_path: Path) -> None:
+    scores = {10: [core(10, 0.02, copa=0.1, piqa=-0.06)], 30: [core(30, 0.05, copa=0.12, piqa=-0.02)]}
+    write_record(tmp_path / "scored", demo_lines(extra=scores))
+    fig = drawing._core_chart(record_of(tmp_path / "scored"), "scored")
+    ax = fig.axes[0]
+    copa, piqa, score, gpt2, chance = ax.get_lines()
+    assert list(copa.get_xdata()) == [10, 30] and list(copa.get_ydata()) == [0.1, 0.12]
+    assert list(piqa.get_ydata()) == [-0.06, -0.02]
+    assert list(score.get_xdata()) == [10, 30] and list(score.get_ydata()) == [0.02, 0.05]
+    assert list(gpt2.get_ydata()) == [0.1139, 0.1139] and list(chance.get_ydata()) == [0.0, 0.0]
+    assert legend_texts(ax) == ["CORE (mean centred accuracy)", "GPT-2 124M: 0.1139", "chance (0)"]
     assert legend_inside(fig, ax)
     plt.close("all")
 

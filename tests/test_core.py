@@ -391,8 +391,8 @@ def test_training_checks_the_bundle_before_compiling(tmp_path: Path, data_root: 
 @SLOW  # a short training run, then evaluate.py on its checkpoint
 def test_training_with_core_interval_then_evaluate(tmp_path: Path, data_root: Path, bundle: Path,
                                                    capsys: pytest.CaptureFixture) -> None:
-    """core_interval: CORE and each task's centred accuracy at steps 2 and 4 in meta.json and in
-    TensorBoard (read back with its own reader); evaluate.py --core on the last checkpoint prints
+    """core_interval: CORE and each task's centred accuracy at steps 2 and 4 in meta.json, in
+    TensorBoard (read back with its own reader) and charts/core.png; evaluate.py --core on the last checkpoint prints
     the same figures, per task and CORE, and --limit says the figure is capped."""
     import train
 
@@ -420,6 +420,7 @@ def test_training_with_core_interval_then_evaluate(tmp_path: Path, data_root: Pa
     for label, t in tasks.items():
         assert [s for s, _ in tb[f"core/{label}"]] == [2, 4]
         assert tb[f"core/{label}"][1][1] == pytest.approx(t["centered"], abs=1e-6)
+    assert (run / "charts" / "core.png").stat().st_size > 1000  # drawn with the other charts
 
     # evaluate.py on the final weights, the same 5 examples per task: the training run's figures.
     assert evaluate.main([str(run), "--core-from", str(bundle), "--limit", "5", "--batch-size", "16"]) == 0

@@ -1,11 +1,11 @@
-"""A run's training charts, drawn from its records: loss, learning rate, gradient norm, throughput, HellaSwag.
+"""A run's training charts, drawn from its records: loss, learning rate, gradient norm, throughput, HellaSwag, CORE.
 
     paths = draw_charts(Path("runs/demo"), log_y=True)    # -> runs/demo/charts/*.png
 
 loss.png: every step's training loss, raw and smoothed, the min-max band of each checkpoint
 window over the steps it covers, and every validation; lr.png; grad_norm.png (log scale, with the
 clip threshold and dropped steps); throughput.png (tokens/s per step and its running median; MFU
-is the right axis' scale) and, when the run scores HellaSwag, hellaswag.png. The series come from
+is the right axis' scale) and, when the run scores them, hellaswag.png and core.png. The series come from
 history.py; several runs on one chart is compare.py.
 """
 
@@ -167,10 +167,35 @@ def _hellaswag_chart(record: Record, title: str) -> plt.Figure:
     return fig
 
 
+# nanochat's CORE of OpenAI's GPT-2 124M (docs/core.md): the bar a small model is drawn against.
+GPT2_124M_CORE = 0.1139
+
+
+def _core_tasks(record: Record) -> list[str]:
+    """The CORE task tags the record holds (core/<task>), in the order first seen."""
+    tags = dict.fromkeys(tag for line in record.lines for tag in line if tag.startswith("core/") and tag != "core/CORE")
+    return list(tags)
+
+
+def _core_chart(record: Record, title: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=SIZE)
+    for tag in _core_tasks(record):  # each task's centred accuracy, faint: CORE is their mean
+        ax.plot(*record.series(tag), color="grey", alpha=0.25, linewidth=0.8)
+    steps, core = record.series("core/CORE")
+    ax.plot(steps, core, marker="o", color="C0", label="CORE (mean centred accuracy)")
+    ax.axhline(GPT2_124M_CORE, color="C1", linestyle="--", label=f"GPT-2 124M: {GPT2_124M_CORE}")
+    ax.axhline(0.0, color="grey", linestyle=":", label="chance (0)")
+    ax.set(title=f"CORE: {title}", xlabel="optimiser step", ylabel="centred accuracy (grey: each task)")
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    legend(ax)
+    return fig
+
+
 def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
-    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png when the run
-    scores HellaSwag: train.json hellaswag_interval) into run_dir/charts from the run's record
-    (metrics.jsonl); their paths."""
+    """Draw loss.png, lr.png, grad_norm.png and throughput.png (and hellaswag.png / core.png when the
+    run scores HellaSwag / CORE: train.json hellaswag_interval / core_interval) into run_dir/charts
+    from the run's record (metrics.jsonl); their paths."""
     run_dir = Path(run_dir)
     record = read_record(run_dir)
     out = run_dir / "charts"
@@ -184,6 +209,8 @@ def draw_charts(run_dir: Path, *, log_y: bool = False) -> list[Path]:
     }
     if record.series("hellaswag/acc")[0]:  # drawn once there are results
         figures["hellaswag.png"] = lambda: _hellaswag_chart(record, title)
+    if record.series("core/CORE")[0]:
+        figures["core.png"] = lambda: _core_chart(record, title)
     paths = []
     for name, build in figures.items():
         save(build(), out / name)
