@@ -5,6 +5,7 @@ from the numpy GPT-2 of test_import_gpt2); malformed files, the offline path, th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -200,7 +201,7 @@ def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path,
     path = hellaswag.fetch_val(downloads, log=lambda _m: None)
     assert path.read_bytes() == jsonl.read_bytes()
     recorded = (downloads / "hellaswag_val.jsonl.sha256").read_text().split()[0]
-    assert recorded == hellaswag.sha256(jsonl)
+    assert recorded == hashlib.sha256(jsonl.read_bytes()).hexdigest()
     monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/x")
     assert hellaswag.fetch_val(downloads) == path  # downloaded once: no network the second time
     path.write_bytes(path.read_bytes()[:-10])  # truncated afterwards

@@ -91,6 +91,29 @@ def download(url: str, dest: Path, *, check: Callable[[Path], None], offline_hin
         tmp.unlink(missing_ok=True)
 
 
+def fetch_recorded(url: str, dest: Path, *, validate: Callable[[Path], None], offline_hint: str,
+                   error: type[DataError] = DataError, log: Callable[[str], None] = print) -> Path:
+    """`url` at `dest`, downloaded once: renamed into place only once `validate(tmp)` accepts it, its
+    sha256 then recorded beside it (`<file>.sha256`) and checked at every later use, so a truncated
+    or edited copy is never used silently. For files whose upstream hash is not pinned here."""
+    dest = Path(dest)
+    recorded = dest.with_name(dest.name + ".sha256")
+    if dest.is_file():
+        if recorded.is_file() and recorded.read_text().split()[0] != sha256(dest):
+            raise error(f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
+                        f"delete both to download it again")
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {url} -> {dest}")
+
+    def check(tmp: Path) -> None:
+        validate(tmp)
+        recorded.write_text(f"{sha256(tmp)}  {dest.name}\n")
+
+    download(url, dest, check=check, offline_hint=offline_hint, error=error)
+    return dest
+
+
 def _download(remote: RemoteFile, dest: Path) -> None:
     def check(tmp: Path) -> None:
         if not _matches(tmp, remote):

@@ -35,7 +35,6 @@ import yaml
 
 from jaxgpt.data import sources
 from jaxgpt.data.shards import DataError
-from jaxgpt.files import sha256
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 BUNDLE_FILE = "eval_bundle.zip"
@@ -205,19 +204,5 @@ def fetch_bundle(downloads: Path, log: Callable[[str], None] = print) -> Path:
     """eval_bundle.zip under `downloads`, downloaded once: renamed into place only once every task
     reads (read_tasks), its sha256 recorded beside it (`<file>.sha256`) and checked at every later
     use, so a damaged copy is never scored silently (the upstream hash is not pinned here)."""
-    dest = Path(downloads) / BUNDLE_FILE
-    recorded = dest.with_name(dest.name + ".sha256")
-    if dest.is_file():
-        if recorded.is_file() and recorded.read_text().split()[0] != sha256(dest):
-            raise CoreError(f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
-                            f"delete both to download it again")
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {BUNDLE_URL} -> {dest}")
-
-    def check(tmp: Path) -> None:
-        read_tasks(tmp)
-        recorded.write_text(f"{sha256(tmp)}  {BUNDLE_FILE}\n")
-
-    sources.download(BUNDLE_URL, dest, check=check, offline_hint="pass --core-from <zip or folder>", error=CoreError)
-    return dest
+    return sources.fetch_recorded(BUNDLE_URL, Path(downloads) / BUNDLE_FILE, validate=read_tasks,
+                                  offline_hint="pass --core-from <zip or folder>", error=CoreError, log=log)

@@ -35,7 +35,6 @@ import numpy as np
 from jaxgpt.data import sources
 from jaxgpt.data.shards import DataError
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.files import sha256
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILE = "hellaswag_val.jsonl"
@@ -105,24 +104,14 @@ def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
     every later use, so a truncated or edited copy is never scored silently. (The upstream file's
     hash is not pinned here: it could not be checked offline when this was written.)
     """
-    dest = Path(downloads) / VAL_FILE
-    recorded = dest.with_name(dest.name + ".sha256")
-    if dest.is_file():
-        if recorded.is_file() and recorded.read_text().split()[0] != sha256(dest):
-            raise HellaSwagError(f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
-                                 f"delete both to download it again")
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {VAL_URL} -> {dest}")
 
-    def check(tmp: Path) -> None:
+    def validate(tmp: Path) -> None:
         n = len(read_examples(tmp))
         if n != N_VAL:
             raise HellaSwagError(f"{VAL_URL}: {n} examples downloaded, expected {N_VAL}; the address may have changed")
-        recorded.write_text(f"{sha256(tmp)}  {VAL_FILE}\n")
 
-    sources.download(VAL_URL, dest, check=check, offline_hint="pass --hellaswag-file <file>", error=HellaSwagError)
-    return dest
+    return sources.fetch_recorded(VAL_URL, Path(downloads) / VAL_FILE, validate=validate,
+                                  offline_hint="pass --hellaswag-file <file>", error=HellaSwagError, log=log)
 
 
 # ----------------------------------------------------------------------------- rows
