@@ -129,8 +129,9 @@ def test_shipped_shakespeare_char_is_nanogpts_cpu_recipe(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("corpus", ["shakespeare-char", "builtin-gpt2"])
 def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str) -> None:
-    """runs/<corpus>-2026 trains what runs/<corpus>-modern trains (data, batch, steps, seed, rates,
-    schedule), with the options the ablation kept (docs/recipes.md): so the two compare like with like."""
+    """runs/<corpus>-2026 trains what runs/<corpus>-modern trains (data, batch, steps, seed), with the
+    options the ablation kept and only the schedule and rate changes docs/recipes.md gives and
+    measures for it: so the two compare like with like."""
     def raw(run: str, name: str) -> dict:
         return json.loads((ROOT / "runs" / run / name).read_text())
 
@@ -139,7 +140,12 @@ def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str)
     assert raw(new, "model.json") == {**raw(modern, "model.json"), **added}
     train_new, train_modern = raw(new, "train.json"), raw(modern, "train.json")
     assert train_new.pop("muon") == {**train_modern.pop("muon"), "coefficients": "polar_express", "normuon": True}
-    assert train_new == train_modern
+    retuned = {"shakespeare-char": {"cooldown_percent": 60},
+               "builtin-gpt2": {"warmup_percent": 1, "learning_rate": 0.02}}[corpus]
+    assert {k: train_new[k] for k in retuned} == retuned
+    assert {k: v for k, v in train_new.items() if k not in retuned} == \
+        {k: v for k, v in train_modern.items() if k not in retuned}
+    assert all(train_modern[k] != v for k, v in retuned.items())
     model, cfg = load_run_configs(ROOT / "runs" / new)
     assert model.layer_windows() == (model.context_length // 4,) * 3 + (model.context_length,)
     assert cfg.total_steps(model) == load_run_configs(ROOT / "runs" / modern)[1].total_steps(model)
