@@ -149,3 +149,29 @@ def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str)
     model, cfg = load_run_configs(ROOT / "runs" / new)
     assert model.layer_windows() == (model.context_length // 4,) * 3 + (model.context_length,)
     assert cfg.total_steps(model) == load_run_configs(ROOT / "runs" / modern)[1].total_steps(model)
+
+
+def test_builtin_gpt2_2026_tenth_is_the_2026_run_budgeted_to_a_tenth_of_gpt2s_tokens() -> None:
+    """runs/builtin-gpt2-2026-tenth is runs/builtin-gpt2-2026 with only the budget (a tenth of the
+    tokens runs/builtin-gpt2 reads, its schedule ending there), 8-token windows and the two rates
+    docs/recipes.md measures for it changed; data, batch, schedule shape and seed are the same."""
+    def raw(run: str, name: str) -> dict:
+        return json.loads((ROOT / "runs" / run / name).read_text())
+
+    base, tenth = "builtin-gpt2-2026", "builtin-gpt2-2026-tenth"
+    assert raw(tenth, "model.json") == {**raw(base, "model.json"), "short_window": 8}
+    train_tenth, train_base = raw(tenth, "train.json"), raw(base, "train.json")
+    assert train_tenth.pop("muon") == {**train_base.pop("muon"), "head_learning_rate": 0.006}
+    changed = {"train_steps": 120, "learning_rate": 0.03, "checkpoint_interval": 60, "validation_interval": 40}
+    assert {k: train_tenth[k] for k in changed} == changed
+    assert {k: v for k, v in train_tenth.items() if k not in changed} == \
+        {k: v for k, v in train_base.items() if k not in changed}
+
+    def tokens(run: str) -> int:
+        model, cfg = load_run_configs(ROOT / "runs" / run)
+        return cfg.total_steps(model) * cfg.microbatch_size * cfg.gradient_accumulation_steps * cfg.seq_len(model)
+
+    assert tokens(tenth) * 10 == tokens("builtin-gpt2") == 1_228_800
+    model, cfg = load_run_configs(ROOT / "runs" / tenth)
+    assert model.layer_windows() == (8, 8, 8, model.context_length)
+    assert cfg.total_steps(model) % cfg.validation_interval == 0  # the last step is validated
