@@ -169,7 +169,7 @@ def test_builtin_gpt2_2026_tenth_is_the_2026_run_budgeted_to_a_tenth_of_gpt2s_to
 
     def tokens(run: str) -> int:
         model, cfg = load_run_configs(ROOT / "runs" / run)
-        return cfg.total_steps(model) * cfg.microbatch_size * cfg.gradient_accumulation_steps * cfg.seq_len(model)
+        return cfg.total_steps(model) * cfg.tokens_per_step(model)
 
     assert tokens(tenth) * 10 == tokens("builtin-gpt2") == 1_228_800
     model, cfg = load_run_configs(ROOT / "runs" / tenth)
