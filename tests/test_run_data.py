@@ -153,15 +153,17 @@ def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str)
 
 def test_builtin_gpt2_2026_tenth_is_the_2026_run_budgeted_to_a_tenth_of_gpt2s_tokens() -> None:
     """runs/builtin-gpt2-2026-tenth is runs/builtin-gpt2-2026 with only the budget (a tenth of the
-    tokens runs/builtin-gpt2 reads, its schedule ending there), 8-token windows and the two rates
-    docs/recipes.md measures for it changed; data, batch, schedule shape and seed are the same."""
+    tokens runs/builtin-gpt2 reads, its schedule ending there), 8-token windows, the two rates and
+    Muon's momentum docs/recipes.md measures for it changed; data, batch, schedule shape and seed
+    are the same."""
     def raw(run: str, name: str) -> dict:
         return json.loads((ROOT / "runs" / run / name).read_text())
 
     base, tenth = "builtin-gpt2-2026", "builtin-gpt2-2026-tenth"
     assert raw(tenth, "model.json") == {**raw(base, "model.json"), "short_window": 8}
     train_tenth, train_base = raw(tenth, "train.json"), raw(base, "train.json")
-    assert train_tenth.pop("muon") == {**train_base.pop("muon"), "head_learning_rate": 0.006}
+    assert train_tenth.pop("muon") == {**train_base.pop("muon"), "head_learning_rate": 0.006,
+                                       "momentum": 0.7, "momentum_warmup_steps": 0}
     changed = {"train_steps": 120, "learning_rate": 0.03, "checkpoint_interval": 60, "validation_interval": 40}
     assert {k: train_tenth[k] for k in changed} == changed
     assert {k: v for k, v in train_tenth.items() if k not in changed} == \
