@@ -7,6 +7,7 @@ nanochat's core_eval.evaluate_example decides."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import zipfile
@@ -76,15 +77,17 @@ def fixture_data() -> dict[str, list[dict]]:
 
 
 def write_bundle(root: Path, *, yaml_text: str = CORE_YAML, csv_text: str = META_CSV,
-                 data: dict[str, list] | None = None) -> Path:
-    """The bundle as the zip unpacks: root/eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/...}."""
+                 data: dict[str, list | str] | None = None) -> Path:
+    """The bundle as the zip unpacks: root/eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/...};
+    a data file given as a str is written as those exact characters (UTF-8), a list as JSON lines."""
     bundle = root / "eval_bundle"
     (bundle / "eval_data").mkdir(parents=True)
-    (bundle / "core.yaml").write_text(yaml_text)
-    (bundle / "eval_meta_data.csv").write_text(csv_text)
+    (bundle / "core.yaml").write_bytes(yaml_text.encode())
+    (bundle / "eval_meta_data.csv").write_bytes(csv_text.encode())
     for name, records in (fixture_data() if data is None else data).items():
         (bundle / "eval_data" / name).parent.mkdir(parents=True, exist_ok=True)
-        (bundle / "eval_data" / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+        text = records if isinstance(records, str) else "".join(json.dumps(r) + "\n" for r in records)
+        (bundle / "eval_data" / name).write_bytes(text.encode())
     return bundle
 
 
@@ -148,6 +151,12 @@ def test_rows_and_spans_follow_nanochat() -> None:
     assert core.spans("language_modeling", [[0, 1, 2], [0, 1, 2, 3, 4]]) == ([[0, 1, 2, 3, 4]], [3], [5])
     # A tokenizer that merges across the join: the common prefix is the start.
     assert core.spans("language_modeling", [[0, 1, 2], [0, 1, 7, 8]]) == ([[0, 1, 7, 8]], [2], [4])
+    # Nothing left to score (start == end): a choice inside the common prefix, choices alike, schema
+    # rows alike (wholly the common suffix: nanochat's slice from position 0, [-1:e - 1], is empty).
+    assert core.spans("multiple_choice", [[0, 5], [0, 5, 7]])[1:] == ([2, 2], [2, 3])
+    assert core.spans("multiple_choice", [[0, 5], [0, 5]])[1:] == ([2, 2], [2, 2])
+    assert core.spans("schema", [[0, 1, 9], [0, 2, 8]])[1:] == ([3, 3], [3, 3])
+    assert core.spans("schema", [[0, 1, 9], [0, 1, 9]])[1:] == ([3, 3], [3, 3])
 
 
 # ----------------------------------------------------------------------------- scores
@@ -267,6 +276,149 @@ def test_centred_accuracy_and_core_arithmetic(bundle: Path) -> None:
     assert core.report(r)[-1].startswith(f"CORE {r['core']:.4f} (examples capped per task")
 
 
+# ----------------------------------------------------------------------------- rows with nothing to score
+
+
+def test_lowest_mean_is_nanochats_pick() -> None:
+    """core_eval.evaluate_example: mean_losses.index(min(mean_losses)), a row with nothing scored
+    having torch's mean over zero tokens, NaN: a NaN first row wins, a later one never, ties go first."""
+    nan = math.nan
+    assert core.lowest_mean([nan, 0.1, 0.2]) == 0 and core.lowest_mean([0.3, nan, 0.2]) == 2
+    assert core.lowest_mean([0.3, nan, 0.4]) == 0 and core.lowest_mean([nan + 0, nan + 0]) == 0
+    assert core.lowest_mean([0.5]) == 0 and core.lowest_mean([0.2, 0.1, 0.1]) == 1
+    rng = random.Random(0)
+    for _ in range(500):
+        means = [rng.choice([nan, 0.1, 0.2, rng.random()]) + 0.0 for _ in range(rng.randint(1, 5))]
+        assert core.lowest_mean(means) == means.index(min(means)), means
+
+
+# Tasks whose examples are decided by where their rows with nothing to score stand, whatever the model
+# (bytes tokenizer, 0-shot); schema without a delimiter, so that an empty continuation leaves no common last token.
+EDGE_YAML = """\
+icl_tasks:
+- {label: mc_edge, dataset_uri: edge/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice}
+- {label: schema_edge, dataset_uri: edge/schema.jsonl, num_fewshot: [0], icl_task_type: schema,
+   continuation_delimiter: ""}
+- {label: lm_edge, dataset_uri: edge/lm.jsonl, num_fewshot: [0], icl_task_type: language_modeling}
+"""
+EDGE_CSV = "Eval Task,Random baseline\nmc_edge,25\nschema_edge,50\nlm_edge,0\n"
+LM_ROWS = [{"context": "a b", "continuation": "c"}]  # model-decided: out of the hand counts below
+# (example, right by nanochat's rules): delimiter " ", so "Q b" is a byte prefix of "Q b c".
+MC_PREFIX_ROWS = [({"query": "Q", "choices": ["b", "b c"], "gold": 0}, True),  # choice 0 NaN and first: wins
+                  ({"query": "Q", "choices": ["b", "b c"], "gold": 1}, False),
+                  ({"query": "Q", "choices": ["b c", "b"], "gold": 1}, False),  # a later NaN never wins
+                  ({"query": "Q", "choices": ["b c", "b", "b d"], "gold": 1}, False),
+                  ({"query": "Q", "choices": ["x", "x"], "gold": 1}, False),  # every row NaN: the first
+                  ({"query": "Q", "choices": ["only"], "gold": 0}, True)]  # one choice, inside its own prefix
+SCHEMA_EMPTY_ROWS = [({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 0}, True),
+                     ({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 1}, False),
+                     ({"context_options": ["same", "same"], "continuation": " end", "gold": 1}, False)]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> nnx.Module:
+    return build_model(ModelConfig(**MODEL), seed=0)  # random: the edge tasks' accuracies do not depend on it
+
+
+def score_edges(root: Path, model: nnx.Module, mc: list | str, schema: list | str, lm: list = LM_ROWS, *,
+                yaml_text: str = EDGE_YAML, csv_text: str = EDGE_CSV) -> tuple[list[core.PreparedTask], dict]:
+    """The edge tasks (examples, or a file's exact text) through read_tasks, prepare and core_score:
+    rows of at most 32 bytes, 4 a call, so every test here runs the one compiled program."""
+    data = {"edge/mc.jsonl": mc, "edge/schema.jsonl": schema, "edge/lm.jsonl": lm}
+    tasks = core_bundle.read_tasks(write_bundle(root, yaml_text=yaml_text, csv_text=csv_text, data=data))
+    prepared = core.prepare(tasks, BytesTokenizer(), context_length=MODEL["context_length"], vocab_size=257)
+    assert all(len(r) <= 32 for p in prepared for r in p.rows)
+    return prepared, scoring.core_score(model, prepared, rows_per_call=4, progress=False)
+
+
+def empty_rows(p: core.PreparedTask) -> dict[str, list[int]]:
+    """Per example (its JSON), the rows left with nothing to score."""
+    return {json.dumps(ex): [k for k in range(p.first_row[e + 1] - p.first_row[e])
+                             if p.starts[p.first_row[e] + k] == p.ends[p.first_row[e] + k]]
+            for e, ex in enumerate(p.task.examples)}
+
+
+def test_a_choice_inside_the_common_prefix_scores_nan(tmp_path: Path, tiny_model: nnx.Module) -> None:
+    """piqa's rows where one choice's tokens are a prefix of another's (once a CoreError that stopped
+    the run): that choice scores nothing, its mean is NaN, and nanochat's pick decides the example."""
+    prepared, r = score_edges(tmp_path, tiny_model, [ex for ex, _ in MC_PREFIX_ROWS],
+                              [ex for ex, _ in SCHEMA_EMPTY_ROWS])
+    assert empty_rows(prepared[0]) == {json.dumps(MC_PREFIX_ROWS[i][0]): rows for i, rows in
+                                       enumerate([[0], [0], [1], [1], [0, 1], [0]])}
+    assert r["tasks"]["mc_edge"]["accuracy"] == 2 / 6 == np.mean([right for _, right in MC_PREFIX_ROWS])
+    assert r["tasks"]["mc_edge"]["centered"] == pytest.approx((2 / 6 - 0.25) / 0.75)
+    lm = r["tasks"]["lm_edge"]["accuracy"]  # the one model-decided example (baseline 0: centred = accuracy)
+    assert r["core"] == pytest.approx(np.mean([(2 / 6 - 0.25) / 0.75, (1 / 3 - 0.5) / 0.5, lm]))
+
+
+def test_schema_rows_with_no_common_suffix_score_nan(tmp_path: Path, tiny_model: nnx.Module) -> None:
+    """A schema example whose continuation is empty after its common suffix (once a CoreError): every
+    row NaN, so the first option is picked; options alike likewise (their rows wholly the suffix)."""
+    prepared, r = score_edges(tmp_path, tiny_model, [MC_PREFIX_ROWS[0][0]], [ex for ex, _ in SCHEMA_EMPTY_ROWS])
+    assert set(map(tuple, empty_rows(prepared[1]).values())) == {(0, 1)}
+    assert r["tasks"]["schema_edge"]["accuracy"] == 1 / 3 == np.mean([right for _, right in SCHEMA_EMPTY_ROWS])
+    assert r["tasks"]["schema_edge"]["centered"] == pytest.approx((1 / 3 - 0.5) / 0.5)
+    assert r["tasks"]["mc_edge"]["accuracy"] == 1.0
+
+
+def test_empty_strings_are_read_and_scored(tmp_path: Path, tiny_model: nnx.Module) -> None:
+    """An empty query, choice, context option, continuation or context (once refused as "non-empty
+    string" fields): read, and scored as nanochat renders them."""
+    mc = [{"query": "", "choices": ["", "z"], "gold": 0},  # rows " " and " z": choice 0 NaN and first, right
+          {"query": "", "choices": ["", "z"], "gold": 1}]
+    schema = [{"context_options": ["", "a"], "continuation": "", "gold": 0},  # rows [eot] and [eot, a]: both NaN
+              {"context_options": ["a", ""], "continuation": "", "gold": 0}]
+    lm = [{"context": "", "continuation": "x"}]  # prompts "" and " x": the row [eot, " ", "x"] scores 2
+    prepared, r = score_edges(tmp_path, tiny_model, mc, schema, lm)
+    assert [ex["query"] for ex in prepared[0].task.examples] == ["", ""]
+    assert (prepared[2].starts.tolist(), prepared[2].ends.tolist()) == ([1], [3])
+    assert (r["tasks"]["mc_edge"]["accuracy"], r["tasks"]["schema_edge"]["accuracy"]) == (0.5, 1.0)
+
+
+def test_jsonl_lines_are_read_as_nanochat_reads_them(tmp_path: Path, tiny_model: nnx.Module) -> None:
+    """base_eval.py's `for line in open(path)`: a line ends at \\n, \\r\\n or \\r only, so U+2028,
+    U+2029 and U+0085 inside a JSON string (where str.splitlines() cut the line: malformed JSON) are
+    text; json.loads(line.strip()): trailing form feeds and the like go; blank lines and a leading
+    BOM (which would stop nanochat) are skipped."""
+    def line(query: str, choices: list[str], gold: int) -> str:
+        return json.dumps({"query": query, "choices": choices, "gold": gold}, ensure_ascii=False)
+
+    mc = ("\ufeff" + line("Q\u2028a", ["b", "b c"], 0) + "\r\n"  # right (choice 0 NaN, first)
+          + "\n \t\n\u2028\n"
+          + line("Q\u2029\x85", ["b", "b c"], 1) + "\x0c\x0b\x1c \n"  # wrong
+          + line("Q", ["b c\u2028", "b c"], 0) + "\r"  # right (choice 1 NaN, never picked)
+          + line("Q", ["b", "b c"], 0))  # right; no newline at the end
+    prepared, r = score_edges(tmp_path, tiny_model, mc, [ex for ex, _ in SCHEMA_EMPTY_ROWS])
+    assert sorted(ex["query"] for ex in prepared[0].task.examples) == ["Q", "Q", "Q\u2028a", "Q\u2029\x85"]
+    assert r["tasks"]["mc_edge"]["accuracy"] == 3 / 4 and r["tasks"]["mc_edge"]["of"] == 4
+
+
+def test_baselines_and_shots_are_read_as_base_eval_reads_them(tmp_path: Path, tiny_model: nnx.Module) -> None:
+    """eval_meta_data.csv as pandas and base_eval.py read it: a leading BOM dropped, a task's first
+    row its baseline (.values[0]), rows of tasks core.yaml does not list never read; num_fewshot's
+    first value the shots."""
+    csv_text = "\ufeffEval Task,Random baseline\nmc_edge,25\nmc_edge,50\nunlisted,n/a\nschema_edge,50\nlm_edge,0\n"
+    yaml_text = EDGE_YAML.replace("num_fewshot: [0], icl_task_type: multiple_choice",
+                                  "num_fewshot: [0, many], icl_task_type: multiple_choice")
+    prepared, r = score_edges(tmp_path, tiny_model, [ex for ex, _ in MC_PREFIX_ROWS],
+                              [ex for ex, _ in SCHEMA_EMPTY_ROWS], yaml_text=yaml_text, csv_text=csv_text)
+    assert prepared[0].task.baseline == 25.0 and prepared[0].task.shots == 0
+    assert r["tasks"]["mc_edge"]["centered"] == pytest.approx((2 / 6 - 0.25) / 0.75)
+
+
+def test_a_language_modeling_row_with_nothing_to_score_is_one_line(tmp_path: Path) -> None:
+    """nanochat asserts the continuation leaves a token (start_idx < end_idx) and stops there: so does
+    this, in one line (a delimiter ending in whitespace, as all of the real bundle's do, always leaves one)."""
+    yaml_text = EDGE_YAML.replace("icl_task_type: language_modeling}",
+                                  "icl_task_type: language_modeling, continuation_delimiter: \"\"}")
+    data = {"edge/mc.jsonl": [MC_PREFIX_ROWS[0][0]], "edge/schema.jsonl": [SCHEMA_EMPTY_ROWS[0][0]],
+            "edge/lm.jsonl": [{"context": "a b", "continuation": ""}]}  # prompts "a b" twice
+    tasks = core_bundle.read_tasks(write_bundle(tmp_path, yaml_text=yaml_text, csv_text=EDGE_CSV, data=data))
+    with pytest.raises(core_bundle.CoreError, match=r"^CORE task lm_edge, example 0: nothing to score \(the bytes "
+                                                    r"tokenization leaves the continuation empty; nanochat's assert"):
+        core.prepare(tasks, BytesTokenizer(), context_length=64, vocab_size=257)
+
+
 # ----------------------------------------------------------------------------- the bundle's files
 
 
@@ -295,7 +447,13 @@ BAD_CASES = {
              "schema_task.jsonl:2: 'gold' must be an index into the 2 options, got 2"),
     "field": (lambda b: _edit_line(b / "eval_data/commonsense_reasoning/mc_task.jsonl", 1,
                                    json.dumps({"question": "q", "choices": ["a"], "gold": 0})),
-              "mc_task.jsonl:1: multiple_choice needs a non-empty string 'query'"),
+              "mc_task.jsonl:1: multiple_choice example has no 'query' (its keys: ['question', "),
+    "type": (lambda b: _edit_line(b / "eval_data/world_knowledge/lm_task.jsonl", 2,
+                                  json.dumps({"context": ["a"], "continuation": "b"})),
+             "lm_task.jsonl:2: language_modeling needs a string 'context', got ['a']"),
+    "no options": (lambda b: _edit_line(b / "eval_data/commonsense_reasoning/mc_task.jsonl", 4,
+                                        json.dumps({"query": "q", "choices": [], "gold": 0})),
+                   "mc_task.jsonl:4: multiple_choice needs 'choices' as a non-empty list of strings, got []"),
     "no data": (lambda b: (b / "eval_data/world_knowledge/lm_task.jsonl").unlink(),
                 "eval_data/world_knowledge/lm_task.jsonl: not in the eval bundle"),
 }

@@ -15,6 +15,14 @@ random.Random(1234 + index) from the task's other examples, rendered before it a
     language_modeling   one row: context (trimmed) + delimiter + continuation; right when the
                         model's argmax predicts every continuation token
 
+A row can be left with no token to score: a choice whose tokens are a prefix of another's (piqa
+has such rows), a single choice or choices all alike, schema rows that end in no common token (an
+empty continuation after an empty delimiter). Its mean loss is nanochat's mean over zero tokens,
+NaN, and the pick is nanochat's `means.index(min(means))` (lowest_mean): such a row never wins,
+except as the first row, which then wins whatever the others score. A language-modeling row with
+nothing to score stops the run, as nanochat's assert does (a delimiter ending in whitespace, as
+every one of the bundle's does, always leaves a token).
+
 accuracy = the share right; centred = (accuracy - b) / (1 - b), b the random baseline (a fraction);
 CORE = the mean of the tasks' centred accuracies. Each row starts with the tokenizer's end-of-text
 id where nanochat puts its BOS: our corpora put it before every document (download_dataset.py
@@ -29,6 +37,7 @@ program scoring.continuation_stats.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,13 +105,16 @@ def common_length(rows: list[Any], direction: str) -> int:
 
 
 def spans(kind: str, rows: list[Any]) -> tuple[list[Any], list[int], list[int]]:
-    """The rows to score and, per row, the [start, end) of the tokens scored (core_eval.batch_sequences_*)."""
+    """The rows to score and, per row, the [start, end) of the tokens scored (core_eval.batch_sequences_*);
+    start == end where nothing is left to score (a choice inside the common prefix)."""
     ends = [len(r) for r in rows]
     if kind == "multiple_choice":
         return rows, [common_length(rows, "left")] * len(rows), ends
     if kind == "schema":
         suffix = common_length(rows, "right")
-        return rows, [e - suffix for e in ends], ends
+        # A row wholly inside the common suffix (the options all alike) would be scored from position
+        # 0; nanochat's slice of it, losses[i, -1:e - 1], is empty: nothing scored.
+        return rows, [e - suffix if e > suffix else e for e in ends], ends
     without, with_ = rows
     # nanochat asserts the prompt without the continuation tokenizes to a prefix of the one with it
     # (true of GPT-2's BPE on the bundle); where a tokenizer merges across the join, the common
@@ -138,9 +150,9 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
             for index, ps in enumerate(rendered, start=lo):
                 ids = [np.concatenate([[tok.eot_id], next(encoded)]).astype(np.int32) for _ in ps]
                 these, s, e = spans(task.kind, ids)
-                if any(si >= ei for si, ei in zip(s, e)):
+                if task.kind == "language_modeling" and s[0] >= e[0]:  # MC and schema rows score NaN instead
                     raise CoreError(f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
-                                    f"tokenization leaves the continuation empty)")
+                                    f"tokenization leaves the continuation empty; nanochat's assert stops there too)")
                 for row, si, ei in zip(these, s, e):
                     crop = max(len(row) - context_length, 0)
                     rows.append(row[crop:])
@@ -194,6 +206,19 @@ def centred(accuracy: float, baseline_percent: float) -> float:
     return (accuracy - b) / (1.0 - b)
 
 
+def lowest_mean(means: list[float]) -> int:
+    """The row nanochat picks, `mean_losses.index(min(mean_losses))`, spelled out for the NaN mean
+    of a row with nothing scored: min() keeps its running best unless a value compares strictly
+    below it, and nothing compares below NaN nor NaN below anything; index() then finds that very
+    object. So a NaN first row wins whatever the others score, a later NaN never wins, and a tie
+    goes to the first row."""
+    best = 0
+    for i in range(1, len(means)):
+        if means[i] < means[best]:
+            best = i
+    return best
+
+
 def task_accuracy(p: PreparedTask, sums: np.ndarray, counts: np.ndarray, hits: np.ndarray) -> float:
     """The share of the task's examples right, from its rows' summed losses, scored-token counts and
     argmax hits (core_eval.evaluate_example's decision)."""
@@ -203,8 +228,9 @@ def task_accuracy(p: PreparedTask, sums: np.ndarray, counts: np.ndarray, hits: n
         if p.task.kind == "language_modeling":
             right.append(bool(hits[lo] == counts[lo]))
         else:
-            means = list(sums[lo:hi] / counts[lo:hi])
-            right.append(means.index(min(means)) == p.task.examples[e]["gold"])  # ties: the first
+            # torch's mean over zero tokens is NaN: the same here, without numpy's 0/0 warning
+            means = [float(s) / float(c) if c else math.nan for s, c in zip(sums[lo:hi], counts[lo:hi])]
+            right.append(lowest_mean(means) == p.task.examples[e]["gold"])
     return float(np.mean(right))
 
 

@@ -15,8 +15,18 @@ The bundle (a zip, or the folder it unpacks to; either may hold everything under
 
 Each task's examples are shuffled with random.Random(1337), as nanochat does, and then capped to
 `limit` (nanochat's --max-per-task): a capped figure is a quick one, not the CORE metric. A zip is
-read in place, never unpacked. Every malformed file or line is one CoreError naming it. Pure
-Python (yaml, csv, json, zipfile): jaxgpt/training/run.py reads the bundle before JAX starts.
+read in place, never unpacked.
+
+What base_eval.py reads, this reads, so that a run on the real bundle never stops on its data: a
+JSONL line ends where Python's text mode ends one (at LF, CR LF or CR; never at the other breaks
+str.splitlines() knows, such as U+2028 inside a JSON string) and is stripped before json.loads;
+blank lines are skipped (nanochat would stop on one); fields may be empty strings; a leading UTF-8
+BOM is dropped (pandas drops it from the CSV); a task's baseline is the CSV's first row with its
+label (pandas' .values[0]), and rows of tasks core.yaml does not list are not read; num_fewshot's
+first value is the one used. What nanochat could not score either is one CoreError naming the file
+(and line): a missing file, malformed YAML, CSV or JSON, a missing field or one of the wrong type,
+an empty list of options, a `gold` out of range, a task without a baseline. Pure Python (yaml, csv,
+json, zipfile): jaxgpt/training/run.py reads the bundle before JAX starts.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip
 BUNDLE_FILE = "eval_bundle.zip"
 KINDS = ("multiple_choice", "schema", "language_modeling")
 SHUFFLE_SEED = 1337  # nanochat's: the order a capped run takes its examples in
-# The fields each kind's examples need (str: a string; list: a non-empty list of strings; gold: an index into it).
+# The fields each kind's examples need (str: a string, "" too; list: a non-empty list of strings; gold: an
+# index into it). nanochat would render other types through jinja's str(); no bundle holds them.
 _FIELDS = {"multiple_choice": {"query": str, "choices": list, "gold": int},
            "schema": {"context_options": list, "continuation": str, "gold": int},
            "language_modeling": {"context": str, "continuation": str}}
@@ -87,7 +98,8 @@ class Bundle:
         except (KeyError, FileNotFoundError, IsADirectoryError):
             raise CoreError(f"{self.where(name)}: not in the eval bundle") from None
         try:
-            return data.decode("utf-8")
+            # A BOM would be part of the CSV's first column name; pandas (base_eval.py) drops it.
+            return data.decode("utf-8").removeprefix("\ufeff")
         except UnicodeDecodeError as e:
             raise CoreError(f"{self.where(name)}: not UTF-8 (byte {e.start})") from None
 
@@ -113,8 +125,9 @@ def _task_entries(bundle: Bundle) -> list[dict[str, Any]]:
         if t.get("icl_task_type") not in KINDS:
             raise CoreError(f"{here} ({t['label']}): icl_task_type={t.get('icl_task_type')!r} is not one of {KINDS}")
         shots = t.get("num_fewshot")
-        if not (isinstance(shots, list) and shots and all(type(s) is int and s >= 0 for s in shots)):
-            raise CoreError(f"{here} ({t['label']}): num_fewshot={shots!r} must be a list of integers >= 0")
+        if not (isinstance(shots, list) and shots and type(shots[0]) is int and shots[0] >= 0):  # nanochat reads [0]
+            raise CoreError(f"{here} ({t['label']}): num_fewshot={shots!r} must be a list whose first value "
+                            f"is an integer >= 0")
         if not isinstance(t.get("continuation_delimiter", " "), str):
             raise CoreError(f"{here} ({t['label']}): continuation_delimiter must be a string")
         if t["label"] in labels:
@@ -123,13 +136,17 @@ def _task_entries(bundle: Bundle) -> list[dict[str, Any]]:
     return tasks
 
 
-def _baselines(bundle: Bundle) -> dict[str, float]:
+def _baselines(bundle: Bundle, labels: set[str]) -> dict[str, float]:
+    """The random baselines of the tasks `labels` names: base_eval.py looks up only those, each in
+    the first row that has its label."""
     where = bundle.where("eval_meta_data.csv")
     rows = csv.DictReader(io.StringIO(bundle.read("eval_meta_data.csv")))
     if not {"Eval Task", "Random baseline"} <= set(rows.fieldnames or ()):
         raise CoreError(f"{where}: needs the columns 'Eval Task' and 'Random baseline', got {rows.fieldnames}")
     out = {}
     for row in rows:
+        if row["Eval Task"] not in labels or row["Eval Task"] in out:
+            continue
         try:
             out[row["Eval Task"]] = value = float(row["Random baseline"])
         except (TypeError, ValueError):
@@ -144,9 +161,11 @@ def _check_example(record: Any, kind: str, where: str) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise CoreError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key, kind_of in _FIELDS[kind].items():
-        value = record.get(key)
-        if kind_of is str and not (isinstance(value, str) and value):
-            raise CoreError(f"{where}: {kind} needs a non-empty string '{key}', got {value!r:.60}")
+        if key not in record:  # nanochat: a KeyError, or "" where only its jinja template reads the key
+            raise CoreError(f"{where}: {kind} example has no '{key}' (its keys: {list(record)!r:.80})")
+        value = record[key]
+        if kind_of is str and not isinstance(value, str):
+            raise CoreError(f"{where}: {kind} needs a string '{key}', got {value!r:.60}")
         if kind_of is list and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
             raise CoreError(f"{where}: {kind} needs '{key}' as a non-empty list of strings, got {value!r:.60}")
     options = record.get("choices", record.get("context_options"))
@@ -159,11 +178,15 @@ def _check_example(record: Any, kind: str, where: str) -> dict[str, Any]:
 
 def _examples(bundle: Bundle, name: str, kind: str) -> list[dict[str, Any]]:
     out = []
-    for number, line in enumerate(bundle.read(name).splitlines(), start=1):
-        if line.strip():
+    # base_eval.py: `for line in open(path)` (text mode: a line ends at \n, \r\n or \r only; str.splitlines()
+    # would also cut at U+2028, U+0085 and the like, which JSON strings may hold), json.loads(line.strip()).
+    lines = io.StringIO(bundle.read(name), newline=None)
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if text:  # a blank line would stop nanochat (json.loads("")); it holds no example
             where = f"{bundle.where(name)}:{number}"
             try:
-                record = json.loads(line)
+                record = json.loads(text)
             except json.JSONDecodeError as e:
                 raise CoreError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
             out.append(_check_example(record, kind, where))
@@ -178,7 +201,8 @@ def read_tasks(path: Path, limit: int | None = None) -> list[Task]:
     (capped) examples, so each task needs more than num_fewshot of them."""
     bundle = Bundle(path)
     try:
-        entries, baselines = _task_entries(bundle), _baselines(bundle)
+        entries = _task_entries(bundle)
+        baselines = _baselines(bundle, {t["label"] for t in entries})
         tasks = []
         for t in entries:
             if t["label"] not in baselines:
