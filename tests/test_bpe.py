@@ -23,7 +23,14 @@ import download_dataset as dd
 from jaxgpt.data import sources
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import open_dataset
-from jaxgpt.data.tokenizer import TokenizerError, TrainedTokenizer, get_tokenizer
+from jaxgpt.data.tokenizer import (
+    EOT_TEXT,
+    ROLE_TOKENS,
+    TokenizerError,
+    TrainedTokenizer,
+    get_tokenizer,
+    special_tokens,
+)
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 VOCAB = 600
@@ -53,10 +60,13 @@ def tok(trained: Path) -> TrainedTokenizer:
     return t
 
 
-def test_the_asked_vocabulary_and_end_of_text_last(tok: TrainedTokenizer, trained: Path) -> None:
-    assert (tok.name, tok.n_vocab, tok.eot_id) == ("shakes", VOCAB, VOCAB - 1)
+def test_the_asked_vocabulary_then_end_of_text_and_the_role_tokens_last(tok: TrainedTokenizer,
+                                                                         trained: Path) -> None:
+    first = VOCAB - 1 - len(ROLE_TOKENS)  # end-of-text, then nanochat's four role tokens
+    assert (tok.name, tok.n_vocab, tok.eot_id) == ("shakes", VOCAB, first)
+    assert special_tokens(tok) == {EOT_TEXT: first, **{t: first + 1 + i for i, t in enumerate(ROLE_TOKENS)}}
     meta = json.loads((trained / "tokenizers" / "shakes" / "meta.json").read_text())
-    assert (meta["n_vocab"], meta["eot_id"], meta["vocab_size"], meta["source"]) == (VOCAB, VOCAB - 1, VOCAB,
+    assert (meta["n_vocab"], meta["eot_id"], meta["vocab_size"], meta["source"]) == (VOCAB, first, VOCAB,
                                                                                      "tinyshakespeare")
     assert meta["sha256"] == tok.sha256
     # Learned merges, not just the bytes: a common word is one token.
@@ -74,7 +84,8 @@ def test_round_trips_any_text_and_never_forges_end_of_text(tok: TrainedTokenizer
 
 def test_token_bytes_count_each_ids_bytes_exactly(tok: TrainedTokenizer) -> None:
     lengths = tok.token_bytes()
-    assert lengths.shape == (VOCAB,) and lengths[tok.eot_id] == 0 and lengths[:-1].min() >= 1
+    assert lengths.shape == (VOCAB,) and (lengths[tok.eot_id:] == 0).all()
+    assert lengths[:tok.eot_id].min() >= 1
     for text in TEXTS:
         assert int(lengths[tok.encode(text)].sum()) == len(text.encode("utf-8"))
 
@@ -147,7 +158,7 @@ def test_the_text_source_trains_on_its_train_documents_only(tmp_path: Path) -> N
 
 
 def test_input_errors_are_one_line(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    cases = {("--vocab-size", "256"): "--vocab-size must be a whole number in 257..1048576",
+    cases = {("--vocab-size", "260"): "--vocab-size must be a whole number in 261..1048576",
              ("--vocab-size", "4000000"): "got 4000000"}
     for (flag, value), message in cases.items():
         assert dd.main(["tokenizer", "x", "builtin", flag, value, "--data-dir", str(tmp_path)]) == 2
@@ -181,7 +192,7 @@ def test_a_retrained_tokenizer_rebuilds_its_datasets(tmp_path: Path, capsys: pyt
     first = prepare_dataset("tinyshakespeare", "shakes", tmp_path, log=lambda _: None)
     ds = open_dataset(first)
     sha = get_tokenizer("shakes", tmp_path).sha256
-    assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["tokenizer_sha256"]) == ("shakes", 300, 299, sha)
+    assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["tokenizer_sha256"]) == ("shakes", 300, 300 - 1 - len(ROLE_TOKENS), sha)
     want = get_tokenizer("shakes", tmp_path).encode(SHAKESPEARE.read_text()[:2000])
     assert ds.train.shards[0][:len(want)].tolist() == want
     assert train_cli(tmp_path, "shakes", "--force", vocab=320) == 0

@@ -25,7 +25,7 @@ import download_dataset as dd
 from jaxgpt.data import bpe
 from jaxgpt.data.fineweb_edu import VAL_FILE, shard_file
 from jaxgpt.data.shards import DataError, open_dataset
-from jaxgpt.data.tokenizer import EOT_TEXT, TokenizerError, get_tokenizer
+from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, TokenizerError, get_tokenizer
 
 VOCAB = 330
 DOC_CAP = 100
@@ -87,7 +87,7 @@ def test_trains_on_the_needed_train_shards_only(src: Path, tmp_path: Path) -> No
     folder = root / "tokenizers" / "edu"
     meta = json.loads((folder / "meta.json").read_text())
     tok = get_tokenizer("edu", root)
-    assert (tok.n_vocab, tok.eot_id, meta["n_vocab"], meta["source"]) == (VOCAB, VOCAB - 1, VOCAB, "fineweb-edu")
+    assert (tok.n_vocab, tok.eot_id, meta["n_vocab"], meta["source"]) == (VOCAB, VOCAB - 1 - len(ROLE_TOKENS), VOCAB, "fineweb-edu")
     assert meta["options"] == {"max_chars": max_chars(), "doc_cap": DOC_CAP}
     assert meta["fingerprint"] == " ".join(f"{n}:{(src / n).stat().st_size}" for n in (shard_file(0), shard_file(1)))
     expected = nanochat_documents(max_chars())

@@ -6,8 +6,10 @@
 
 The tokenizer is nanochat's HuggingFaceTokenizer recipe on Hugging Face `tokenizers`: GPT-4's
 pre-split regex (numbers in runs of at most two digits), byte-level (all 256 bytes are initial
-tokens, so any text encodes), no normalizer, and one special token, "<|endoftext|>", the last id,
-which documents are separated with (jaxgpt/data/tokenizer.py: TrainedTokenizer). It learns from
+tokens, so any text encodes), no normalizer, and five special tokens after the learned ones:
+"<|endoftext|>", which documents are separated with (jaxgpt/data/tokenizer.py: TrainedTokenizer),
+then nanochat's role tokens for chat (<|user_start|>, <|user_end|>, <|assistant_start|>,
+<|assistant_end|>: jaxgpt/data/chat_template.py's "nanochat" template). It learns from
 the same train split the source's dataset trains on (prepare.py's _corpus, same options), so the
 validation documents are never seen; its compression (bytes per token) on those validation
 documents, against GPT-2's, is printed and kept in meta.json. FineWeb-Edu is read as nanochat's
@@ -34,6 +36,7 @@ from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_
 from jaxgpt.data.shards import DataError, _remove_stale, dataset_lock
 from jaxgpt.data.tokenizer import (
     EOT_TEXT,
+    ROLE_TOKENS,
     TOKENIZER_FILE,
     TOKENIZER_NAMES,
     GPT2Tokenizer,
@@ -51,7 +54,7 @@ SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}|
                  r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
-SPECIAL_TOKENS = (EOT_TEXT,)
+SPECIAL_TOKENS = (EOT_TEXT, *ROLE_TOKENS)
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # every byte, then the specials
 MAX_VOCAB = 1 << 20  # far past any useful size; larger is a typo
 # Sources whose documents are read here (FineWeb-10B arrives as GPT-2 ids: nothing to learn from).
@@ -68,7 +71,7 @@ _CHUNK_CHARS = 1 << 25  # characters of validation documents held at once while 
 def check_vocab_size(vocab_size: object) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise TokenizerError(f"--vocab-size must be a whole number in {MIN_VOCAB}..{MAX_VOCAB} (256 bytes + "
-                             f"{len(SPECIAL_TOKENS)} special token), got {vocab_size!r}")
+                             f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
     return vocab_size
 
 
@@ -86,7 +89,7 @@ def _hf_bpe(vocab_size: int, progress: bool) -> tuple[Any, Any]:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = None
-    # The special token is added after training, so it takes the last id (as gpt2's and bytes' do).
+    # The special tokens are added after training, so they take the last ids (end-of-text first).
     trainer = BpeTrainer(vocab_size=vocab_size - len(SPECIAL_TOKENS), show_progress=progress, min_frequency=0,
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
     return tok, trainer

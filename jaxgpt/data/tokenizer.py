@@ -28,6 +28,9 @@ TOKENIZER_NAMES = ("bytes", "gpt2")  # built in; any other valid name is a train
 TOKENIZERS_DIR = "tokenizers"  # under the data root
 TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face tokenizers file, in its folder and in each checkpoint
 EOT_TEXT = "<|endoftext|>"
+# nanochat's role tokens (nanochat/tokenizer.py), added after end-of-text to every tokenizer trained here
+# (bpe.py), for its chat template (jaxgpt/data/chat_template.py); nanochat's <|bos|> is our end-of-text.
+ROLE_TOKENS = ("<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 # GPT-2's vocabulary, for data that arrives already tokenized (no tiktoken files needed to use it).
 GPT2_N_VOCAB, GPT2_EOT_ID = 50257, 50256
 
@@ -169,6 +172,9 @@ class TrainedTokenizer:
             raise TokenizerError(f"{self.path}: has no {EOT_TEXT} token (train it with download_dataset.py tokenizer)")
         self._tok.encode_special_tokens = True  # "<|endoftext|>" in text is ordinary text (not saved in the file)
         self.eot_id: int = eot
+        # Every added token by name: end-of-text and, in tokenizers trained since they were added,
+        # nanochat's role tokens (jaxgpt/data/chat_template.py).
+        self.special_ids: dict[str, int] = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
         self.n_vocab: int = self._tok.get_vocab_size(with_added_tokens=True)
         self._dtype = np.uint16 if self.n_vocab <= 1 << 16 else np.uint32
 
@@ -203,6 +209,12 @@ class TrainedTokenizer:
         for i in self._tok.get_added_tokens_decoder():
             lengths[i] = 0
         return lengths
+
+
+def special_tokens(tok: Tokenizer) -> dict[str, int]:
+    """The tokenizer's special tokens by name ("<|endoftext|>" -> its id, ...): what a chat template's
+    literal text may name (jaxgpt/data/chat_template.py). Text is never encoded into them."""
+    return dict(getattr(tok, "special_ids", None) or {EOT_TEXT: tok.eot_id})
 
 
 def trained_dir(name: str, data_root: Path | None = None) -> Path:
