@@ -33,9 +33,9 @@ def resolve(path: Path, data_root: Path) -> Path:
         return path
     if (path / "train.json").is_file() or (path / "model.json").is_file():
         model_cfg, train_cfg = load_run_configs(path)
-        tokens = train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg)
         return prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
-                               options=train_cfg.dataset.options, train_tokens=tokens, log=print)
+                               options=train_cfg.dataset.options, train_tokens=train_cfg.planned_tokens(model_cfg),
+                               log=print)
     raise DataError(f"{path}: neither a dataset folder (no {MANIFEST}) nor a run directory (no train.json)")
 
 

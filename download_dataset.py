@@ -7,6 +7,8 @@ Usage:
     uv run download_dataset.py fineweb10B-gpt2 --train-tokens 1e9  # -> data/fineweb10B-gpt2-gpt2
     uv run download_dataset.py fineweb-edu --train-tokens 1e9      # FineWeb-Edu parquet -> data/fineweb-edu-gpt2
     uv run download_dataset.py text corpus/*.parquet --text-column content   # parquet rows as documents
+    uv run download_dataset.py conversations alpaca.json chats.jsonl --tokenizer gpt2   # instruction data + loss mask
+    uv run download_dataset.py instructions                        # the built-in instruction set (no download)
     uv run download_dataset.py run runs/gpt2-small                 # what train.py would prepare for that run
     uv run download_dataset.py text corpus/ --tokenizer gpt2 --name mine --validation-fraction 0.1 --verify
 
@@ -17,6 +19,7 @@ The data root is --data-dir, else $JAXGPT_DATA_DIR, else the repository's data/ 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -71,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"take exactly this many train shards (1..{fineweb_edu.N_TRAIN_FILES})")
     edu.add_argument("--from", dest="from_path", type=Path, default=None,
                      help="a folder holding shard_NNNNN.parquet files (read in place)")
+    _conversation_sources(sub, tokenized)
     run = sub.add_parser("run", parents=[common], help="the dataset a run's train.json names, for its length")
     run.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
     run.add_argument("--from", dest="from_path", type=Path, default=None,
@@ -110,12 +114,40 @@ def _text_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentPars
                                   "next newline, end-of-text after each part")
 
 
+def _template(text: str) -> str | dict:
+    """--template: a built-in template's name, or a JSON file holding a template object."""
+    if Path(text).suffix.lower() != ".json":
+        return text
+    try:
+        return json.loads(Path(text).read_text())
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{text}: not a readable JSON template ({e})") from None
+
+
+def _conversation_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    """The instruction fine-tuning sources: conversations rendered with a chat template, plus a loss mask."""
+    chat = argparse.ArgumentParser(add_help=False, parents=[parent])
+    chat.add_argument("--template", type=_template, default=None,
+                      help="alpaca, nanochat, or a .json file holding a template (default: nanochat for a tokenizer "
+                           "trained here, else alpaca; docs/fine-tuning.md)")
+    chat.add_argument("--too-long", choices=("drop", "crop"), default=None,
+                      help="what training does with a conversation longer than a row (default: drop)")
+    conv = sub.add_parser("conversations", parents=[chat], help="Alpaca and chat records (.json/.jsonl/.parquet)")
+    conv.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
+    conv.add_argument("--name", default=None,
+                      help="dataset folder conversations-<name>-<tokenizer> (default: the first path's name)")
+    ins = sub.add_parser("instructions", parents=[chat], help="the built-in instruction set with checkable answers")
+    ins.add_argument("--examples", type=_count, default=None, help="training conversations (default 20,000)")
+    ins.add_argument("--validation-examples", type=_count, default=None, help="held-out ones (default 500)")
+    ins.add_argument("--seed", type=int, default=None, help="which conversations (default 0)")
+
+
 def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
     """(source, tokenizer, options, train_tokens) from the command line; only options given are passed."""
     if args.source == "run":
         model_cfg, train_cfg = load_run_configs(args.run_dir)
-        tokens = train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg)
-        return train_cfg.dataset.source, train_cfg.tokenizer, train_cfg.dataset.options, tokens
+        return (train_cfg.dataset.source, train_cfg.tokenizer, train_cfg.dataset.options,
+                train_cfg.planned_tokens(model_cfg))
     if args.source == FINEWEB:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB, "gpt2", options, args.train_tokens
@@ -128,12 +160,17 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
     options = {} if args.validation_fraction is None else {"validation_fraction": args.validation_fraction}
     if getattr(args, "split", None) is not None:
         options["split"] = args.split
-    if source == "text":
+    if source in ("text", "conversations"):
         options["paths"] = args.paths
         if args.name is not None:
             options["name"] = args.name
-        if args.text_column is not None:
-            options["text_column"] = args.text_column
+    if source == "text" and args.text_column is not None:
+        options["text_column"] = args.text_column
+    if source in ("conversations", "instructions"):
+        given = {"template": args.template, "too_long": args.too_long}
+        if source == "instructions":
+            given |= {"examples": args.examples, "validation_examples": args.validation_examples, "seed": args.seed}
+        options |= {k: v for k, v in given.items() if v is not None}
     return source, getattr(args, "tokenizer", ""), options, None
 
 

@@ -8,6 +8,8 @@
     uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
     uv run evaluate.py runs/gpt2 --core [--limit 500]             # DCLM's CORE (bundle downloaded once)
     uv run evaluate.py runs/gpt2 --core-from eval_bundle.zip      # offline: a local zip or folder
+    uv run evaluate.py runs/tiny-instruct --exact-match           # answers to its held-out instructions
+    uv run evaluate.py runs/tiny --exact-match runs/tiny-instruct # a base model, the same questions and template
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
 with the model's tokenizer if missing) or a prepared folder. The split is scored whole, in order,
@@ -20,44 +22,28 @@ input is checked before JAX starts.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
-from jaxgpt.config import ConfigError, TrainConfig, from_dict
+from jaxgpt.config import ConfigError
+from jaxgpt.data.chat_template import ChatTemplate, TemplateError
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import DataError, Dataset, open_dataset
-from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
+from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.evaluation import core, core_bundle, hellaswag
+from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, exact_match, held_out, train_config
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
-
-
-def _train_config(train: dict[str, Any], where: str) -> TrainConfig:
-    if not train:  # a checkpoint without a train.json: the defaults (builtin corpus, bytes tokenizer)
-        return TrainConfig(microbatch_size=8, train_steps=1)
-    return from_dict(TrainConfig, train, where)
-
-
-def _check_dataset(dataset: Dataset, tok: Tokenizer, vocab_size: int) -> None:
-    """The dataset holds the model's tokenizer's ids (for a trained one, of the same file), all in range."""
-    if dataset.tokenizer != tok.name:
-        raise DataError(f"{dataset.path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {tok.name!r}")
-    sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
-    if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
-        raise DataError(f"{dataset.path}: prepared with another {tok.name!r} tokenizer file than the checkpoint's "
-                        f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
-    if dataset.max_token_id >= vocab_size:
-        raise DataError(f"{dataset.path}: token id {dataset.max_token_id} is out of range for vocab_size={vocab_size}")
 
 
 def main_hellaswag(args: argparse.Namespace) -> int:
     """evaluate.py --hellaswag: acc and acc_norm over the validation examples (hellaswag.py)."""
     try:
         ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        cfg = train_config(train, str(ckpt_dir / "train.json"))
         path = args.hellaswag_file or hellaswag.fetch_val((args.data_dir or default_data_root()) / "downloads")
         examples = hellaswag.read_examples(path, args.limit)
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the run's: see hellaswag.py
@@ -82,7 +68,7 @@ def main_core(args: argparse.Namespace) -> int:
     """evaluate.py --core: each task's accuracy and centred accuracy, and CORE (core.py)."""
     try:
         ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        cfg = train_config(train, str(ckpt_dir / "train.json"))
         path = args.core_from or core_bundle.fetch_bundle((args.data_dir or default_data_root()) / "downloads")
         tasks = core_bundle.read_tasks(path, args.limit)
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # core.py prepends its eot id
@@ -99,6 +85,35 @@ def main_core(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(core.report(r)))
+    return 0
+
+
+def main_exact_match(args: argparse.Namespace) -> int:
+    """evaluate.py --exact-match: greedy answers to a conversation dataset's held-out instructions."""
+    try:
+        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
+        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        dataset = conversation_dataset(args.exact_match or ckpt_dir, args.data_dir)
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
+        check_dataset(dataset, tok, model_cfg.vocab_size)
+        questions = held_out(dataset, args.limit)
+        template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
+        from jaxgpt.chat.answer import Assistant
+        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+
+        caches.enable_compile_cache()
+        model, _cfg, _tok, _path = load_model(ckpt_dir)
+        print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,}, template "
+              f"{template.name!r})")
+        r = exact_match(Assistant(model, tok, template, str(ckpt_dir)), questions, batch_size=args.batch_size or 16)
+    except (*INPUT_ERRORS, TemplateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        args.out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in r["rows"]))
+    for task, acc in r["tasks"].items():
+        print(f"  {task:<12} {acc:.1%}")
+    print(f"exact match {r['accuracy']:.4f} ({r['correct']:,} of {r['examples']:,})")
     return 0
 
 
@@ -122,8 +137,13 @@ def _parser() -> argparse.ArgumentParser:
                         "of the loss; --batch-size is then rows per device call (default 64)")
     parser.add_argument("--core-from", type=Path, default=None,
                         help="a local eval_bundle.zip or its unpacked folder instead of the download; implies --core")
+    parser.add_argument("--exact-match", type=Path, nargs="?", const=Path(""), default=None, metavar="RUN",
+                        help="greedy answers to the held-out instructions of a conversation dataset: RUN's (a run dir, "
+                             "checkpoint or prepared dataset folder; default: the checkpoint's own), with its chat "
+                             "template; --batch-size is then conversations at once (default 16)")
+    parser.add_argument("--out", type=Path, default=None, help="--exact-match: write each answer to this JSONL file")
     parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only; "
-                        "CORE: N examples per task (a quick figure, not the CORE metric)")
+                        "CORE: N examples per task (a quick figure, not the CORE metric); exact match: N questions")
     return parser
 
 
@@ -136,13 +156,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
     if (args.hellaswag or args.hellaswag_file is not None) and (args.core or args.core_from is not None):
         parser.error("--hellaswag and --core are separate runs: give one of them")
+    if args.exact_match is not None:
+        if str(args.exact_match) in ("", "."):
+            args.exact_match = None
+        return main_exact_match(args)
     if args.hellaswag or args.hellaswag_file is not None:
         return main_hellaswag(args)
     if args.core or args.core_from is not None:
         return main_core(args)
     try:
         ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = _train_config(train, str(ckpt_dir / "train.json"))
+        cfg = train_config(train, str(ckpt_dir / "train.json"))
         seq_len = args.sequence_length or cfg.seq_len(model_cfg)
         if seq_len > model_cfg.context_length:
             raise ConfigError(f"--sequence-length={seq_len} exceeds the model's context_length={model_cfg.context_length}")
@@ -151,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             same = args.dataset is None or args.dataset == cfg.dataset.source
             # The run's length too: without it a FineWeb(-Edu) dataset would be rebuilt with one train shard.
-            length = cfg.total_steps(model_cfg) * cfg.tokens_per_step(model_cfg) if same else None
+            length = cfg.planned_tokens(model_cfg) if same else None
             ds_path = prepare_dataset(args.dataset or cfg.dataset.source, cfg.tokenizer,
                                       args.data_dir or default_data_root(),
                                       options=cfg.dataset.options if same else None, train_tokens=length, log=print)
         dataset = open_dataset(ds_path)
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
-        _check_dataset(dataset, tok, model_cfg.vocab_size)
+        check_dataset(dataset, tok, model_cfg.vocab_size)
         split = dataset.train if args.split == "train" else dataset.val
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
         from jaxgpt.evaluation.scoring import evaluate, report_line

@@ -125,15 +125,16 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     model, optimizer, mesh, rows, init_s = _build(model_cfg, train_cfg, total_steps, name)
     memory["host_rss_peak_after_init_mib"] = peak_rss_mib()
     put = _batches(train_cfg, model_cfg.vocab_size, T, mesh, rows)
-    x, y = put(0)
+    batch = put(0)
     runner = StepRunner(model, optimizer)
-    first = _first_step(runner, x, y, step_key(seed, 0), xla_memory)
+    first = _first_step(runner, batch, step_key(seed, 0), xla_memory)
     step_times, out = _timed_windows(runner, put, lambda step: step_key(seed, step), warmup, windows, steps)
     losses, stats = jax.device_get(out)
     result: dict[str, Any] = {
         **_environment(name),
         **to_dict(model_cfg), "compute_dtype": model.ops.compute_dtype,  # model.json's keys; dtype as run ("auto" resolved)
         "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": k * B * T,
+        "packing": train_cfg.packing,
         "optimizer": train_cfg.optimizer, "schedule": train_cfg.schedule,
         "params": int(count_params(model)), "compute_dtype_requested": model_cfg.compute_dtype,
         "steps_per_window": steps, "warmup_steps": warmup, "windows": windows, "init_s": init_s,
@@ -148,7 +149,8 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     }
     runner.sync()
     if breakdown:
-        result["breakdown"] = _step_breakdown(model, optimizer, x[0], y[0], steps, result["step_s_median"] / k)
+        result["breakdown"] = _step_breakdown(model, optimizer, batch[0][0], batch[1][0], steps,
+                                              result["step_s_median"] / k)
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
                            result["compute_dtype"]))
@@ -195,34 +197,40 @@ def _environment(name: str) -> dict[str, Any]:
             "chip_peak_bf16_flops": chip[0] if chip else None, "chip_peak_source": chip[1] if chip else None}
 
 
-def _batches(train_cfg: TrainConfig, vocab_size: int, T: int, mesh: Any, rows: Any) -> Callable[[int], tuple[Any, Any]]:
-    """put(step) -> (inputs, targets) on the device: two random (k, B, T) batches taken in turn."""
+def _batches(train_cfg: TrainConfig, vocab_size: int, T: int, mesh: Any, rows: Any) -> Callable[[int], tuple[Any, ...]]:
+    """put(step) -> (inputs, targets) on the device: two random (k, B, T) batches taken in turn; for
+    packing "conversations" (fine-tuning) also loss weights and segments: each row two conversations
+    and padding, about half the targets trained on, so the step runs the fine-tuning program."""
     from jaxgpt.distributed import sharding
 
     B, k = train_cfg.microbatch_size, train_cfg.gradient_accumulation_steps
     rng = np.random.default_rng(train_cfg.seed)
-    host = [rng.integers(0, vocab_size, (2, k, B, T), dtype=np.int32) for _ in range(2)]  # (inputs, targets) pairs
+    host = [list(rng.integers(0, vocab_size, (2, k, B, T), dtype=np.int32)) for _ in range(2)]  # (inputs, targets)
+    if train_cfg.packing == "conversations":
+        segments = np.zeros((k, B, T), np.int32)
+        segments[..., :T * 9 // 10] = 1 + (np.arange(T * 9 // 10) >= T * 4 // 10)  # 2 conversations, 10% padding
+        for arrays in host:
+            arrays += [(rng.random((k, B, T)) < 0.5).astype(np.float32) * (segments > 0), segments]
 
-    def put(step: int) -> tuple[Any, Any]:
-        xy = host[step % len(host)][:, :, rows]
-        return sharding.put_batch(xy[0], mesh, B), sharding.put_batch(xy[1], mesh, B)
+    def put(step: int) -> tuple[Any, ...]:
+        return tuple(sharding.put_batch(a[:, rows], mesh, B) for a in host[step % len(host)])
 
     return put
 
 
-def _first_step(runner: Any, x: Any, y: Any, key: Any, xla_memory: bool) -> dict[str, Any]:
+def _first_step(runner: Any, batch: tuple[Any, ...], key: Any, xla_memory: bool) -> dict[str, Any]:
     """The first call timed to its result (trace + compile + one step), the peak RSS after it
     (compiling is most of it on CPU: LLVM, not the step's buffers), and XLA's own accounting of
     the step's buffers if asked (compiled again, after the timed call, which it would warm)."""
     import jax
 
     t0 = time.perf_counter()
-    jax.block_until_ready(runner(x, y, key))
+    jax.block_until_ready(runner(*batch[:2], key, *batch[2:]))
     first_step_s = time.perf_counter() - t0
     out = {"first_step_s": first_step_s, "host_rss_peak_after_first_step_mib": peak_rss_mib(), "xla_memory": None}
     if xla_memory:
         t0 = time.perf_counter()
-        compiled = runner.lower(x, y, key).compile()
+        compiled = runner.lower(*batch[:2], key, *batch[2:]).compile()
         out["xla_memory"] = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
     return out
 
@@ -256,21 +264,21 @@ def _build(model_cfg: ModelConfig, train_cfg: TrainConfig, total_steps: int,
     return model, optimizer, mesh, sharding.local_rows(mesh, B), time.perf_counter() - t0
 
 
-def _timed_windows(runner: Callable[..., Any], put: Callable[[int], tuple[Any, Any]], key: Callable[[int], Any],
+def _timed_windows(runner: Callable[..., Any], put: Callable[[int], tuple[Any, ...]], key: Callable[[int], Any],
                    warmup: int, windows: int, steps: int) -> tuple[list[float], Any]:
     """Seconds per step of each of `windows` timed windows of `steps` steps, after `warmup`
     untimed ones (steps 1, 2, ...: step 0 was the compiling call), each window ending with a block
     on its last step's results; and those results."""
     import jax
 
-    step, (x, y), out = 1, put(1), None
+    step, batch, out = 1, put(1), None
 
     def run_steps(n: int) -> Any:
-        nonlocal step, x, y, out
+        nonlocal step, batch, out
         for _ in range(n):
-            out = runner(x, y, key(step))
+            out = runner(*batch[:2], key(step), *batch[2:])
             step += 1
-            x, y = put(step)  # the next batch goes to the device while this step runs
+            batch = put(step)  # the next batch goes to the device while this step runs
         return jax.block_until_ready(out)
 
     run_steps(warmup)

@@ -8,6 +8,7 @@ before anything is compiled.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ from jaxgpt.config_json import MODEL_FILE, TRAIN_FILE, ConfigError, from_dict, f
 # train.json "tokenizer": "bytes", "gpt2" or a trained tokenizer's name, which becomes part of folder
 # names (<data>/tokenizers/<name>, <source>-<name>); jaxgpt/data/tokenizer.py resolves it.
 TOKENIZER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# train.json dataset sources of conversations (jaxgpt/data/chat_prepare.py): fine-tuning on their answers.
+CONVERSATION_SOURCES = ("conversations", "instructions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +264,17 @@ class TrainConfig:
     # Training rows: "windows", non-overlapping windows of the token stream in a shuffled order;
     # "documents", whole documents packed by best fit, every row starting at a document's start
     # (nanochat's BOS-aligned packing; jaxgpt/data/packing.py). Validation reads windows either way.
-    packing: Literal["windows", "documents"] = "windows"
+    # "conversations": whole conversations packed by best fit and padded, trained on their answers
+    # only (jaxgpt/data/chat_rows.py), validation likewise: what a conversation dataset takes (the
+    # conversations and instructions sources). None: "conversations" for those sources, else "windows".
+    packing: Literal["windows", "documents", "conversations"] | None = None
     gradient_accumulation_steps: int = 1  # microbatches per optimiser step
     batch_size: int | None = None  # optional check: sequences per optimiser step
     train_steps: int | None = None  # training length in optimiser steps ...
-    train_tokens: int | None = None  # ... or in tokens (exactly one of the two)
+    train_tokens: int | None = None  # ... or in tokens ...
+    # ... or in epochs of the train split (exactly one of the three): the steps that take
+    # train_epochs x the first epoch's rows, rounded up (fine-tuning's usual measure; not FineWeb's)
+    train_epochs: float | None = None
     # "adamw": AdamW for every parameter; "muon": Muon for the blocks' matrices, AdamW for the rest
     # (the "muon" section below). Fixed for a run: its optimiser state has that optimizer's layout.
     optimizer: Literal["adamw", "muon"] = "adamw"
@@ -317,17 +326,19 @@ class TrainConfig:
                   "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
         if self.validation_batches != "all":
             _positive(self, TRAIN_FILE, "validation_batches")
-        _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens",
+        _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens", "train_epochs",
                   "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples",
                   "core_interval", "core_examples", optional=True)
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
                   "lr_init_factor")
         _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
-        if (self.train_steps is None) == (self.train_tokens is None):
-            raise ConfigError(
-                f"{TRAIN_FILE}: give exactly one of train_steps or train_tokens "
-                f"(got train_steps={self.train_steps}, train_tokens={self.train_tokens})"
-            )
+        lengths = {k: getattr(self, k) for k in ("train_steps", "train_tokens", "train_epochs")}
+        if sum(v is not None for v in lengths.values()) != 1:
+            raise ConfigError(f"{TRAIN_FILE}: give exactly one of train_steps, train_tokens or train_epochs (got "
+                              f"{', '.join(f'{k}={v}' for k, v in lengths.items())})")
+        if self.train_epochs is not None and self.dataset.source in ("fineweb10B-gpt2", "fineweb-edu"):
+            raise ConfigError(f"{TRAIN_FILE}: train_epochs needs the whole train split, but {self.dataset.source!r} "
+                              f"is fetched for the run's length; give train_steps or train_tokens")
         if self.batch_size is not None and self.batch_size != self.sequences_per_step:
             raise ConfigError(
                 f"{TRAIN_FILE}: batch_size={self.batch_size} must equal microbatch_size x "
@@ -346,9 +357,15 @@ class TrainConfig:
         if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
             raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
                               f"{self.cooldown_percent} exceed 100 (percent of the steps)")
-        if self.packing == "documents" and self.targets != "next":
-            raise ConfigError(f"{TRAIN_FILE}: packing='documents' packs documents for next-token targets "
+        if self.packing in ("documents", "conversations") and self.targets != "next":
+            raise ConfigError(f"{TRAIN_FILE}: packing={self.packing!r} packs {self.packing} for next-token targets "
                               f"(targets={self.targets!r}); use packing 'windows'")
+        chat = self.dataset.source in CONVERSATION_SOURCES
+        if chat != (self.packing == "conversations"):
+            raise ConfigError(f"{TRAIN_FILE}: packing={self.packing!r} " + (
+                f"cannot read the conversation dataset {self.dataset.source!r}; leave packing out (or 'conversations')"
+                if chat else f"needs a conversation dataset (source {' or '.join(CONVERSATION_SOURCES)}), got source "
+                             f"{self.dataset.source!r}"))
         if not TOKENIZER_NAME.fullmatch(self.tokenizer):
             raise ConfigError(f"{TRAIN_FILE}: tokenizer={self.tokenizer!r} must be 'bytes', 'gpt2' or a trained "
                               f"tokenizer's name (letters, digits, '.', '_' or '-'; download_dataset.py tokenizer)")
@@ -369,7 +386,8 @@ class TrainConfig:
         if self.cooldown_percent is not None and self.schedule != "wsd":
             raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
                               f"only (schedule={self.schedule!r})")
-        resolved = {"learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
+        resolved = {"packing": "conversations" if self.dataset.source in CONVERSATION_SOURCES else "windows",
+                    "learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
                     "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
                     "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
                     "muon": MuonConfig() if self.optimizer == "muon" else None}
@@ -387,11 +405,21 @@ class TrainConfig:
     def tokens_per_step(self, model: ModelConfig) -> int:
         return self.sequences_per_step * self.seq_len(model)
 
-    def total_steps(self, model: ModelConfig) -> int:
+    def total_steps(self, model: ModelConfig, rows_per_epoch: int | None = None) -> int:
+        """Optimiser steps of the run; with train_epochs it takes the train split's rows per epoch
+        (known once the dataset is open: jaxgpt/training/run.py)."""
         if self.train_steps is not None:
             return self.train_steps
+        if self.train_epochs is not None:
+            assert rows_per_epoch is not None, "train_epochs: the length depends on the dataset"
+            return math.ceil(self.train_epochs * rows_per_epoch / self.sequences_per_step)
         assert self.train_tokens is not None
         return self.train_tokens // self.tokens_per_step(model)
+
+    def planned_tokens(self, model: ModelConfig) -> int | None:
+        """Tokens the run trains on, when known before its dataset is (None: train_epochs): how
+        many FineWeb files a dataset needs."""
+        return None if self.train_epochs is not None else self.total_steps(model) * self.tokens_per_step(model)
 
     def eval_interval(self) -> int:
         return self.validation_interval or self.checkpoint_interval
@@ -409,7 +437,7 @@ def check_combination(model: ModelConfig, train: TrainConfig) -> None:
         raise ConfigError(f"{TRAIN_FILE}: optimizer='muon' has no matrix to train in {MODEL_FILE} "
                           f"architecture={model.architecture!r} (n_layers={model.n_layers}): Muon trains the "
                           f"blocks' weight matrices; use optimizer 'adamw'")
-    if train.total_steps(model) < 1:
+    if train.train_tokens is not None and train.total_steps(model) < 1:
         raise ConfigError(
             f"{TRAIN_FILE}: train_tokens={train.train_tokens} is less than one optimiser step of "
             f"{train.tokens_per_step(model)} tokens (microbatch_size x gradient_accumulation_steps "

@@ -323,7 +323,7 @@ def test_shipped_runs_load(run_dir: Path) -> None:
                 assert {k: resolved[key][k] for k in value} == value, (name, key)
             else:
                 assert resolved[key] == value, (name, key)
-    assert train.total_steps(model) >= 1
+    assert train.total_steps(model, rows_per_epoch=train.sequences_per_step) >= 1  # rows: for train_epochs
 
 
 def test_known_runs_are_shipped() -> None:

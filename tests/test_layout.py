@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import ROOT
 
 ENTRY_POINTS = {"train", "model", "data", "checkpointing", "charts", "download_dataset", "evaluate", "import_gpt2",
-                "convert_hf",
+                "convert_hf", "chat",
                 "test_generation", "test_a_to_a"}
 CPU_ONLY = ("jaxgpt.cpu", "jaxgpt.ops.cpu")
 
@@ -88,7 +88,8 @@ def test_the_root_holds_the_entry_points_and_the_rest_is_in_the_package() -> Non
     assert {p.stem for p in ROOT.glob("*.py")} == ENTRY_POINTS
     assert len(ENTRY_POINTS) <= 15
     folders = {p.name for p in (ROOT / "jaxgpt").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == {"checkpoints", "cpu", "data", "distributed", "evaluation", "model", "ops", "tracking", "training"}
+    assert folders == {"chat", "checkpoints", "cpu", "data", "distributed", "evaluation", "model", "ops", "tracking",
+                       "training"}
     assert all((ROOT / "jaxgpt" / f / "__init__.py").is_file() for f in folders)
 
 

@@ -62,17 +62,20 @@ def _row_major(a: jax.Array) -> jax.Array:
 
 def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
                        dropout: Callable[[jax.Array], jax.Array] | None = None,
-                       window: int | jax.Array | None = None) -> jax.Array:
+                       window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
     """Causal softmax attention, one head at a time. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The same function as ops.causal_attention: scores, softmax and the weights' dropout are
     float32, the two products go through `einsum` (the compute dtype's); query head h reads
-    key/value head h // (H / Hkv), and sees `window` tokens (itself included; None: all before it).
+    key/value head h // (H / Hkv), and sees `window` tokens (itself included; None: all before it)
+    of its own segment (packed conversations; None: one text per row).
     """
     B, T, H, D = q.shape
     group = H // k.shape[2]
     t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
     mask = s <= t if window is None else (s <= t) & (t - s < window)  # as ops.neutral.causal_mask
+    if segments is not None:
+        mask = mask & (segments[:, :, None] == segments[:, None, :])  # (B, T, T)
     heads = []
     for h in range(H):
         att = einsum("btd,bsd->bts", q[:, :, h], k[:, :, h // group]) / math.sqrt(D)  # (B, T, T)

@@ -185,20 +185,22 @@ class ChatTemplate:
             return f"{{{{ {lit(before)} + {content} + {lit(after)} }}}}"
 
         sys_default = "none" if self.default_system is None else lit(self.default_system)
+        before, _, after = self.input.partition(CONTENT)
+        user = f"(m['content'] + ({lit(before)} + m['input'] + {lit(after)} if m.get('input') else ''))"
         merge = self.system is None
         out = [f"{{{{ {lit(self.bos)} }}}}" if self.bos else "",
                "{% set ns = namespace(system=" + sys_default + ") %}",
-               "{% if messages and messages[0]['role'] == 'system' %}{% set ns.system = messages[0]['content'] %}"
-               "{% set messages = messages[1:] %}{% endif %}"]
+               ("{% if messages and messages[0]['role'] == 'system' %}{% set ns.system = messages[0]['content'] %}"
+                "{% set messages = messages[1:] %}{% endif %}")]
         if not merge:
             out.append("{% if ns.system is not none %}" + part(self.system, "ns.system") + "{% endif %}")
         out.append("{% for m in messages %}{% if m['role'] == 'user' %}")
         if merge:
             out.append("{% if loop.first and ns.system is not none %}"
-                       + part(self.user, "ns.system + '\\n\\n' + m['content']") + "{% else %}"
-                       + part(self.user, "m['content']") + "{% endif %}")
+                       + part(self.user, f"ns.system + '\\n\\n' + {user}") + "{% else %}"
+                       + part(self.user, user) + "{% endif %}")
         else:
-            out.append(part(self.user, "m['content']"))
+            out.append(part(self.user, user))
         out.append("{% else %}" + part(self.assistant, "m['content']") + f"{{{{ {lit(self.end)} }}}}"
                    "{% endif %}{% endfor %}")
         out.append("{% if add_generation_prompt %}" + f"{{{{ {lit(self.assistant.partition(CONTENT)[0])} }}}}"

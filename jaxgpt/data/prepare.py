@@ -17,6 +17,9 @@ Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" name
     fineweb-edu      FineWeb-Edu as text (nanochat's karpathy/fineweb-edu-100b-shuffle parquet shards),
                      tokenized here with any tokenizer, shard by shard and resumable after a kill;
                      only as many train shards as the training length needs (see fineweb_edu.py).
+    conversations    Alpaca and chat records (.json / .jsonl / .parquet) rendered with a chat template,
+                     with a loss mask on the answers, for instruction fine-tuning (chat_prepare.py).
+    instructions     the built-in instruction set with checkable answers (instructions.py), the same way.
 
 Documents are tokenized with `bytes`, `gpt2` or a tokenizer trained on a corpus (bpe.py) and each
 is followed by the end-of-text token; a validation fraction is held out by whole documents (or,
@@ -42,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.data import builtin, fineweb, fineweb_edu, sources
+from jaxgpt.config import CONVERSATION_SOURCES
+from jaxgpt.data import builtin, chat_prepare, fineweb, fineweb_edu, instructions, sources
 from jaxgpt.data.encode import Progress, encode_documents
 from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, write_dataset
@@ -64,7 +68,15 @@ DEFAULT_OPTIONS: dict[str, dict] = {
     FINEWEB: {"train_shards": None},
     # train_shards: how many parquet train shards; null = as many as the training length needs.
     FINEWEB_EDU: {"train_shards": None},
+    # Conversation datasets (chat_prepare.py): template, a built-in name or a template object (null: the
+    # tokenizer's default); too_long, what training does with a conversation longer than a row; pack,
+    # whether a row holds as many whole conversations as fit (chat_rows.py) or one.
+    "conversations": {"paths": None, "name": None, "validation_fraction": 0.05, "template": None, "too_long": "drop",
+                      "pack": True},
+    "instructions": {"examples": 24000, "validation_examples": 600, "seed": 0, "tasks": list(instructions.TASKS),
+                     "template": None, "too_long": "drop", "pack": True},
 }
+assert CONVERSATION_SOURCES == ("conversations", "instructions")
 SOURCES = tuple(DEFAULT_OPTIONS)
 _TOKENIZERS = {FINEWEB: ("gpt2",)}  # FineWeb's files are GPT-2 ids already; the others take any tokenizer
 _FROM_SOURCES = ("tinyshakespeare", FINEWEB, FINEWEB_EDU)  # sources that can read a local copy instead of downloading
@@ -91,19 +103,19 @@ def _check_fraction(source: str, fraction: object) -> float:
     return float(fraction)  # 1 vs 1.0 must not trigger a rebuild
 
 
-def _text_options(resolved: dict) -> None:
+def _text_options(resolved: dict, source: str = "text") -> None:
     paths = resolved["paths"]
     if isinstance(paths, str):
         paths = [paths]
     if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
-        raise DataError(f"text: option 'paths' must be a non-empty list of files, folders or globs, got {paths!r}")
+        raise DataError(f"{source}: option 'paths' must be a non-empty list of files, folders or globs, got {paths!r}")
     # normpath: "corpus/" and "corpus" name the same folder and must not trigger a rebuild.
     resolved["paths"] = [os.path.normpath(p) for p in paths]
     name = resolved["name"] if resolved["name"] is not None else sources.default_name(resolved["paths"])
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise DataError(f"text: option 'name' must be letters, digits, '.', '_' or '-', got {name!r}")
+        raise DataError(f"{source}: option 'name' must be letters, digits, '.', '_' or '-', got {name!r}")
     resolved["name"] = name
-    if not isinstance(resolved["text_column"], str) or not resolved["text_column"]:
+    if source == "text" and (not isinstance(resolved["text_column"], str) or not resolved["text_column"]):
         raise DataError(f"text: option 'text_column' must be a column name, got {resolved['text_column']!r}")
 
 
@@ -118,8 +130,10 @@ def resolve_options(source: str, options: dict | None) -> dict:
     resolved.update(options or {})
     if "validation_fraction" in resolved:
         resolved["validation_fraction"] = _check_fraction(source, resolved["validation_fraction"])
-    if source == "text":
-        _text_options(resolved)
+    if source in ("text", "conversations"):
+        _text_options(resolved, source)
+    if source in CONVERSATION_SOURCES:
+        chat_prepare.check_options(source, resolved)
     if resolved.get("split", "nanogpt") not in TINYSHAKESPEARE_SPLITS:
         raise DataError(f"{source}: option 'split' must be one of {', '.join(map(repr, TINYSHAKESPEARE_SPLITS))}, "
                         f"got {resolved['split']!r}")
@@ -340,6 +354,10 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
             return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
                                        downloads=Path(data_root) / "downloads" / FINEWEB_EDU,
                                        shard_tokens=SHARD_TOKENS, log=log)
+    if source in CONVERSATION_SOURCES:
+        tok = get_tokenizer(tokenizer, data_root)
+        with dataset_lock(path, log):
+            return chat_prepare.prepare(path, source, tok, resolved, log, _reuse_problem)
     corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
     with dataset_lock(path, log):
         return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root)

@@ -33,7 +33,10 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 MANIFEST = "manifest.json"
 # safetensors' dtype names for the two token dtypes we write.
-_ST_DTYPES = {"uint16": "U16", "uint32": "U32"}
+_ST_DTYPES = {"uint16": "U16", "uint32": "U32", "uint8": "U8", "int64": "I64"}
+_TOKEN_DTYPES = ("uint16", "uint32")
+KIND_CONVERSATIONS = "conversations"  # manifest "kind" of a conversation dataset (chat_prepare.py); absent: text
+LOSS_MASK, STARTS = "loss_mask", "conversation_starts"  # its shards' two other tensors
 _MAX_HEADER = 1 << 20  # our headers are ~100 bytes; a huge value means a corrupt file
 
 
@@ -130,10 +133,12 @@ class DatasetWriter:
         return entry
 
     def add_shard(self, split: str, tokens: np.ndarray, *, documents: int | None = None, where: Path | str = "",
-                  **extra: Any) -> dict[str, Any]:
+                  tensors: dict[str, np.ndarray] | None = None, **extra: Any) -> dict[str, Any]:
         """Write one 1-D shard; ids outside the vocabulary are a DataError naming `where` (the data's origin).
 
-        `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry.
+        `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry;
+        `tensors` are written into the same file beside "tokens" (a conversation dataset's loss mask
+        and conversation starts: jaxgpt/data/chat_prepare.py).
         """
         tokens = np.asarray(tokens).reshape(-1)
         if tokens.size == 0:
@@ -143,7 +148,8 @@ class DatasetWriter:
             raise DataError(f"{where or self.path}: token id {lo if lo < 0 else hi} outside 0..{self.vocab_size - 1}")
         name = self._next_name(split)
         path = self.tmp / name
-        save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype)}, str(path))
+        save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype),
+                   **{k: np.ascontiguousarray(v) for k, v in (tensors or {}).items()}}, str(path))
         os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
         fsync(path)
         entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": sha256(path), **extra}
@@ -159,6 +165,15 @@ class DatasetWriter:
         except OSError:  # another file system, or links not supported
             shutil.copy2(source, self.tmp / name)
         return self._record(split, {**entry, "file": name}, entry.get("documents", 0))
+
+    def add_file(self, name: str, data: bytes) -> None:
+        """Another file of the dataset (a conversation dataset's held-out conversations), its sha256
+        recorded in the manifest's "files"."""
+        path = self.tmp / name
+        path.write_bytes(data)
+        os.chmod(path, 0o644)
+        fsync(path)
+        self.manifest.setdefault("files", {})[name] = {"bytes": len(data), "sha256": sha256(path)}
 
     def commit(self) -> dict[str, Any]:
         manifest_path = self.tmp / MANIFEST
@@ -274,8 +289,8 @@ def _field(manifest: dict, key: str, kind: type | tuple[type, ...], where: Path)
     return value
 
 
-def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool) -> np.memmap:
-    """Memory-map the "tokens" tensor of one shard after cheap consistency checks."""
+def _read_header(path: Path) -> tuple[int, dict[str, Any], int]:
+    """(header length, parsed header, file size) of a safetensors file, after cheap checks."""
     if not path.is_file():
         raise DataError(f"{path}: shard listed in {MANIFEST} is missing")
     size = path.stat().st_size
@@ -288,21 +303,47 @@ def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool) -> np.me
             raise DataError(f"{path}: truncated or corrupt shard (header length {header_len}, file size {size})")
         try:
             header = json.loads(f.read(header_len))
-            info = header["tokens"]
-            begin, end = (int(x) for x in info["data_offsets"])
-            shape = [int(x) for x in info["shape"]]
-            st_dtype = info["dtype"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             raise DataError(f"{path}: corrupt safetensors header ({exc!r})") from None
-    n = int(entry["tokens"])
+    if not isinstance(header, dict):
+        raise DataError(f"{path}: corrupt safetensors header (not an object)")
+    return header_len, header, size
+
+
+def _map_tensor(path: Path, header_len: int, header: dict[str, Any], name: str, dtype: np.dtype,
+                n: int) -> np.memmap:
+    """Memory-map the 1-D tensor `name` of n values of `dtype` (DataError if the header says otherwise)."""
+    try:
+        info = header[name]
+        begin, end = (int(x) for x in info["data_offsets"])
+        shape = [int(x) for x in info["shape"]]
+        st_dtype = info["dtype"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: corrupt safetensors header or no tensor {name!r} ({exc!r})") from None
     if st_dtype != _ST_DTYPES[dtype.name] or shape != [n] or end - begin != n * dtype.itemsize:
-        raise DataError(f"{path}: tensor 'tokens' is {st_dtype}{shape}, manifest says {dtype.name}[{n}]")
-    if size != 8 + header_len + end:
-        raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
-    if verify and sha256(path) != entry["sha256"]:
-        raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
+        raise DataError(f"{path}: tensor {name!r} is {st_dtype}{shape}, manifest says {dtype.name}[{n}]")
     # Zero-copy: pages are read on demand and shared with the OS page cache.
     return np.memmap(path, dtype=dtype, mode="r", offset=8 + header_len + begin, shape=(n,))
+
+
+def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool,
+                extra: dict[str, tuple[np.dtype, int]] | None = None) -> tuple[np.memmap, dict[str, np.memmap]]:
+    """Memory-map the "tokens" tensor of one shard after cheap consistency checks (and the `extra`
+    tensors: name -> (dtype, length))."""
+    header_len, header, size = _read_header(path)
+    n = int(entry["tokens"])
+    try:
+        end = max(int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: corrupt safetensors header ({exc!r})") from None
+    if size != 8 + header_len + end:  # before any mapping: a short file cannot back the tensors
+        raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
+    tokens = _map_tensor(path, header_len, header, "tokens", dtype, n)
+    others = {name: _map_tensor(path, header_len, header, name, dt, count)
+              for name, (dt, count) in (extra or {}).items()}
+    if verify and sha256(path) != entry["sha256"]:
+        raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
+    return tokens, others
 
 
 @dataclass
@@ -313,6 +354,10 @@ class TokenSplit:
     shards: list[np.memmap]
     files: list[Path] = field(default_factory=list)  # one per shard, for error messages
     max_token_id: int | None = None  # the manifest's bound; batches above it mean a changed shard
+    # A conversation dataset's (chat_prepare.py): each token's 0/1 loss mask, one array per shard,
+    # and where each conversation starts (global positions, increasing, the first 0).
+    masks: list[np.memmap] | None = None
+    conversation_starts: np.ndarray | None = None
     n_tokens: int = field(init=False)
     _ends: np.ndarray = field(init=False, repr=False)  # cumulative end offset of each shard
 
@@ -334,6 +379,14 @@ class TokenSplit:
 
     def read_into(self, start: int, out: np.ndarray) -> None:
         """Fill the 1-D `out` with tokens[start:start+len(out)] (cast on assignment, no temporary)."""
+        self._read(self.shards, start, out)
+
+    def read_mask_into(self, start: int, out: np.ndarray) -> None:
+        """Fill `out` with the loss mask of tokens[start:start+len(out)] (a conversation dataset)."""
+        assert self.masks is not None, f"{self.name} split holds no loss mask"
+        self._read(self.masks, start, out)
+
+    def _read(self, arrays: list[np.memmap], start: int, out: np.ndarray) -> None:
         length = out.shape[0]
         if start < 0 or length < 0 or start + length > self.n_tokens:
             raise DataError(f"{self.name} split: cannot read [{start}, {start + length}) of {self.n_tokens} tokens")
@@ -342,10 +395,19 @@ class TokenSplit:
         while done < length:
             shard_start = int(self._ends[k - 1]) if k else 0
             lo = start + done - shard_start
-            take = min(length - done, self.shards[k].size - lo)
-            out[done:done + take] = self.shards[k][lo:lo + take]
+            take = min(length - done, arrays[k].size - lo)
+            out[done:done + take] = arrays[k][lo:lo + take]
             done += take
             k += 1
+
+
+def _checked_starts(path: Path, starts: np.ndarray, n_tokens: int) -> np.ndarray:
+    """A shard's conversation starts as int64, checked: 0 first, increasing, inside the shard."""
+    starts = np.asarray(starts, np.int64)
+    if not starts.size or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n_tokens:
+        raise DataError(f"{path}: tensor {STARTS!r} is not increasing from 0 within the shard's {n_tokens} tokens "
+                        f"(corrupt; prepare the dataset again)")
+    return starts
 
 
 @dataclass
@@ -375,30 +437,40 @@ def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
     eot_id = _field(manifest, "eot_id", int, where)
     tokenizer = _field(manifest, "tokenizer", str, where)
     dtype_name = _field(manifest, "dtype", str, where)
-    if dtype_name not in _ST_DTYPES:
-        raise DataError(f"{where}: dtype {dtype_name!r} is not one of {sorted(_ST_DTYPES)}")
+    if dtype_name not in _TOKEN_DTYPES:
+        raise DataError(f"{where}: dtype {dtype_name!r} is not one of {list(_TOKEN_DTYPES)}")
     dtype = np.dtype(dtype_name)
     splits_meta = _field(manifest, "splits", dict, where)
+    chat = manifest.get("kind") == KIND_CONVERSATIONS
     splits: dict[str, TokenSplit] = {}
     max_token_id = -1
     for split in SPLITS:
         meta = splits_meta.get(split)
         if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
             raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
-        maps, files, split_max = [], [], -1
+        maps, masks, starts, files, split_max = [], [], [], [], -1
         for entry in meta["shards"]:
             if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
                 raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
             if not isinstance(entry["tokens"], int) or not isinstance(entry["max_token_id"], int):
                 raise DataError(f"{where}: shard {entry['file']!r} has non-integer 'tokens' or 'max_token_id'")
+            if chat and not isinstance(entry.get("conversations"), int):
+                raise DataError(f"{where}: shard {entry['file']!r} has no integer 'conversations'")
             # Shards live in the dataset folder itself: a manifest must not point elsewhere.
             if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
                 raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
             files.append(dataset_dir / entry["file"])
-            maps.append(_open_shard(files[-1], entry, dtype, verify))
+            extra = ({LOSS_MASK: (np.dtype(np.uint8), entry["tokens"]),
+                      STARTS: (np.dtype(np.int64), entry["conversations"])} if chat else None)
+            tokens, others = _open_shard(files[-1], entry, dtype, verify, extra)
+            maps.append(tokens)
+            if chat:
+                masks.append(others[LOSS_MASK])
+                starts.append(_checked_starts(files[-1], others[STARTS], entry["tokens"]) + sum(m.size for m in maps[:-1]))
             split_max = max(split_max, int(entry["max_token_id"]))
         max_token_id = max(max_token_id, split_max)
-        splits[split] = TokenSplit(split, maps, files, split_max)
+        splits[split] = TokenSplit(split, maps, files, split_max, masks=masks if chat else None,
+                                   conversation_starts=np.concatenate(starts) if chat and starts else None)
         if splits[split].n_tokens != meta.get("tokens"):
             raise DataError(
                 f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {splits[split].n_tokens}")

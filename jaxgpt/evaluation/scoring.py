@@ -40,11 +40,12 @@ from jaxgpt.model.loss import loss_sum
 
 
 @nnx.jit
-def eval_sums(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
-              weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+def eval_sums(model: nnx.Module, inputs: jax.Array, targets: jax.Array, weights: jax.Array,
+              segments: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(sum of the weighted losses, sum of the weights) of one (B, T) microbatch, dropout off:
-    summed over batches, their ratio is the exact mean over every scored token (batches.WholeSplit)."""
-    return loss_sum(model, inputs, targets, weights), weights.sum()
+    summed over batches, their ratio is the exact mean over every scored token (batches.WholeSplit;
+    packed conversations, their answer tokens: jaxgpt/data/chat_rows.py, with their segments)."""
+    return loss_sum(model, inputs, targets, weights, segments), weights.sum()
 
 
 @nnx.jit

@@ -53,6 +53,17 @@ _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
 # (muon.py).
 
 
+Packed = tuple[jax.Array, jax.Array]  # rows of several conversations: (B, T) segments and (B, T) positions
+
+
+def segment_positions(segments: jax.Array) -> jax.Array:
+    """(B, T) segment ids -> (B, T) int32 positions counted from each segment's first token."""
+    T = segments.shape[-1]
+    t = jnp.arange(T, dtype=jnp.int32)
+    first = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+    return t - jax.lax.cummax(jnp.where(first, t, 0), axis=1)
+
+
 def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Array:
     return layer(x, deterministic=rngs is None, rngs=rngs)
 
@@ -151,15 +162,19 @@ class CausalSelfAttention(nnx.Module):
         return q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
-                 values: tuple[jax.Array, jax.Array] | None = None,
-                 window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                 values: tuple[jax.Array, jax.Array] | None = None, window: int | jax.Array | None = None,
+                 packed: Packed | None = None) -> tuple[jax.Array, KVCache | None]:
         """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training).
         `values`: the layer's value embedding and gate (connections.py), or None; `window`: tokens
-        each query sees, itself included (None: every earlier one)."""
+        each query sees, itself included (None: every earlier one); `packed`: the rows' segments and
+        positions (rows of several conversations: each attends within its own)."""
         T = x.shape[1]
         q, k, v = self._project(x)  # (B, T, H, D), (B, T, K, D), (B, T, K, D)
         v = mix_values(v, x, values)
-        positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
+        if packed is not None:
+            positions = packed[1]  # (B, T): each conversation from 0
+        else:
+            positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
         q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
             y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat, window)
@@ -167,7 +182,7 @@ class CausalSelfAttention(nnx.Module):
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:
             dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
-        y = self.ops.attention(q, k, v, dropout, window)  # (B, T, C), heads side by side
+        y = self.ops.attention(q, k, v, dropout, window, None if packed is None else packed[0])  # (B, T, C)
         if cache is not None:
             cache = cache.prefill(k, v)
         return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)
@@ -205,9 +220,9 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
-                 values: tuple[jax.Array, jax.Array] | None = None,
-                 window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-        y, cache = self.attn(self.ln1(x), rngs, cache, values, window)
+                 values: tuple[jax.Array, jax.Array] | None = None, window: int | jax.Array | None = None,
+                 packed: Packed | None = None) -> tuple[jax.Array, KVCache | None]:
+        y, cache = self.attn(self.ln1(x), rngs, cache, values, window, packed)
         x = x + y  # (B, T, C)
         return x + self.mlp(self.ln2(x), rngs), cache  # (B, T, C)
 
@@ -238,32 +253,39 @@ class GPT(nnx.Module):
         # Built last: a model with connections starts from the weights of the same model without.
         self.connections = Connections(cfg, rngs)
 
-    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.logits(self.features(idx, rngs))  # (B, T, V)
+    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
+        return self.logits(self.features(idx, rngs, segments))  # (B, T, V)
 
-    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f."""
-        return self._forward(idx, rngs, None)[0]
+    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
+        """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f.
+
+        segments: (B, T) int32 ids of the conversations packed into each row (jaxgpt/data/chat_rows.py;
+        0: padding), or None (a row is one text): with them, positions restart at each conversation
+        and no token attends to another conversation's, so each is computed as if alone."""
+        return self._forward(idx, rngs, None, segments)[0]
 
     def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """The same forward pass for decoding: (B, T) ids at the cache's positions (a prefill, or
         T = 1 for a decode step) -> (B, T, C) features and the updated cache. No dropout."""
         return self._forward(idx, None, cache)
 
-    def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None,
-                 cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
+    def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None, cache: KVCache | None,
+                 segments: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         B, T = idx.shape
+        packed = None if segments is None else (segments, segment_positions(segments))  # (B, T) each
         x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
         if self.cfg.positions == "learned":
-            x = x + self.pos_emb(jnp.arange(T) if cache is None else cache.positions(T))  # (T,) or (B, 1) positions
+            positions = packed[1] if packed is not None else jnp.arange(T) if cache is None else cache.positions(T)
+            x = x + self.pos_emb(positions)  # (T,), (B, 1) or (B, T) positions
         x = x0 = _dropout(x, self.drop, rngs)  # (B, T, C); x0: what embedding skips blend back in
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
         windows = self.cfg.layer_windows() if self.cfg.window_pattern else None
 
         def run(state: nnx.State, x: jax.Array, key: jax.Array | None, cache: KVCache | None,
-                values: Any, window: Any) -> tuple[jax.Array, KVCache | None]:
-            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache, values, window)
+                values: Any, window: Any, packed: Packed | None) -> tuple[jax.Array, KVCache | None]:
+            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache, values, window,
+                                              packed)
 
         if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
             # Inside a scan the loop itself keeps XLA from merging the recomputation back into
@@ -278,7 +300,7 @@ class GPT(nnx.Module):
             x = self.connections.block_input(i, x, x0, skip)
             window = None if windows is None else windows[i] if isinstance(i, int) else jnp.asarray(windows)[i]
             return run(state, x, key, None if cache is None else cache.replace(layer=i),
-                       self.connections.values(i, idx), window)
+                       self.connections.values(i, idx), window, packed)
 
         run_blocks = _scanned if self.cfg.scan_layers else _unrolled
         x, cache = run_blocks(layer, states, keys, x, cache, unet_pairs(self.cfg.n_layers) if self.cfg.unet_skips else 0)
@@ -300,11 +322,11 @@ class AToA(nnx.Module):
             self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
                                    kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
 
-    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
+    def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
         return self.logits(self.features(idx, rngs))  # (B, T, V)
 
-    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.tok_emb(idx)  # (B, T, C)
+    def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
+        return self.tok_emb(idx)  # (B, T, C); no token sees another, so segments change nothing
 
     def cached_features(self, idx: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         return self.tok_emb(idx), cache  # no layers: nothing to cache

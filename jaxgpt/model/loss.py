@@ -1,6 +1,7 @@
 """The training loss: mean next-token cross-entropy of the model's head, whole or `loss_chunk` rows at a time.
 
-Shapes: inputs, targets (B, T) int32; features (B, T, C); logits (B, T, V) float32.
+Shapes: inputs, targets (B, T) int32; features (B, T, C); logits (B, T, V) float32; weights (B, T)
+float32 and segments (B, T) int32 for rows of packed conversations (jaxgpt/data/chat_rows.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from jaxgpt.ops import Ops
 
 
 def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
-            rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Mean cross-entropy over every position. inputs, targets: (B, T) int32."""
+            rngs: nnx.Rngs | None = None, weights: jax.Array | None = None,
+            segments: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
+    """Mean cross-entropy over every position. inputs, targets: (B, T) int32.
+
+    With (B, T) weights (instruction fine-tuning: 1 on answer tokens), the weighted sum times
+    `scale` instead: the train step passes k / (the weights' sum over the whole optimiser step),
+    so that the k microbatches' mean gradient is that of the mean over every trained token of the
+    step, however they fall into microbatches. segments: see GPT.features."""
+    if weights is not None:
+        return loss_sum(model, inputs, targets, weights, segments, rngs) * scale
     if model.cfg.loss_chunk is not None:
         x = model.features(inputs, rngs)  # (B, T, C)
         return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]), targets.reshape(-1))
@@ -29,14 +38,17 @@ def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
     return losses.mean()
 
 
-def loss_sum(model: nnx.Module, inputs: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+def loss_sum(model: nnx.Module, inputs: jax.Array, targets: jax.Array, weights: jax.Array,
+             segments: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Sum of the cross-entropy over every position, each times its weight (validation: 0 for the
-    padding of a split's last batch). inputs, targets: (B, T) int32; weights: (B, T) float32."""
+    padding of a split's last batch; fine-tuning: 1 on the answers only). inputs, targets: (B, T)
+    int32; weights: (B, T) float32; segments: see GPT.features."""
     if model.cfg.loss_chunk is not None:
-        x = model.features(inputs)  # (B, T, C)
+        x = model.features(inputs, rngs, segments)  # (B, T, C)
         return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]),
                             targets.reshape(-1), weights.reshape(-1)) * weights.size
-    losses = optax.losses.softmax_cross_entropy_with_integer_labels(model(inputs).astype(jnp.float32), targets)
+    logits = model(inputs, rngs, segments)  # (B, T, V)
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
     return (losses * weights).sum()
 
 

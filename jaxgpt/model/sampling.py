@@ -304,13 +304,15 @@ class GenerationStats:
 
 def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-           seed: int = 0, eot_id: int | None = None, n_vocab: int | None = None,
+           seed: int | Sequence[int] = 0, eot_id: int | Sequence[int] | None = None, n_vocab: int | None = None,
            on_full: str = "slide", stats: GenerationStats | None = None) -> Iterator[list[int | None]]:
     """Decode all prompts together; yield, per step, each row's new token (None once it finished).
 
-    A row finishes at eot_id (not yielded), after max_new_tokens, or with on_full="stop" once
-    prompt + new tokens fill context_length. n_vocab: the tokenizer's vocabulary; ids past it (a
-    vocab_size padded for speed) are never drawn. The same seed gives the same tokens.
+    A row finishes at eot_id (not yielded; several ids: any of them, a chat template's end and
+    end-of-text), after max_new_tokens, or with on_full="stop" once prompt + new tokens fill
+    context_length. n_vocab: the tokenizer's vocabulary; ids past it (a vocab_size padded for
+    speed) are never drawn. Each row draws from its own generator, seeded by `seed` (one per row,
+    or the same for every row): a row's tokens do not depend on the rows decoded beside it.
     """
     if on_full not in ON_FULL:
         raise ValueError(f"on_full={on_full!r} must be one of {', '.join(ON_FULL)}")
@@ -321,7 +323,11 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
     n_vocab = n_vocab or model.cfg.vocab_size
     stats = stats if stats is not None else GenerationStats()
     stats.rows, stats.prompt_tokens = B, sum(len(p) for p in prompts)
-    rng = np.random.default_rng(seed)
+    seeds = [seed] * B if isinstance(seed, int) else list(seed)
+    if len(seeds) != B:
+        raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+    rngs = [np.random.default_rng(s) for s in seeds]
+    stops = set() if eot_id is None else {eot_id} if isinstance(eot_id, int) else set(eot_id)
     seqs = [list(p) for p in prompts]
     start = [max(0, len(s) - ctx) for s in seqs]  # each row's window is seqs[b][start[b]:]
     done = np.array([on_full == "stop" and len(s) >= ctx for s in seqs])
@@ -333,8 +339,8 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
     for i in range(max_new_tokens):
         new: list[int | None] = [None] * B
         for b in np.flatnonzero(~done):
-            token = sample_next(logits[b, :n_vocab], rng, temperature, top_k, top_p)
-            if token == eot_id:
+            token = sample_next(logits[b, :n_vocab], rngs[b], temperature, top_k, top_p)
+            if token in stops:
                 done[b] = True
                 continue
             seqs[b].append(token)
@@ -402,12 +408,20 @@ def full_forward_logits(model: nnx.Module, windows: np.ndarray, last: np.ndarray
 # ----------------------------------------------------------------------------- command line helpers
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=50)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    parser.add_argument("--top-p", type=float, default=None, help="keep the smallest set with this much probability")
+def add_sampling_args(parser: argparse.ArgumentParser, *, max_new_tokens: int = 50, temperature: float = 0.0,
+                      top_k_note: str = "", on_full: bool = True) -> None:
+    """The sampling flags of every command that samples; the defaults are the command's (test_generation.py:
+    greedy; chat.py: temperature 0.6 and, when sampling, top-k 50, as nanochat's chat_cli)."""
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"(default {max_new_tokens})")
+    parser.add_argument("--temperature", type=float, default=temperature,
+                        help=f"0 = greedy, the most likely token every time (default {temperature:g})")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help=f"sample from the k most likely tokens only{top_k_note}; needs --temperature > 0")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sample from the smallest set of tokens with this much probability; needs --temperature > 0")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
+    if not on_full:
+        return
     parser.add_argument("--on-full", choices=ON_FULL, default="slide",
                         help="when the context is full: slide (re-read the last context_length/2 "
                              "tokens, default) or stop")
@@ -422,6 +436,11 @@ def check_sampling_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--top-k={args.top_k} must be >= 1")
     if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
         parser.error(f"--top-p={args.top_p} must be in (0, 1]")
+    if args.temperature == 0 and (args.top_p is not None or args.top_k is not None):
+        # Greedy decoding takes the most likely token whatever the filters keep: they would be ignored.
+        given = "--top-p" if args.top_p is not None else "--top-k"
+        parser.error(f"{given} filters what is sampled, but --temperature is 0 (greedy, nothing is sampled); "
+                     f"give --temperature (e.g. 1.0) to sample, or drop {given}")
     if args.seed < 0:
         parser.error(f"--seed={args.seed} must be >= 0")
 

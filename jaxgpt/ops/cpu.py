@@ -74,7 +74,7 @@ class CpuOps(Ops):
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                   dropout: Callable[[jax.Array], jax.Array] | None = None,
-                  window: int | jax.Array | None = None) -> jax.Array:
+                  window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
         if self.attention_kernel == "per_head":
-            return kernels.per_head_attention(q, k, v, self.einsum, dropout, window)
-        return super().attention(q, k, v, dropout, window)
+            return kernels.per_head_attention(q, k, v, self.einsum, dropout, window, segments)
+        return super().attention(q, k, v, dropout, window, segments)

@@ -78,15 +78,19 @@ def _mixed_einsum_bwd(spec: str, dtype: Any, product: Product, res: tuple[Any, .
 mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
-def causal_mask(T: int, window: int | jax.Array | None = None) -> jax.Array:
-    """(T, T) bool: query t sees key s where s <= t and, with a window, t - s < window."""
+def causal_mask(T: int, window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
+    """(T, T) bool: query t sees key s where s <= t and, with a window, t - s < window; with (B, T)
+    segments, (B, T, T): and only where both are of the same segment (packed conversations)."""
     t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
-    return s <= t if window is None else (s <= t) & (t - s < window)
+    mask = s <= t if window is None else (s <= t) & (t - s < window)
+    if segments is None:
+        return mask
+    return mask & (segments[:, :, None] == segments[:, None, :])  # (B, T, T)
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
                      dropout: Callable[[jax.Array], jax.Array] | None = None,
-                     window: int | jax.Array | None = None) -> jax.Array:
+                     window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
     """Causal softmax attention over all heads at once. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The two products go through `einsum` (the compute dtype's), scores and softmax are float32,
@@ -99,7 +103,8 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[
     if k.shape[2] != H:
         k, v = (jnp.repeat(t, H // k.shape[2], axis=2) for t in (k, v))  # (B, T, H, D)
     att = einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)  # (B, H, T, T) float32
-    att = jax.nn.softmax(jnp.where(causal_mask(T, window), att, -jnp.inf), axis=-1)
+    mask = causal_mask(T, window, segments)  # (T, T), or (B, T, T) with segments
+    att = jax.nn.softmax(jnp.where(mask if segments is None else mask[:, None], att, -jnp.inf), axis=-1)
     if dropout is not None:
         att = dropout(att)
     return einsum("bhts,bshd->bthd", att, v).reshape(B, T, H * D)  # (B, T, C)
@@ -182,20 +187,22 @@ class Ops:
 
     def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                   dropout: Callable[[jax.Array], jax.Array] | None = None,
-                  window: int | jax.Array | None = None) -> jax.Array:
+                  window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
         """Causal attention, q (B, T, H, D), k and v (B, T, Hkv, D) float32 -> (B, T, H*D) float32.
 
         `window`: tokens each query sees, itself included; an int, a traced per-layer value (a
-        scanned model), or None (every earlier token). `dropout` on the attention weights needs the
-        weights themselves, which no fused kernel gives: with it, attention is spelled out.
+        scanned model), or None (every earlier token). `segments` (B, T): keys of another segment are
+        hidden too (packed conversations). `dropout` on the attention weights needs the weights
+        themselves, which no fused kernel gives: with it, attention is spelled out; so it is with
+        segments, which jax.nn.dot_product_attention's cuDNN kernel takes no ids for.
         """
-        if self.attention_kernel == "cudnn" and dropout is None:
+        if self.attention_kernel == "cudnn" and dropout is None and segments is None:
             if window is None or isinstance(window, int):
                 return _cudnn_attention(q, k, v, self.compute_dtype, window)
             # cuDNN takes a static window: one branch per window the model has, the layer's taken.
             branches = [functools.partial(_cudnn_attention, dtype=self.compute_dtype, window=w) for w in self.windows]
             return jax.lax.switch(jnp.argmax(jnp.asarray(self.windows) == window), branches, q, k, v)
-        return causal_attention(q, k, v, self.einsum, dropout, window)
+        return causal_attention(q, k, v, self.einsum, dropout, window, segments)
 
 
 def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: str, window: int | None) -> jax.Array:

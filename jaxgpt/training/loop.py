@@ -9,6 +9,7 @@ jaxgpt/tracking/.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,11 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt import ops
+from jaxgpt.data.chat_template import TEMPLATE_FILE
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, to_dict
 from jaxgpt.data.batches import WholeSplit
+from jaxgpt.data.chat_rows import ConversationRows
 from jaxgpt.distributed import sharding
 from jaxgpt.distributed.peers import StopVotes
 from jaxgpt.evaluation.scoring import eval_sums
@@ -40,6 +43,12 @@ if TYPE_CHECKING:
     from jaxgpt.training.run import Run
 
 
+def step_loss(losses: np.ndarray, stats: dict[str, Any]) -> float:
+    """The step's training loss: the mean over its microbatches, or (a loss mask: fine-tuning) over
+    every token it trained on, which the step computes (train_step.py)."""
+    return float(stats["loss"]) if "loss" in stats else float(np.mean(losses))
+
+
 @dataclass
 class Window:
     """Per-step statistics since the last checkpoint: what meta.json sums up (the record has each step)."""
@@ -55,7 +64,7 @@ class Window:
     def record(self, done: int, losses: np.ndarray, stats: dict[str, Any], step_time: float) -> None:
         self.steps.append(done)
         self.step_times.append(step_time)
-        self.losses.append(float(np.mean(losses)))
+        self.losses.append(step_loss(losses, stats))
         self.micro_losses.extend(float(v) for v in losses)
         dropped = bool(stats["skipped_step"])
         gn = float(stats["grad_norm"])  # a dropped step computed none: the recorder holds an older one
@@ -141,7 +150,7 @@ class Trainer:
         if self.cfg.optimizer == "muon":
             self.routing = muon.routing_table(self.model, muon.routes(self.model))
             self.log(muon.format_table(self.routing, peak_rates(self.cfg)))
-        if self.cfg.packing == "documents":
+        if self.cfg.packing in ("documents", "conversations"):
             self.log(run.train_batches.describe())
         self.start, self.best, self.elapsed, self.dropped_total = 0, None, 0.0, 0
         self.trained_s = 0.0  # training seconds (Target) up to the last checkpoint, every session
@@ -173,11 +182,11 @@ class Trainer:
         if self.is_main:
             print(text, flush=True)
 
-    def batch(self, step: int) -> tuple[jax.Array, jax.Array]:
-        """This process's rows of step `step`, assembled into global (k, B, T) arrays."""
-        x, y = self.run.train_batches.batch(step, self.k, rows=self.rows)
-        B = self.cfg.microbatch_size
-        return sharding.put_batch(x, self.mesh, B), sharding.put_batch(y, self.mesh, B)
+    def batch(self, step: int) -> tuple[jax.Array, ...]:
+        """This process's rows of step `step`, assembled into global (k, B, T) arrays: inputs and
+        targets, and for packed conversations their loss weights and segments."""
+        arrays = self.run.train_batches.batch(step, self.k, rows=self.rows)
+        return tuple(sharding.put_batch(a, self.mesh, self.cfg.microbatch_size) for a in arrays)
 
     def validate(self, done: int | None = None) -> float:
         """The mean loss over every validation token scored; how many there were: self.val_tokens.
@@ -188,13 +197,19 @@ class Trainer:
             self.core(done)
         val, B = self.run.val_batches, self.cfg.microbatch_size
         whole = isinstance(val, WholeSplit)  # validation_batches "all"
+        chat = isinstance(val, ConversationRows)  # answers only, counted once (the same rows each time)
+        n = val.n_batches if whole or (chat and self.cfg.validation_batches == "all") else self.cfg.validation_batches
+        n = min(n, val.n_batches) if chat else n
         sums = []  # device scalars, read once at the end: no host round trip per batch
-        for i in range(val.n_batches if whole else self.cfg.validation_batches):
-            x, y, *w = val.microbatch(i, rows=self.rows)
-            w = w[0] if whole else np.ones(x.shape, np.float32)
-            sums.append(eval_sums(self.model, *(sharding.put_batch(a, self.mesh, B) for a in (x, y, w)))[0])
+        for i in range(n):
+            x, y, *rest = val.microbatch(i, rows=self.rows)
+            rest = rest if whole or chat else [np.ones(x.shape, np.float32)]
+            sums.append(eval_sums(self.model, *(sharding.put_batch(a, self.mesh, B) for a in (x, y, *rest)))[0])
         # Counted here, not on the device: exact at any size (the rows of every process together).
-        self.val_tokens = val.n_targets if whole else self.cfg.validation_batches * B * val.seq_len
+        if chat:
+            self.val_tokens = self.val_tokens or val.targets_in(n)
+        else:
+            self.val_tokens = val.n_targets if whole else self.cfg.validation_batches * B * val.seq_len
         return float(np.sum(np.asarray(jax.device_get(sums), np.float64))) / self.val_tokens
 
     def hellaswag(self, done: int) -> None:
@@ -238,10 +253,13 @@ class Trainer:
         self.best = val if is_best else self.best
         meta = self.meta(done, window, stats, val, is_best)
         tok = self.run.tokenizer  # a trained one travels with each checkpoint
+        files = {} if tok is None else {"tokenizer.json": tok.data}
+        template = self.run.dataset.manifest.get("template")  # a conversation dataset's chat template too
+        if template is not None:
+            files[TEMPLATE_FILE] = (json.dumps(template, indent=2) + "\n").encode()
         path = ckpt.save_checkpoint(self.run.run_dir, self.model, self.optimizer, meta,
                                     {"model.json": to_dict(self.mcfg), "train.json": to_dict(self.cfg)},
-                                    keep_last=self.cfg.keep_last_checkpoints,
-                                    files={} if tok is None else {"tokenizer.json": tok.data})
+                                    keep_last=self.cfg.keep_last_checkpoints, files=files)
         self.records.checkpoint(done, path.name)
         if self.is_main and (last or time.perf_counter() >= self.charts_due):
             # Drawing the charts takes about a second on a CPU: where checkpoints are seconds
@@ -308,7 +326,7 @@ class Trainer:
         """The steps of this session; (exit code, last training loss)."""
         run, cfg, profile = self.run, self.cfg, self.profile
         last_loss, self.clock = float("nan"), time.perf_counter()
-        x, y = self.batch(self.start)
+        batch = self.batch(self.start)
         # Each step's results are read after the next step is dispatched, so the device never
         # waits for the host between steps; a step that ends at a validation, a checkpoint or
         # an end of the profiled range is read (and the model synced) before anything else.
@@ -319,10 +337,10 @@ class Trainer:
         for s in range(self.start, run.total_steps):
             if profile is not None:
                 profile.before(s)
-            out = self.step(x, y, step_key(cfg.seed, s))
+            out = self.step(*batch[:2], step_key(cfg.seed, s), *batch[2:])
             cast = self.stops.cast()
             if s + 1 < run.total_steps:  # assemble the next batch while the device works
-                x, y = self.batch(s + 1)
+                batch = self.batch(s + 1)
             if pending is not None:
                 last_loss, stats = self.read(*pending)
                 self.stops.count(vote)
@@ -367,7 +385,7 @@ class Trainer:
         self.count_dropped(done, bool(stats["skipped_step"]))
         tokens_per_s = self.tokens_per_step / max(step_time, 1e-9)
         gn, dropped = self.window.grad_norms[-1], self.window.dropped[-1]
-        loss = float(np.mean(losses))
+        loss = step_loss(losses, stats)
         rates = {f"optim/lr_{part}": v for part, v in part_rates(stats).items() if part not in ("adamw", "muon")}
         if "momentum" in stats:
             rates["optim/muon_momentum"] = float(stats["momentum"])

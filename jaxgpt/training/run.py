@@ -23,6 +23,7 @@ import numpy as np
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from jaxgpt.data.batches import BatchSampler, WholeSplit
+from jaxgpt.data.chat_rows import ConversationRows
 from jaxgpt.data.packing import DocumentSampler
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
@@ -47,8 +48,9 @@ class Run:
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     dataset: Dataset
-    train_batches: BatchSampler | DocumentSampler  # DocumentSampler for packing "documents"
-    val_batches: BatchSampler | WholeSplit  # WholeSplit for validation_batches "all"
+    # DocumentSampler for packing "documents", ConversationRows for "conversations"
+    train_batches: BatchSampler | DocumentSampler | ConversationRows
+    val_batches: BatchSampler | WholeSplit | ConversationRows  # WholeSplit for validation_batches "all"
     total_steps: int
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
@@ -73,7 +75,7 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     check_writable(run_dir, model_cfg, tidy=lock)
     ds_path = prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
                               options=train_cfg.dataset.options,  # the length decides how many FineWeb files
-                              train_tokens=train_cfg.total_steps(model_cfg) * train_cfg.tokens_per_step(model_cfg))
+                              train_tokens=train_cfg.planned_tokens(model_cfg))
     dataset = open_dataset(ds_path)
     _check_dataset(run_dir, model_cfg, train_cfg, dataset)
     tokenizer = None
@@ -83,23 +85,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
         if dataset.manifest.get("tokenizer_sha256") != tokenizer.sha256:  # every source's preparation records it
             raise DataError(f"{ds_path}/manifest.json: not prepared with {tokenizer.path} (tokenizer_sha256 "
                             f"{dataset.manifest.get('tokenizer_sha256')!r}); prepare the dataset again")
-    seq_len = train_cfg.seq_len(model_cfg)
-    common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
-                  seed=train_cfg.seed, targets=train_cfg.targets)
-    train_batches: BatchSampler | DocumentSampler
-    if train_cfg.packing == "documents":
-        train_batches = DocumentSampler(dataset.train, eot_id=dataset.eot_id, **common)
-    else:
-        train_batches = BatchSampler(dataset.train, shuffle=True, **common)
-    val_batches: BatchSampler | WholeSplit
-    if train_cfg.validation_batches == "all":
-        val_batches = WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
-                                 targets=train_cfg.targets)
-    else:
-        val_batches = BatchSampler(dataset.val, shuffle=False, **common)
+    train_batches, val_batches = _samplers(model_cfg, train_cfg, dataset)
     if train_batches.n_windows < train_cfg.sequences_per_step:
         raise DataError(
-            f"{ds_path}: train split has {train_batches.n_windows} sequences of {seq_len} tokens, "
+            f"{ds_path}: train split has {train_batches.n_windows} sequences of {train_cfg.seq_len(model_cfg)} tokens, "
             f"fewer than one optimiser step needs ({train_cfg.sequences_per_step})")
     if restart:
         moved = ckpt.archive_checkpoints(run_dir)
@@ -112,8 +101,28 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     examples, core = _benchmarks(model_cfg, train_cfg, data_root, tokenizer)
     return Run(run_dir, model_cfg, train_cfg, dataset, train_batches, val_batches,
-               train_cfg.total_steps(model_cfg), resume_from, init_from, examples, core, tokenizer)
+               train_cfg.total_steps(model_cfg, train_batches.n_windows), resume_from, init_from, examples, core,
+               tokenizer)
 
+
+def _samplers(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset
+              ) -> tuple[BatchSampler | DocumentSampler | ConversationRows, BatchSampler | WholeSplit | ConversationRows]:
+    """The training rows and the validation batches train.json asks for (each checks the dataset can give them)."""
+    seq_len = train_cfg.seq_len(model_cfg)
+    common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len, seed=train_cfg.seed)
+    if train_cfg.packing == "conversations":
+        options = dataset.manifest["options"]
+        return (ConversationRows(dataset.train, too_long=options["too_long"], pack=options["pack"], **common),
+                ConversationRows(dataset.val, too_long=options["too_long"], pack=options["pack"], shuffle=False,
+                                 **common))
+    if train_cfg.packing == "documents":
+        train_batches = DocumentSampler(dataset.train, eot_id=dataset.eot_id, targets=train_cfg.targets, **common)
+    else:
+        train_batches = BatchSampler(dataset.train, shuffle=True, targets=train_cfg.targets, **common)
+    if train_cfg.validation_batches == "all":
+        return train_batches, WholeSplit(dataset.val, microbatch_size=train_cfg.microbatch_size, seq_len=seq_len,
+                                         targets=train_cfg.targets)
+    return train_batches, BatchSampler(dataset.val, shuffle=False, targets=train_cfg.targets, **common)
 
 
 def _benchmarks(model_cfg: ModelConfig, train_cfg: TrainConfig, data_root: Path, tokenizer: TrainedTokenizer | None

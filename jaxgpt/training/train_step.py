@@ -11,18 +11,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
 
 
-def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
-                targets: jax.Array, step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, targets: jax.Array,
+                step_key: jax.Array, weights: jax.Array | None = None,
+                segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
 
-    inputs, targets: (k, B, T) int32; step_key: the dropout key of this step.
-    Returns the k microbatch losses (k,) and the optimiser statistics after the step.
+    inputs, targets: (k, B, T) int32; step_key: the dropout key of this step; weights (k, B, T)
+    float32 and segments (k, B, T) int32: rows of packed conversations, trained on their answers
+    only (jaxgpt/data/chat_rows.py), the loss the mean over every answer token of the step.
+    Returns the k microbatch losses (k,) and the optimiser statistics after the step (with
+    weights: each microbatch's own mean, and stats["loss"], the step's).
 
     The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
     loop would unroll k forward/backward passes into one program: the seed's OOM). Each
@@ -35,20 +40,30 @@ def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array,
     dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
     keys = jax.random.split(step_key, k)
     graphdef, state = nnx.split((model, optimizer))
+    # Weighted: microbatch i's objective is its weighted loss sum times k / (the step's weight), so
+    # MultiSteps' mean of the k gradients is the gradient of the step's mean over trained tokens.
+    total = None if weights is None else jnp.maximum(weights.sum(), 1.0)
+    scale = None if total is None else k / total
 
     def microstep(state: nnx.State, xs: tuple[jax.Array, ...]) -> tuple[nnx.State, jax.Array]:
         model, optimizer = nnx.merge(graphdef, state)
-        x, y, key = xs
+        x, y, key, w, seg = xs
         rngs = nnx.Rngs(dropout=key) if dropout else None
-        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs)
+        if w is None:
+            loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs)
+        else:
+            loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs, w, seg, scale)
         optimizer.update(model, grads)
         return nnx.state((model, optimizer)), loss
 
     applied_before = optimizer_stats(optimizer)["gradient_step"]
-    state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys))
+    state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys, weights, segments))
     nnx.update((model, optimizer), state)
     close_skipped_window(optimizer)
     stats = optimizer_stats(optimizer)
+    if weights is not None:  # the step's mean over its trained tokens; each microbatch's own mean to show
+        stats["loss"] = losses.sum() / k
+        losses = losses / scale / jnp.maximum(weights.sum(axis=(1, 2)), 1.0)
     # Dropped: no optimiser step applied, whether some of the k microbatches were skipped (an
     # open window closed) or all of them (a window that never opened).
     return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
@@ -76,10 +91,11 @@ class StepRunner:
         self.leaves, self.treedef = jax.tree.flatten(state)
         treedef = self.treedef
 
-        def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array,
-                 key: jax.Array) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
+        def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array, key: jax.Array,
+                 weights: jax.Array | None, segments: jax.Array | None
+                 ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
             model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-            losses, stats = _train_step(model, optimizer, inputs, targets, key)
+            losses, stats = _train_step(model, optimizer, inputs, targets, key, weights, segments)
             new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
             assert new_treedef == treedef, "the train step changed the model/optimiser structure"
             return new_leaves, losses, stats
@@ -87,22 +103,25 @@ class StepRunner:
         self._step = jax.jit(pure, donate_argnums=0,
                              out_shardings=([leaf.sharding for leaf in self.leaves], None, None))
 
-    def __call__(self, inputs: jax.Array, targets: jax.Array,
-                 step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: jax.Array | None = None,
+                 segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
         """One optimiser step, dispatched asynchronously: see train_step."""
-        self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key)
+        self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key, weights, segments)
         return losses, stats
 
-    def lower(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array) -> Any:
-        return self._step.lower(self.leaves, inputs, targets, step_key)
+    def lower(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: Any = None,
+              segments: Any = None) -> Any:
+        return self._step.lower(self.leaves, inputs, targets, step_key, weights, segments)
 
-    def export(self, inputs: Any, targets: Any, step_key: jax.Array, platforms: Sequence[str]) -> jax.export.Exported:
+    def export(self, inputs: Any, targets: Any, step_key: jax.Array, platforms: Sequence[str], weights: Any = None,
+               segments: Any = None) -> jax.export.Exported:
         """This step as the program `platforms` would run (jax.export: StableHLO, donation kept).
 
         Lowering needs no such device: a CPU machine can export for "cuda" and audit the program
         a GPU would run. inputs, targets: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
         """
-        return jax.export.export(self._step, platforms=platforms)(self.leaves, inputs, targets, step_key)
+        return jax.export.export(self._step, platforms=platforms)(self.leaves, inputs, targets, step_key, weights,
+                                                                  segments)
 
     def sync(self) -> None:
         """Point the model and optimiser at the current arrays."""

@@ -1,0 +1,124 @@
+"""Talk to a fine-tuned model: an interactive conversation that streams the answers, or one answer for scripts.
+
+    uv run chat.py runs/tiny-instruct                                # interactive; /clear starts over, /quit ends
+    uv run chat.py runs/tiny-instruct -p "Reverse the letters: abc"  # one shot: the answer on stdout
+    echo "Add 2 and 3." | uv run chat.py runs/tiny-instruct -p -     # the prompt from stdin
+    uv run chat.py runs/tiny-instruct --system "Answer briefly." --temperature 0 -p "..."
+    uv run chat.py runs/tiny --raw -p "Every effort moves you"       # a base model: plain continuation
+
+Prompts are rendered with the chat template the checkpoint was fine-tuned with (its
+chat_template.json: docs/fine-tuning.md), so the model sees exactly what it was trained on; a
+base model has none and is refused unless --raw asks for plain text. Sampling defaults to
+temperature 0.6 and top-k 50 (nanochat's chat_cli); --temperature 0 is greedy (no top-k), and
+--top-k / --top-p need a temperature above 0. The same --seed gives the same answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from jaxgpt import caches
+from jaxgpt.chat.answer import REPLACEMENT, Assistant, Sampling
+from jaxgpt.checkpoints.layout import CheckpointError
+from jaxgpt.config import ConfigError
+from jaxgpt.data.chat_template import TemplateError
+from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.model.sampling import add_sampling_args, check_sampling_args
+
+DEFAULT_TOP_K = 50  # when sampling (temperature > 0) and --top-k is not given: nanochat's chat_cli
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
+    parser.add_argument("-p", "--prompt", default=None, help="one message, answered once ('-': read it from stdin)")
+    parser.add_argument("--system", default=None, help="a system message opening the conversation")
+    parser.add_argument("--raw", action="store_true", help="no chat template: continue the text as a base model")
+    add_sampling_args(parser, max_new_tokens=256, temperature=0.6, on_full=False,
+                      top_k_note=f" (default {DEFAULT_TOP_K} when sampling)")
+    return parser
+
+
+def _raw(bot_model: tuple, text: str, sampling: Sampling) -> str:
+    from jaxgpt.model.sampling import generate_batch
+
+    model, tok = bot_model
+    (ids,) = generate_batch(model, [tok.encode(text)], max_new_tokens=sampling.max_new_tokens,
+                            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                            seed=sampling.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab, on_full="stop")
+    return tok.decode(ids).rstrip(REPLACEMENT)
+
+
+def _interactive(bot: Assistant, system: str | None, sampling: Sampling) -> int:
+    print(f"Chatting with {bot.where} (template {bot.template.name!r}). /clear starts over, /quit or Ctrl-D ends.")
+    messages: list[dict] = [{"role": "system", "content": system}] if system else []
+    turn = 0
+    while True:
+        try:
+            text = input("\nYou: ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if text in ("/quit", "/exit"):
+            return 0
+        if text == "/clear":
+            messages = messages[:1] if system else []
+            print("(a new conversation)")
+            continue
+        if not text:
+            continue
+        messages.append({"role": "user", "content": text})
+        print("Assistant: ", end="", flush=True)
+        pieces = []
+        try:
+            for piece in bot.stream(messages, replace(sampling, seed=sampling.seed + turn)):
+                pieces.append(piece)
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:  # stop this answer, keep the conversation
+            print(" [stopped]", end="")
+        print()
+        messages.append({"role": "assistant", "content": "".join(pieces)})
+        turn += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_sampling_args(parser, args)
+    if args.raw and args.system:
+        parser.error("--system belongs to a chat template; --raw continues plain text")
+    if args.raw and args.prompt is None:
+        parser.error("--raw needs --prompt (the text to continue)")
+    prompt = sys.stdin.read().strip() if args.prompt == "-" else args.prompt
+    if prompt is not None and not prompt:
+        parser.error("--prompt must not be empty")
+    top_k = args.top_k if args.top_k is not None or args.temperature == 0 else DEFAULT_TOP_K
+    sampling = Sampling(args.max_new_tokens, args.temperature, top_k, args.top_p, args.seed)
+    caches.enable_compile_cache()
+    try:
+        if args.raw:
+            from jaxgpt.checkpoints.store import load_model
+
+            model, _cfg, tok, _path = load_model(args.checkpoint)
+            print(prompt + _raw((model, tok), prompt, sampling))
+            return 0
+        bot = Assistant.load(args.checkpoint)
+        if prompt is None:
+            return _interactive(bot, args.system, sampling)
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}]
+        for piece in bot.stream(messages, sampling):
+            print(piece, end="", flush=True)
+        print()
+    except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

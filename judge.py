@@ -1,0 +1,114 @@
+"""Score a fine-tuned model's answers with a larger model as the judge (the book's chapter 7 evaluation).
+
+    export OPENAI_API_KEY=...
+    uv run judge.py runs/gpt2-alpaca --url https://api.openai.com/v1 --model gpt-4o-mini --out judged.jsonl
+    uv run judge.py runs/gpt2-alpaca --url http://localhost:11434/v1 --model llama3 --api-key-env NONE  # Ollama
+    uv run judge.py runs/gpt2 --questions runs/gpt2-alpaca --out base.jsonl   # the base model, same questions
+
+The questions are the held-out conversations of the run's conversation dataset (or of --questions:
+a run dir, checkpoint or prepared dataset folder), answered greedily with the checkpoint's chat
+template (a base model: the dataset's). Each answer is sent with the instruction and the
+reference to the judge (jaxgpt/chat/judge.py: the book's rubric, 0-100); each gets one JSONL line
+(instruction, reference, answer, score, the judge's raw reply, error), then the mean over the
+scored ones, and how many replies held no number or failed, are printed and written to
+<out>.summary.json. Requests time out after --timeout seconds and are retried at most --retries times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from jaxgpt import caches
+from jaxgpt.chat.judge import RUBRIC, Judge, summary
+from jaxgpt.checkpoints import layout
+from jaxgpt.config import ConfigError
+from jaxgpt.data.chat_template import ChatTemplate, TemplateError
+from jaxgpt.data.shards import DataError
+from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
+from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, held_out, train_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
+    parser.add_argument("--url", required=True, help="the judge's OpenAI-compatible base URL (…/v1)")
+    parser.add_argument("--model", required=True, help="the judge model's name at that endpoint")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the API key (default OPENAI_API_KEY; NONE: no key)")
+    parser.add_argument("--out", type=Path, required=True, help="JSONL file: one line per answer")
+    parser.add_argument("--questions", type=Path, default=None,
+                        help="whose held-out conversations to ask (default: the checkpoint's own dataset)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N questions only")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="longest answer (default 256)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per judge request (default 60)")
+    parser.add_argument("--retries", type=int, default=2, help="retries per judge request (default 2)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where datasets live")
+    return parser
+
+
+def _instruction(tok: Tokenizer, template: ChatTemplate, messages: list[dict]) -> str:
+    """The instruction as the model saw it, without the assistant's opening (the book's format_input)."""
+    text = tok.decode(template.prompt(tok, messages))
+    opening = template.assistant.partition("{content}")[0]
+    return text[:-len(opening)].rstrip() if opening and text.endswith(opening) else text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name in ("limit", "max_new_tokens", "timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be > 0")
+    if args.retries < 0:
+        parser.error(f"--retries={args.retries} must be >= 0")
+    key = "none" if args.api_key_env == "NONE" else os.environ.get(args.api_key_env)
+    if not key:
+        parser.error(f"--api-key-env: ${args.api_key_env} is not set (NONE: a judge without a key)")
+    try:
+        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
+        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        dataset = conversation_dataset(args.questions or ckpt_dir, args.data_dir)
+        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
+        check_dataset(dataset, tok, model_cfg.vocab_size)
+        questions = held_out(dataset, args.limit)
+        template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
+        from jaxgpt.chat.answer import Assistant, Sampling
+        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+
+        caches.enable_compile_cache()
+        model, _cfg, _tok, _path = load_model(ckpt_dir)
+        bot = Assistant(model, tok, template, str(ckpt_dir))
+        print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,})\n"
+              f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}")
+        answers = bot.answer_all([m for m, _ in questions], Sampling(max_new_tokens=args.max_new_tokens))
+    except (ConfigError, DataError, TokenizerError, layout.CheckpointError, TemplateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    judge = Judge(args.url, args.model, key, timeout=args.timeout, retries=args.retries)
+    rows = []
+    with open(args.out, "w", encoding="utf-8") as out:
+        for i, ((messages, reference), answer) in enumerate(zip(questions, answers)):
+            instruction = _instruction(tok, template, messages)
+            verdict = judge.score(instruction, reference, answer)
+            row = {"instruction": instruction, "reference": reference, "answer": answer, "score": verdict.score,
+                   "judge_reply": verdict.reply, "error": verdict.error}
+            rows.append(row)
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            out.flush()
+            shown = verdict.score if verdict.score is not None else f"none ({verdict.error or 'no number'})"
+            print(f"[{i + 1}/{len(questions)}] score {shown}", flush=True)
+    result = summary(rows)
+    args.out.with_name(args.out.name + ".summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    mean = "n/a" if result["mean"] is None else f"{result['mean']:.2f}"
+    print(f"mean score {mean} over {result['scored']} of {result['examples']} answers "
+          f"({result['unparseable']} replies without a number, {result['failed']} failed requests)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Talking to a fine-tuned model: chat.py (one shot, interactive, streamed), the checkpoint's template,
+base models refused unless --raw, sampling flags that mean what they say; evaluate.py --exact-match."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, write_run
+
+import chat
+import evaluate
+import test_generation
+import train
+from jaxgpt.chat.answer import Assistant, Sampling
+from jaxgpt.data.chat_template import ChatTemplate
+from jaxgpt.data.tokenizer import get_tokenizer
+
+SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
+MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
+TRAIN = {"dataset": {"source": "instructions", "options": {"examples": 200, "validation_examples": 20,
+                                                           "template": SHORT}},
+         "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 6, "learning_rate": 0.003,
+         "checkpoint_interval": 6, "validation_batches": 1}
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(run dir, data root) of a fine-tuning run of a few steps on the instruction set."""
+    tmp = tmp_path_factory.mktemp("tuned")
+    run = write_run(tmp / "run", MODEL, TRAIN)
+    assert train.main([str(run), "--data-dir", str(tmp / "data")]) == 0
+    return run, tmp / "data"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
+    """A base model: trained on plain text, no chat template."""
+    run = write_run(tmp_path_factory.mktemp("base") / "run", MODEL,
+                    {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 2,
+                     "checkpoint_interval": 2, "validation_batches": 1})
+    assert train.main([str(run), "--data-dir", str(data_root)]) == 0
+    return run
+
+
+def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(tuned, capsys) -> None:
+    run, _ = tuned
+    bot = Assistant.load(run)
+    assert bot.template == ChatTemplate.from_dict(SHORT)  # read from the checkpoint's chat_template.json
+    want = bot.answer([{"role": "user", "content": "Reverse the letters: abc"}], Sampling(max_new_tokens=20))
+    capsys.readouterr()
+    assert chat.main([str(run), "-p", "Reverse the letters: abc", "--temperature", "0", "--max-new-tokens", "20"]) == 0
+    assert capsys.readouterr().out == want + "\n"
+
+
+def test_the_answer_streams_in_pieces_that_make_the_whole_answer(tuned) -> None:
+    bot = Assistant.load(tuned[0])
+    sampling = Sampling(max_new_tokens=30, temperature=1.0, seed=3)
+    messages = [{"role": "user", "content": "Spell the word: abcd"}]
+    pieces = list(bot.stream(messages, sampling))
+    assert "".join(pieces) == bot.answer(messages, sampling) and len(pieces) > 1
+    assert bot.answer(messages, sampling) == bot.answer(messages, sampling)  # the same seed, the same answer
+    # Batched answers equal one-at-a-time answers (each row draws from its own seeded generator).
+    many = [[{"role": "user", "content": f"Sort the letters of: {w}"}] for w in ("dcba", "zyx", "qwerty")]
+    assert bot.answer_all(many, sampling, batch_size=3) == [bot.answer(m, sampling) for m in many]
+
+
+def test_a_multi_token_end_is_cut_from_the_answer(tuned) -> None:
+    run, _ = tuned
+    bot = Assistant.load(run)
+    end = "ab"  # two byte tokens: an answer stops once its ids end with them
+    bot2 = Assistant(bot.model, bot.tok, ChatTemplate.from_dict({**SHORT, "end": end}))
+    tok = get_tokenizer("bytes")
+    assert bot2.end == tok.encode(end) and bot2._cut(tok.encode("xyzabq")) == tok.encode("xyz")
+    text = "".join(bot2.stream([{"role": "user", "content": "hi"}], Sampling(max_new_tokens=40, temperature=2.0,
+                                                                             seed=1)))
+    assert end not in text
+
+
+def test_interactive_conversation_streams_and_clears(tuned) -> None:
+    run, _ = tuned
+    script = "Reverse the letters: abc\nAdd 1 and 2.\n/clear\nSpell the word: ab\n/quit\n"
+    done = subprocess.run([sys.executable, str(ROOT / "chat.py"), str(run), "--max-new-tokens", "8", "--seed", "2"],
+                          input=script, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Assistant: ") == 3 and "(a new conversation)" in done.stdout
+    assert "template 'short'" in done.stdout
+
+
+def test_a_base_model_is_refused_in_one_line_unless_raw(base: Path, capsys) -> None:
+    assert chat.main([str(base), "-p", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "a base model (no chat template" in err and err.count("\n") == 1
+    assert chat.main([str(base), "--raw", "-p", "Every effort", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("Every effort")
+
+
+@pytest.mark.parametrize("command", [chat.main, test_generation.main], ids=["chat", "test_generation"])
+def test_top_p_or_top_k_without_a_temperature_is_an_error(command, tuned, capsys) -> None:
+    run, _ = tuned
+    for flags in (["--top-p", "0.9", "--temperature", "0"], ["--top-k", "5", "--temperature", "0"]):
+        extra = ["-p", "x"] if command is chat.main else []
+        with pytest.raises(SystemExit) as e:
+            command([str(run), *flags, *extra])
+        assert e.value.code == 2
+        assert "but --temperature is 0 (greedy, nothing is sampled)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        test_generation.main([str(run), "--top-p", "0.9"])  # its default temperature is 0: greedy
+    assert "--top-p filters what is sampled" in capsys.readouterr().err
+
+
+def test_exact_match_scores_the_held_out_instructions_for_tuned_and_base_models(tuned, base, tmp_path, capsys) -> None:
+    run, data = tuned
+    out = tmp_path / "answers.jsonl"
+    assert evaluate.main([str(run), "--exact-match", "--data-dir", str(data), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "exact match" in text and "(" in text.splitlines()[-1] and "of 20)" in text.splitlines()[-1]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 20 and all(r["correct"] == (r["answer"].strip() == r["reference"].strip()) for r in rows)
+    # A base model answers the same questions through the tuned run's template.
+    assert evaluate.main([str(base), "--exact-match", str(run), "--data-dir", str(data), "--limit", "5"]) == 0
+    assert "of 5)" in capsys.readouterr().out
+    # A dataset of plain text has no questions.
+    assert evaluate.main([str(base), "--exact-match", str(base), "--data-dir", str(data)]) == 2
+    assert "not a conversation dataset" in capsys.readouterr().err
