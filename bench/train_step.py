@@ -118,8 +118,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
 
     train_cfg = _checked(train_cfg, steps, windows, warmup, accumulation)
     B, T, k, seed = train_cfg.microbatch_size, train_cfg.seq_len(model_cfg), train_cfg.gradient_accumulation_steps, train_cfg.seed
-    load_before = os.getloadavg()
-    memory = {"host_rss_peak_before_model_mib": peak_rss_mib()}  # the interpreter, JAX and its backend
+    load_before, memory = os.getloadavg(), {"host_rss_peak_before_model_mib": peak_rss_mib()}  # interpreter, JAX
 
     total_steps = 1 + warmup + windows * steps  # the schedule's length only; the rate does not change the cost
     model, optimizer, mesh, rows, init_s = _build(model_cfg, train_cfg, total_steps, name)
@@ -149,8 +148,7 @@ def bench_train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, name: str = "
     }
     runner.sync()
     if breakdown:
-        result["breakdown"] = _step_breakdown(model, optimizer, batch[0][0], batch[1][0], steps,
-                                              result["step_s_median"] / k)
+        result["breakdown"] = _step_breakdown(model, optimizer, batch[0][0], batch[1][0], steps, result["step_s_median"] / k)
     if matmul_size:
         result.update(_mfu(result["tokens_per_s_median"] * result["flops_per_token"], matmul_size,
                            result["compute_dtype"]))

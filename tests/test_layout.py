@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import ROOT
 
 ENTRY_POINTS = {"train", "model", "data", "checkpointing", "charts", "download_dataset", "evaluate", "import_gpt2",
-                "convert_hf", "chat",
+                "convert_hf", "chat", "judge",
                 "test_generation", "test_a_to_a"}
 CPU_ONLY = ("jaxgpt.cpu", "jaxgpt.ops.cpu")
 
