@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 
 def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
     caches.enable_compile_cache()  # a resume or rerun loads its compiled programs (caches.py)
-    from jaxgpt.training.loop import Trainer
+    from jaxgpt.training import loop
 
-    return Trainer(run, stop, profile).fit()
+    return loop.train(run, stop, profile)
 
 
 def profile_range(text: str) -> tuple[int, int]:
@@ -108,12 +108,14 @@ def _join(args: argparse.Namespace, cluster: dict[str, Any], argv: list[str]) ->
 def _prepare_in_cluster(args: argparse.Namespace) -> Run:
     """Process 0 alone prepares the dataset and moves old checkpoints aside; the others then
     find both ready."""
+    import jax
+
     from jaxgpt.distributed import sharding  # JAX
 
     with sharding.main_process_first():
         main = sharding.is_main_process()
         return prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
-                           restart=args.restart and main, lock=main)
+                           restart=args.restart and main, lock=main, processes=jax.process_count())
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -27,7 +27,7 @@ CONVERSATION_SOURCES = ("conversations", "instructions")
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     # "gpt2": the full transformer; "a-to-a": token embedding straight into the output head
-    # (the seed's harness sanity check, which learns to map each token to itself).
+    # (the blog post's sanity check, which learns to map each token to itself).
     architecture: Literal["gpt2", "a-to-a"]
     vocab_size: int  # number of token ids; must exceed every id in the dataset
     context_length: int  # longest sequence the position embedding covers
@@ -290,7 +290,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     clipping_max_norm: float = 1.0  # clip the accumulated gradient's global L2 norm to this
     checkpoint_interval: int = 100  # optimiser steps between checkpoints
-    validation_interval: int | None = None  # steps between validations; None = checkpoint_interval
+    validation_interval: int | None = None  # steps between validations (and at checkpoints); None = checkpoint_interval
     # Microbatches of the validation split per validation (its first ones, fixed), or "all": the
     # whole split, every token but the first scored exactly once (batches.WholeSplit).
     validation_batches: int | Literal["all"] = 8
@@ -345,12 +345,12 @@ class TrainConfig:
                 f"gradient_accumulation_steps = {self.microbatch_size} x "
                 f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
             )
-        if self.hellaswag_interval is not None and self.hellaswag_interval % self.eval_interval():
+        if self.hellaswag_interval is not None and self.hellaswag_interval % self.validation_interval:
             raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
-                              f"validation_interval={self.eval_interval()} (HellaSwag runs at validations)")
-        if self.core_interval is not None and self.core_interval % self.eval_interval():
+                              f"validation_interval={self.validation_interval} (HellaSwag runs at validations)")
+        if self.core_interval is not None and self.core_interval % self.validation_interval:
             raise ConfigError(f"{TRAIN_FILE}: core_interval={self.core_interval} must be a multiple of "
-                              f"validation_interval={self.eval_interval()} (CORE runs at validations)")
+                              f"validation_interval={self.validation_interval} (CORE runs at validations)")
         for key in ("warmup_percent", "cooldown_percent"):
             if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
@@ -390,7 +390,8 @@ class TrainConfig:
                     "learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
                     "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
                     "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
-                    "muon": MuonConfig() if self.optimizer == "muon" else None}
+                    "muon": MuonConfig() if self.optimizer == "muon" else None,
+                    "validation_interval": self.checkpoint_interval}
         for key, value in resolved.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)  # frozen: set once, here
@@ -421,8 +422,6 @@ class TrainConfig:
         many FineWeb files a dataset needs."""
         return None if self.train_epochs is not None else self.total_steps(model) * self.tokens_per_step(model)
 
-    def eval_interval(self) -> int:
-        return self.validation_interval or self.checkpoint_interval
 
 
 def check_combination(model: ModelConfig, train: TrainConfig) -> None:

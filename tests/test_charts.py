@@ -56,7 +56,7 @@ def checkpoint(step: int) -> dict:
 def train_step(step: int, loss: float, *, lo: float | None = None, hi: float | None = None, tokens: float,
                lr: float = 1e-3, grad_norm: float | None = 0.5, clip: float = 1.0, dropped: bool = False,
                tokens_per_s: float = 1000.0, mfu: float = 0.1) -> dict:
-    """The per-step line Trainer.read writes (grad_norm None: the step was dropped)."""
+    """The per-step line the loop writes (progress.Progress.record) (grad_norm None: the step was dropped)."""
     return scalars(step, {
         "train/loss": loss, "train/loss_min": loss if lo is None else lo, "train/loss_max": loss if hi is None else hi,
         "train/tokens": tokens, "optim/lr": lr, "optim/grad_norm": grad_norm,

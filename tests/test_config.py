@@ -246,7 +246,7 @@ def test_defaults_resolved(tmp_path: Path) -> None:
     assert (td["learning_rate"], td["warmup_percent"], td["weight_decay"]) == (6e-4, 5.0, 0.1)
     assert train.seq_len(model) == 16 and train.sequences_per_step == 8
     assert train.tokens_per_step(model) == 128 and train.total_steps(model) == 10
-    assert train.eval_interval() == train.checkpoint_interval == 100
+    assert train.validation_interval == train.checkpoint_interval == 100
     json.dumps(td)  # serialisable as written beside the checkpoints
     with pytest.raises(dataclasses.FrozenInstanceError):
         train.learning_rate = 1.0  # type: ignore[misc]
@@ -299,7 +299,7 @@ def test_optional_fields_accept_null_and_valid_values(tmp_path: Path) -> None:
         train=edit(TRAIN, sequence_length=None, batch_size=8, validation_interval=5, warmup_percent=100,
                    targets="same", tokenizer="gpt2", lr_end_factor=0, weight_decay=0)))
     assert model.architecture == "a-to-a" and model.n_layers == 0  # no n_layers/divisibility rule
-    assert train.sequence_length is None and train.batch_size == 8 and train.eval_interval() == 5
+    assert train.sequence_length is None and train.batch_size == 8 and train.validation_interval == 5
     assert (train.targets, train.tokenizer, train.warmup_percent) == ("same", "gpt2", 100.0)
 
 

@@ -70,10 +70,12 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
 @pytest.mark.parametrize("pace, drawn_at", [pytest.param(0, [10, 20, 30, 40], marks=SLOW), (10**9, [10, 40])])
 def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
         tmp_path: Path, data_root: Path, monkeypatch, capsys, pace, drawn_at) -> None:
-    """Trainer.checkpoint redraws the charts once CHARTS_PACE x the last draw's time has passed,
-    and always at the session's last checkpoint; the charts it leaves are those of the whole run."""
+    """A checkpoint redraws the charts once charts_pace x the last draw's time has passed, and
+    always at the session's last checkpoint; the charts it leaves are those of the whole run."""
     import charts
-    from jaxgpt.training import loop as trainer
+    from jaxgpt.stopping import StopFlag
+    from jaxgpt.training import loop
+    from jaxgpt.training.run import prepare_run
 
     steps: list[int] = []
     draw = charts.draw_charts
@@ -82,10 +84,10 @@ def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
         steps.append(ckpt.step_of(ckpt.latest_checkpoint(run_dir)))
         return draw(run_dir, **kwargs)
 
-    monkeypatch.setattr(trainer, "CHARTS_PACE", pace)
-    monkeypatch.setattr(trainer.charts, "draw_charts", counted)
+    monkeypatch.setattr(loop.charts, "draw_charts", counted)  # the real drawing, counted
     run = write_run(tmp_path / "a-to-a", A_TO_A_MODEL, A_TO_A_TRAIN | {"train_steps": 40, "checkpoint_interval": 10})
-    assert run_main(run, data_root) == 0
+    with StopFlag() as stop:
+        assert loop.train(prepare_run(run, data_root=data_root, restart=False), stop, charts_pace=pace) == 0
     capsys.readouterr()
     assert steps == drawn_at
     left = {p.name: p.read_bytes() for p in sorted((run / "charts").iterdir())}

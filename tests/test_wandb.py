@@ -86,17 +86,17 @@ def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Pat
     from jaxgpt.training import loop
 
     run = write_run(tmp_path / "wb", MODEL, TRAIN)
-    save = loop.Trainer.checkpoint
+    save = loop.Session.save
 
-    def dies_at_10(self: loop.Trainer, done: int, *args: Any, **kwargs: Any) -> Path:
+    def dies_at_10(self: loop.Session, done: int, *args: Any, **kwargs: Any) -> Path:
         if done == 10:
             raise RuntimeError("killed before the checkpoint of step 10")
         return save(self, done, *args, **kwargs)
 
-    monkeypatch.setattr(loop.Trainer, "checkpoint", dies_at_10)
+    monkeypatch.setattr(loop.Session, "save", dies_at_10)
     with pytest.raises(RuntimeError, match="step 10"):
         run_main(run, data_root)
-    monkeypatch.setattr(loop.Trainer, "checkpoint", save)
+    monkeypatch.setattr(loop.Session, "save", save)
     run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]
     first = offline_runs(run, run_id)
     assert len(first) == 1
@@ -144,15 +144,15 @@ def test_a_stop_finishes_the_run_as_preempting(tmp_path: Path, data_root: Path,
     from jaxgpt.training import loop
 
     run = write_run(tmp_path / "stop", MODEL, {**TRAIN, "train_steps": 40})
-    save = loop.Trainer.checkpoint
+    save = loop.Session.save
 
-    def ctrl_c_after_5(self: loop.Trainer, done: int, *args: Any, **kwargs: Any) -> Path:
+    def ctrl_c_after_5(self: loop.Session, done: int, *args: Any, **kwargs: Any) -> Path:
         path = save(self, done, *args, **kwargs)
         if done == 5:
             os.kill(os.getpid(), signal.SIGINT)
         return path
 
-    monkeypatch.setattr(loop.Trainer, "checkpoint", ctrl_c_after_5)
+    monkeypatch.setattr(loop.Session, "save", ctrl_c_after_5)
     assert run_main(run, data_root) == 130
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 6
     run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]

@@ -312,7 +312,7 @@ class GPT(nnx.Module):
 
 
 class AToA(nnx.Module):
-    """The seed's A-to-A model: embedding straight into the output head, no transformer."""
+    """The blog post's A-to-A model (the harness's sanity check): the embedding straight into the head."""
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         self.cfg, self.ops = cfg, ops

@@ -14,7 +14,7 @@
         wrt=nnx.Param)
 
 The norm recorder sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
-exactly what the clip sees: the number the seed's author wanted and gave up on. `muon_adamw` is one
+exactly what the clip sees: the number the blog post's author wanted and gave up on. `muon_adamw` is one
 optax.partition: Muon for the blocks' matrices, AdamW for the embeddings and the head, Adam for
 norms and biases (muon.py routes them); every part's rate follows the same schedule shape
 (warm-up, then cosine or warmup-stable-decay) to its own peak.
@@ -80,7 +80,7 @@ def make_schedule(train: TrainConfig, total_steps: int, peak: float | None = Non
         init_value=peak * train.lr_init_factor,
         peak_value=peak,
         warmup_steps=warmup,
-        # optax's decay_steps counts the warm-up too (the seed's "!!"); keep one decay step so a
+        # optax's decay_steps counts the warm-up too (the blog post's "!!"); keep one decay step so a
         # 100% warm-up still gives a valid schedule.
         decay_steps=max(total_steps, warmup + 1),
         end_value=peak * train.lr_end_factor,

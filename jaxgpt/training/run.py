@@ -60,16 +60,20 @@ class Run:
     tokenizer: TrainedTokenizer | None = None
 
 
-def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True) -> Run:
+def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True, processes: int = 1) -> Run:
     """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each.
 
     lock: take the run directory's lock (a second trainer on it is refused); in a multi-process
-    run only process 0 takes it. Then the checkpoint folder must be writable with room for one
+    run only process 0 takes it. processes: how many take part (several: no HellaSwag or CORE
+    during training). Then the checkpoint folder must be writable with room for one
     checkpoint, the validation split's ids must fit the model, and the checkpoint to resume from
     must verify (a damaged `latest` is set aside and the one before it used).
     """
     model_cfg, train_cfg = load_run_configs(run_dir)
     wandb_log.check(run_dir, train_cfg.wandb)  # the optional package, before anything is built
+    if processes > 1 and (train_cfg.hellaswag_interval is not None or train_cfg.core_interval is not None):
+        raise ConfigError(f"{run_dir}/train.json: hellaswag_interval and core_interval work in single-process runs "
+                          f"only (their batches are one process's arrays); score checkpoints with evaluate.py instead")
     if lock:
         lock_run(run_dir)
     check_writable(run_dir, model_cfg, tidy=lock)

@@ -1,5 +1,10 @@
 """The train step: one optimiser step over k microbatches, compiled once; and its dropout key.
 
+    runner = StepRunner(model, optimizer)           # the one step program (the trainer's, the tests')
+    losses, stats = runner(inputs, targets, step_key(seed, step))
+    runner.sync()                                   # before reading model or optimizer
+    losses, stats = train_step(model, optimizer, inputs, targets, key)   # the same, once
+
 A train step is a pure function of (model, optimiser, batch, key): the loop around it (loop.py)
 only fetches data, steps, logs, evaluates and saves. The loss is jaxgpt/model/loss.py's; the
 validation program is jaxgpt/evaluation/scoring.py's eval_sums.
@@ -7,6 +12,7 @@ validation program is jaxgpt/evaluation/scoring.py's eval_sums.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +36,7 @@ def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, 
     weights: each microbatch's own mean, and stats["loss"], the step's).
 
     The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
-    loop would unroll k forward/backward passes into one program: the seed's OOM). Each
+    loop would unroll k forward/backward passes into one program: the blog post's OOM). Each
     microbatch still goes through `optimizer.update`, so MultiSteps and apply_if_finite keep
     their semantics: gradients are averaged over the window, and a non-finite microbatch is
     skipped and counted; a step that lost a microbatch that way is dropped whole, so every call
@@ -69,43 +75,29 @@ def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, 
     return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
 
 
-train_step = nnx.jit(_train_step, donate_argnums=(0, 1))
-train_step.__doc__ = _train_step.__doc__
-
-
 class StepRunner:
-    """train_step on the model and optimiser held as flat arrays between calls: what the trainer
-    and the benchmark run.
+    """The train step (_train_step) compiled once, on the model and optimiser held as flat arrays
+    between calls: the one step program, which the trainer, the benchmark and the tests run.
 
     nnx.jit walks the model and optimiser graphs (hundreds of Variables) in and out on every
     call: Python time that on a small CPU competes with the step itself for the cores, and which
-    a loop that reads each step's loss cannot hide (docs/log.md "Where the time goes" has the figures). Here
-    the graph is split once and jax.jit takes the flat list of arrays; the arrays are donated and come back with the shardings they went in with. Between calls the model and
+    a loop that reads each step's loss cannot hide (docs/log.md "Where the time goes" has the
+    figures). Here the graph is split once and jax.jit takes the flat list of arrays; the arrays
+    are donated and come back with the shardings they went in with. Between calls the model and
     optimiser objects hold stale (donated) arrays: `sync()` writes the current ones back before
-    anything reads them (validation, checkpoints).
+    anything reads them (validation, checkpoints). Runners of models and optimisers of the same
+    structure and placement share one compiled program.
     """
 
     def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         graphdef, state = nnx.split((model, optimizer))
         self.leaves, self.treedef = jax.tree.flatten(state)
-        treedef = self.treedef
-
-        def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array, key: jax.Array,
-                 weights: jax.Array | None, segments: jax.Array | None
-                 ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
-            model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-            losses, stats = _train_step(model, optimizer, inputs, targets, key, weights, segments)
-            new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
-            assert new_treedef == treedef, "the train step changed the model/optimiser structure"
-            return new_leaves, losses, stats
-
-        self._step = jax.jit(pure, donate_argnums=0,
-                             out_shardings=([leaf.sharding for leaf in self.leaves], None, None))
+        self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves))
 
     def __call__(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: jax.Array | None = None,
                  segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """One optimiser step, dispatched asynchronously: see train_step."""
+        """One optimiser step, dispatched asynchronously: see _train_step."""
         self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key, weights, segments)
         return losses, stats
 
@@ -126,6 +118,32 @@ class StepRunner:
     def sync(self) -> None:
         """Point the model and optimiser at the current arrays."""
         nnx.update((self.model, self.optimizer), jax.tree.unflatten(self.treedef, self.leaves))
+
+
+@functools.lru_cache(maxsize=16)
+def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...]) -> Any:
+    """_train_step over the flat arrays of a model and optimiser of this structure, jitted."""
+
+    def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array, key: jax.Array,
+             weights: jax.Array | None, segments: jax.Array | None
+             ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
+        model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+        losses, stats = _train_step(model, optimizer, inputs, targets, key, weights, segments)
+        new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
+        assert new_treedef == treedef, "the train step changed the model/optimiser structure"
+        return new_leaves, losses, stats
+
+    return jax.jit(pure, donate_argnums=0, out_shardings=(list(shardings), None, None))
+
+
+def train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, targets: jax.Array,
+               step_key: jax.Array, weights: jax.Array | None = None,
+               segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One optimiser step of the StepRunner program on these objects, which then hold its result."""
+    runner = StepRunner(model, optimizer)
+    out = runner(inputs, targets, step_key, weights, segments)
+    runner.sync()
+    return out
 
 
 def step_key(seed: int, step: int) -> jax.Array:

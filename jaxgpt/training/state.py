@@ -1,0 +1,141 @@
+"""What a training session builds once: the device mesh, the model and optimiser on it (fresh, restored
+from the checkpoint it resumes from, or started from init_from's weights), the compiled step, and
+the figures MFU needs. loop.py trains it; checkpoint_meta says what a checkpoint records of it.
+
+    state, resumed_meta = build_state(run, log)
+    losses, stats = state.step(inputs, targets, step_key(seed, s))     # StepRunner: train_step.py
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import jax
+import numpy as np
+
+from jaxgpt import ops
+from jaxgpt.checkpoints import store as ckpt
+from jaxgpt.config import ConfigError
+from jaxgpt.distributed import sharding
+from jaxgpt.model.gpt import build_model
+from jaxgpt.training import mfu, muon
+from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
+from jaxgpt.training.train_step import StepRunner
+
+if TYPE_CHECKING:
+    from jaxgpt.training.progress import Progress, Window
+    from jaxgpt.training.run import Run
+
+
+@dataclass
+class TrainState:
+    model: Any
+    optimizer: Any
+    step: StepRunner  # the one step program; model/optimizer are stale until step.sync()
+    mesh: Any
+    rows: slice  # this process's rows of every microbatch
+    schedule: Callable[[int], Any]
+    compute_dtype: str  # model.json's "auto" resolved on this backend
+    routing: dict[str, Any] | None  # optimizer "muon": which parameters each part trains
+    flops_per_token: float
+    peak_flops: float
+    peak_source: str
+
+    def mfu(self, tokens_per_s: float) -> float:
+        """Model FLOPs utilisation at this throughput (mfu.py: FLOPs per token and the peak)."""
+        return mfu.mfu(tokens_per_s, self.flops_per_token, self.peak_flops)
+
+
+def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
+    """model.json's choices on this backend (the one check that needs JAX: which devices there are)."""
+    try:
+        dtype = ops.select(run.model_cfg).compute_dtype
+    except ConfigError as e:
+        raise ConfigError(f"{run.run_dir}/{e}") from None
+    if run.model_cfg.compute_dtype == "auto":
+        log(f"compute_dtype auto -> {dtype} on {jax.default_backend()}")
+    return dtype
+
+
+def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[str, Any]]:
+    """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run)."""
+    cfg, mcfg = run.train_cfg, run.model_cfg
+    compute_dtype = _compute_dtype(run, log)
+    mesh = sharding.make_mesh(cfg.mesh, cfg.microbatch_size)
+
+    def build() -> tuple[Any, Any]:
+        model = build_model(mcfg, seed=cfg.seed)
+        return model, make_optimizer(model, cfg, run.total_steps)
+
+    model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
+    routing = None
+    if cfg.optimizer == "muon":
+        routing = muon.routing_table(model, muon.routes(model))
+        log(muon.format_table(routing, peak_rates(cfg)))
+    if cfg.packing in ("documents", "conversations"):
+        log(run.train_batches.describe())
+    meta: dict[str, Any] = {}
+    if run.resume_from is not None:
+        meta = ckpt.load_checkpoint(run.resume_from, model, optimizer)
+        log(f"Resuming {run.run_dir} from {run.resume_from.name} (step {meta['step']})")
+    elif run.init_from is not None:  # fine-tuning: these weights, step 0, fresh optimiser
+        ckpt.load_weights(model, run.init_from / ckpt.WEIGHTS)
+        log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
+    peak, source = mfu.peak_flops(compute_dtype)  # the dtype as run
+    state = TrainState(model, optimizer, StepRunner(model, optimizer), mesh,
+                       sharding.local_rows(mesh, cfg.microbatch_size), make_schedule(cfg, run.total_steps),
+                       compute_dtype, routing, mfu.flops_per_token(mcfg, cfg.seq_len(mcfg)), peak, source)
+    return state, meta
+
+
+def checkpoint_meta(run: Run, state: TrainState, progress: Progress, done: int, stats: dict[str, Any],
+                    val: float, val_tokens: int, is_best: bool, measured: dict[str, Any]) -> dict[str, Any]:
+    """meta.json: what a resume and a reader of this one checkpoint need, built here and nowhere else;
+    every step's figures are the record's (metrics.jsonl), not repeated here. `measured`: the
+    evaluators' entries since the last checkpoint (hellaswag, core)."""
+    cfg, window, k = run.train_cfg, progress.window, run.train_cfg.gradient_accumulation_steps
+    micro, rate, tokens = np.asarray(window.micro_losses), window.tokens_per_s(progress.tokens_per_step), \
+        done * progress.tokens_per_step
+    return {
+        "format": 2, "step": done, "total_steps": run.total_steps, "tokens_seen": tokens,
+        "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "train_loss": {"min": float(micro.min()), "max": float(micro.max()), "mean": float(micro.mean()),
+                       "last": window.losses[-1]},
+        "val_loss": val, "val_tokens": val_tokens,  # the target tokens that loss is the mean over
+        "hellaswag": [], "core": [], **measured,  # since the last checkpoint: [{"step", "acc", ...}]
+        "best_loss": progress.best, "is_best": is_best,
+        "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')
+        "learning_rates": part_rates(stats),  # each part's, by name (adamw: one)
+        "optimizer": cfg.optimizer, "routing": state.routing,
+        # The schedule counts applied optimiser steps: a dropped step does not advance it.
+        "next_learning_rate": float(state.schedule(int(stats["gradient_step"]))),
+        "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
+        "clip_max_norm": cfg.clipping_max_norm,
+        "clipped_steps": sum(clip_flag(g, cfg.clipping_max_norm) for g in window.grad_norms),
+        **_skipped(stats, window, progress),
+        "optimizer_steps_applied": int(stats["gradient_step"]),
+        "throughput_tokens_per_s": rate, "mfu": state.mfu(rate),
+        "flops_per_token": state.flops_per_token,  # mfu.flops_per_token
+        "peak_flops": state.peak_flops, "peak_flops_source": state.peak_source,
+        "elapsed_s": progress.elapsed,
+        "training_s": progress.training_seconds(),  # progress.Target's docstring says what is counted
+        "target": None if progress.target is None else progress.target.record(done, tokens,
+                                                                              progress.training_seconds()),
+        "mesh": dict(state.mesh.shape) | {"processes": jax.process_count()},
+        "compute_dtype": state.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
+        "data_position": {"next_step": done, "microbatches_consumed": done * k,
+                          "sequences_consumed": done * k * cfg.microbatch_size,
+                          "epoch": run.train_batches.epoch_of(done, k), "dataset": str(run.dataset.path),
+                          "fingerprint": run.dataset.manifest.get("fingerprint")},
+        # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
+        "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
+    }
+
+
+def _skipped(stats: dict[str, Any], window: Window, progress: Progress) -> dict[str, Any]:
+    return {"skipped_updates": {"consecutive": int(stats["notfinite_count"]),  # microbatches
+                                "total": int(stats["total_notfinite"]),  # microbatches, whole run
+                                "dropped_steps": window.dropped_steps,  # since the last checkpoint
+                                "dropped_steps_total": progress.dropped_total}}
