@@ -5,8 +5,9 @@ training token, how it runs on this backend and which part of the optimiser trai
     uv run model.py runs/gpt2-small --json   # the same as JSON
 
 The model's code is jaxgpt/model/: gpt.py (GPT-2 and its modern variants, the A-to-A model, their
-shapes), layers.py (the parts model.json chooses), ops.py (how matmuls and attention run on each
-backend), loss.py (the training loss) and sampling.py (decoding with a KV cache). The optimiser is
+shapes), layers.py (the parts model.json chooses), connections.py (value embeddings and skips),
+loss.py (the training loss) and sampling.py (decoding with a KV cache); how matmuls and attention
+run on each backend is jaxgpt/ops/ (select.py chooses once per model). The optimiser is
 jaxgpt/training/optimizer.py (and muon.py); the keys of model.json: docs/configs.md.
 """
 

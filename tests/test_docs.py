@@ -1,6 +1,8 @@
 """The documentation holds together: README.md is a front page, docs/ holds the reference, and
 every relative link and #anchor between them (and from the code's comments) reaches its target;
-the reference pages carry no dated measurement (those live in docs/log.md alone).
+the reference pages carry no dated measurement (those live in docs/log.md alone); the files, runs
+and commands they name exist, docs/configs.md's tables are jaxgpt/config.py's fields, and each
+example name is spelt one way.
 
 No network, no JAX: only the markdown files and the .py sources are read. Anchors follow GitHub's
 rules: a heading's text (inline markdown removed), lowercased, every character that is not a
@@ -277,3 +279,159 @@ def test_the_watching_page_lists_every_tag_the_run_records():
     listed = {t for t in table if not t.startswith("config/")}
     assert listed == set(tags), (f"missing from docs/watching.md: {sorted(set(tags) - listed)}; "
                                  f"not tags of metrics.TAGS: {sorted(listed - set(tags))}")
+
+
+# ----------------------------------------------------------------------------- names that exist
+# A page that names a file, a run or a config key the code does not have sends a newcomer nowhere.
+# docs/log.md is left out: it records what was measured on the code of its day.
+REFERENCE_PAGES = [p for p in markdown_files() if p != LOG]
+# Run directories the pages create with a command of their own (`import_gpt2.py import gpt2
+# runs/gpt2`) or name as an example to make, rather than ship.
+EXAMPLE_RUNS = {"gpt2", "my-gpt2", "my-edu-run", "x"}
+# Other projects' files a page names by their base name (transformers' nanochat model).
+OTHER_PROJECTS_FILES = {"modeling_nanochat.py", "convert_nanochat_checkpoints.py"}
+TREE_PATH = re.compile(r"(?<![\w./~-])((?:jaxgpt|bench|tests|runs|docs)/[\w./-]*)")
+# `uv run [options] X.py`, `python X.py`: a command line naming a script.
+COMMAND = re.compile(r"(?:\buv run(?:\s+-{1,2}[\w-]+(?:[= ](?!-)[^\s\\]+)?)*|\bpython3?)\s+([\w./-]+\.py)\b")
+PLACEHOLDER = re.compile(r"[<>*{}\[\]]")
+
+
+def _inline_code(path: Path) -> list[tuple[int, str]]:
+    """(line number, content) of every inline code span outside fenced blocks."""
+    spans, fence = [], None
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        m = FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is not None and m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+            fence = None
+        elif fence is None:
+            spans += [(n, s.group(2)) for s in INLINE_CODE.finditer(line)]
+    return spans
+
+
+def _tree_files() -> set[str]:
+    return {p.name for top in ("jaxgpt", "bench", "tests") for p in (ROOT / top).rglob("*") if p.is_file()}
+
+
+def name_problems(path: Path, root: Path = ROOT, tree_files: set[str] | None = None) -> list[str]:
+    """One line per file, run or command of `path` that does not exist under `root`: paths under
+    jaxgpt/, bench/, tests/, runs/ and docs/ in inline code; a script named by a command line
+    (`uv run X.py`, inline or in a code block) or by inline code that calls it (`evaluate.py
+    --core`); a bare `X.py` that is neither at the root nor a file of jaxgpt/, bench/ or tests/.
+    Placeholders (`runs/<name>`, globs) are skipped."""
+    tree_files = _tree_files() if tree_files is None else tree_files
+    rel = path.relative_to(root)
+    problems = []
+
+    def check(n: int, target: str, what: str) -> None:
+        target = target.rstrip(".,;:")
+        parts = target.split("/")
+        if parts[0] == "runs" and len(parts) > 1 and parts[1] in EXAMPLE_RUNS:
+            return
+        if not (root / target).exists():
+            problems.append(f"{rel}:{n}: {what} {target!r} does not exist")
+
+    for n, span in _inline_code(path):
+        for m in TREE_PATH.finditer(span):
+            if not PLACEHOLDER.search(m.group(1)):
+                check(n, m.group(1), "path")
+        words = span.split()
+        if words and re.fullmatch(r"[\w.-]+\.py", words[0]) and not COMMAND.search(span):
+            if len(words) > 1:
+                check(n, words[0], "command")
+            elif not ((root / words[0]).exists() or words[0] in tree_files or words[0] in OTHER_PROJECTS_FILES):
+                problems.append(f"{rel}:{n}: file {words[0]!r} is neither at the root nor in jaxgpt/, bench/, tests/")
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for m in COMMAND.finditer(line):
+            if not PLACEHOLDER.search(m.group(1)):
+                check(n, m.group(1), "script")
+    return problems
+
+
+def test_name_checker_sees_a_missing_file(tmp_path):
+    (tmp_path / "jaxgpt").mkdir()
+    (tmp_path / "jaxgpt" / "real.py").write_text("")
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "train.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`jaxgpt/real.py`, `jaxgpt/gone.py`, `runs/tiny`, `runs/tinny`, `runs/<name>`, `runs/gpt2`, "
+        "`train.py --restart`, `trian.py --restart`, `real.py`, `nowhere.py`, `~/.cache/jaxgpt/native`\n\n"
+        "```bash\nuv run train.py runs/tiny\nuv run --extra cuda13 evaluate.py runs/tiny\n```\n")
+    problems = name_problems(page, root=tmp_path, tree_files={"real.py"})
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "path 'jaxgpt/gone.py' does not exist", "path 'runs/tinny' does not exist",
+        "command 'trian.py' does not exist",
+        "file 'nowhere.py' is neither at the root nor in jaxgpt/, bench/, tests/",
+        "script 'evaluate.py' does not exist"], problems
+
+
+def test_every_file_run_and_command_the_pages_name_exists():
+    assert not EXAMPLE_RUNS & {p.name for p in (ROOT / "runs").iterdir()}, "an example run is now shipped"
+    tree_files = _tree_files()
+    problems = [p for path in REFERENCE_PAGES for p in name_problems(path, tree_files=tree_files)]
+    assert not problems, "\n".join(problems)
+
+
+def _dataclass_fields(source: str) -> dict[str, list[str]]:
+    """Each class of a module (read, not imported) -> its annotated fields, in order."""
+    return {node.name: [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
+            for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+
+
+def _table_rows(text: str, heading: str) -> dict[str, str]:
+    """The first column's backticked keys of the table under `## heading` -> that row."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            for key in re.findall(r"`([^`]+)`", first):
+                rows[key] = line
+    return rows
+
+
+def test_configs_page_names_exactly_the_config_fields():
+    """docs/configs.md's model.json and train.json tables list every field of ModelConfig and
+    TrainConfig in jaxgpt/config.py and nothing else; the muon, mesh, wandb and dataset rows name
+    every field of their sections."""
+    fields = _dataclass_fields((ROOT / "jaxgpt" / "config.py").read_text(encoding="utf-8"))
+    text = (DOCS / "configs.md").read_text(encoding="utf-8")
+    model, train = _table_rows(text, "model.json"), _table_rows(text, "train.json")
+    for table, cls in ((model, "ModelConfig"), (train, "TrainConfig")):
+        assert set(table) == set(fields[cls]), (
+            f"docs/configs.md vs {cls}: missing {sorted(set(fields[cls]) - set(table))}, "
+            f"not fields {sorted(set(table) - set(fields[cls]))}")
+    for key, cls in (("muon", "MuonConfig"), ("mesh", "MeshConfig"), ("wandb", "WandbConfig"),
+                     ("dataset", "DatasetConfig")):
+        missing = [f for f in fields[cls] if f'"{f}"' not in train[key]]
+        assert not missing, f"docs/configs.md's {key} row lacks {cls} fields {missing}"
+
+
+NAME_USES = (re.compile(r"download_dataset\.py tokenizer ([\w.-]+)"), re.compile(r"--tokenizer[ =]([\w.-]+)"),
+             re.compile(r"\"tokenizer\": \"([\w.-]+)\""), re.compile(r"(?<![\w./])runs/([\w.-]+)"))
+
+
+def spelling_problems(texts: dict[str, str]) -> list[str]:
+    """Run and tokenizer names spelt two ways across the pages (`edu-32k` beside `edu32k`): names
+    equal once case, '-' and '_' are dropped."""
+    spellings: dict[str, dict[str, str]] = {}
+    for where, text in texts.items():
+        for pattern in NAME_USES:
+            for name in pattern.findall(text):
+                name = name.rstrip(".")
+                spellings.setdefault(re.sub(r"[-_]", "", name.lower()), {}).setdefault(name, where)
+    return [f"{' / '.join(f'{n!r} ({w})' for n, w in sorted(seen.items()))}"
+            for seen in spellings.values() if len(seen) > 1]
+
+
+def test_spelling_checker_sees_two_spellings():
+    assert spelling_problems({"a.md": "uv run download_dataset.py tokenizer edu-32k fineweb-edu",
+                              "b.md": '"tokenizer": "edu32k" and runs/tiny, runs/Tiny'}) == [
+        "'edu-32k' (a.md) / 'edu32k' (b.md)", "'Tiny' (b.md) / 'tiny' (b.md)"]
+
+
+def test_each_example_name_is_spelt_one_way():
+    problems = spelling_problems({str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in markdown_files()})
+    assert not problems, "names spelt more than one way:\n" + "\n".join(problems)
