@@ -22,6 +22,12 @@ from jaxgpt.config_json import MODEL_FILE, TRAIN_FILE, ConfigError, from_dict, f
 TOKENIZER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # train.json dataset sources of conversations (jaxgpt/data/chat_prepare.py): fine-tuning on their answers.
 CONVERSATION_SOURCES = ("conversations", "instructions")
+FINEWEB_SOURCES = ("fineweb10B-gpt2", "fineweb-edu")  # fetched for the run's length; GPT-2 tokens by default
+
+
+def default_tokenizer(source: str) -> str:
+    """train.json's tokenizer when it names none, the same as download_dataset.py's for that source."""
+    return "gpt2" if source in FINEWEB_SOURCES else "bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +263,9 @@ class TrainConfig:
     microbatch_size: int  # sequences per forward/backward pass, all devices together (split over mesh.data)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     # "bytes", "gpt2", or the name of a tokenizer trained on a corpus (download_dataset.py tokenizer):
-    # <data root>/tokenizers/<name>/ (docs/tokenizers.md)
-    tokenizer: str = "bytes"
+    # <data root>/tokenizers/<name>/ (docs/tokenizers.md). None: "gpt2" for the FineWeb sources (as
+    # download_dataset.py prepares them), else "bytes" (default_tokenizer)
+    tokenizer: str | None = None
     targets: Literal["next", "same"] = "next"  # "same" trains A-to-A (the target is the input)
     sequence_length: int | None = None  # tokens per sequence; None = model context_length
     # Training rows: "windows", non-overlapping windows of the token stream in a shuffled order;
@@ -336,7 +343,7 @@ class TrainConfig:
         if sum(v is not None for v in lengths.values()) != 1:
             raise ConfigError(f"{TRAIN_FILE}: give exactly one of train_steps, train_tokens or train_epochs (got "
                               f"{', '.join(f'{k}={v}' for k, v in lengths.items())})")
-        if self.train_epochs is not None and self.dataset.source in ("fineweb10B-gpt2", "fineweb-edu"):
+        if self.train_epochs is not None and self.dataset.source in FINEWEB_SOURCES:
             raise ConfigError(f"{TRAIN_FILE}: train_epochs needs the whole train split, but {self.dataset.source!r} "
                               f"is fetched for the run's length; give train_steps or train_tokens")
         if self.batch_size is not None and self.batch_size != self.sequences_per_step:
@@ -386,7 +393,8 @@ class TrainConfig:
         if self.cooldown_percent is not None and self.schedule != "wsd":
             raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
                               f"only (schedule={self.schedule!r})")
-        resolved = {"packing": "conversations" if self.dataset.source in CONVERSATION_SOURCES else "windows",
+        resolved = {"tokenizer": default_tokenizer(self.dataset.source),
+                    "packing": "conversations" if self.dataset.source in CONVERSATION_SOURCES else "windows",
                     "learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
                     "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
                     "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,

@@ -329,3 +329,17 @@ def test_shipped_runs_load(run_dir: Path) -> None:
 def test_known_runs_are_shipped() -> None:
     names = {p.name for p in RUN_DIRS}
     assert {"a-to-a", "a-to-a-gpt2"} <= names
+
+
+def test_the_tokenizer_default_is_download_datasets_for_the_source() -> None:
+    """A FineWeb-Edu train.json without "tokenizer" trains on the gpt2 dataset download_dataset.py
+    fineweb-edu prepares by default, not on a bytes one; every other source defaults to bytes."""
+    from jaxgpt.config import TrainConfig, from_dict
+
+    def tokenizer(source: str, **given: str) -> str:
+        return from_dict(TrainConfig, {"microbatch_size": 1, "train_steps": 1, "dataset": {"source": source},
+                                       **given}, "train.json").tokenizer
+
+    assert tokenizer("fineweb-edu") == tokenizer("fineweb10B-gpt2") == "gpt2"
+    assert tokenizer("builtin") == tokenizer("tinyshakespeare") == tokenizer("instructions") == "bytes"
+    assert tokenizer("fineweb-edu", tokenizer="edu32k") == "edu32k"

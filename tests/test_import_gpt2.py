@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SLOW
+from conftest import SHARED, SLOW
 from safetensors.numpy import load_file, save_file
 
 import evaluate
@@ -187,6 +187,36 @@ def test_export_of_a_model_without_qkv_bias_writes_zeros(tmp_path: Path) -> None
     hf = load_file(str(export_run(folder, tmp_path / "out")))
     assert np.array_equal(hf["h.0.attn.c_attn.bias"], np.zeros(48, np.float32))
     assert hf["lm_head.weight"].shape == (11, 16)  # untied: the head goes out as an nn.Linear weight
+
+
+def test_export_writes_the_runs_own_end_of_text_id(tmp_path: Path) -> None:
+    """config.json's bos/eos are the run's tokenizer's end-of-text: gpt2's, bytes', or a trained one's
+    from the copy its checkpoint holds."""
+    from jaxgpt.config import ModelConfig, to_dict
+    from jaxgpt.data.bpe import train_tokenizer
+    from jaxgpt.data.tokenizer import get_tokenizer
+    from jaxgpt.model.gpt import build_model
+
+    src = SHARED / "data" / "tinyshakespeare.txt"
+    if not src.is_file():
+        pytest.skip(f"no Tiny Shakespeare at {src}")
+    train_tokenizer("tiny300", "tinyshakespeare", tmp_path / "data", vocab_size=300, from_path=src,
+                    log=lambda _m: None, progress=False)
+    trained = get_tokenizer("tiny300", tmp_path / "data")
+    cfg = ModelConfig(architecture="gpt2", vocab_size=300, context_length=8, emb_dim=16, n_heads=2, n_layers=1)
+    for name, eot in (("gpt2", 50256), ("bytes", 256), ("tiny300", trained.eot_id)):
+        folder = tmp_path / name
+        folder.mkdir()
+        ckpt.save_weights(build_model(cfg), folder / ckpt.WEIGHTS)
+        (folder / "model.json").write_text(json.dumps(to_dict(cfg)))
+        (folder / "train.json").write_text(json.dumps({"tokenizer": name}))
+        (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+        if name == "tiny300":
+            (folder / "tokenizer.json").write_bytes(trained.data)
+        export_run(folder, tmp_path / f"out-{name}")
+        hf_cfg = json.loads((tmp_path / f"out-{name}" / "config.json").read_text())
+        assert (hf_cfg["bos_token_id"], hf_cfg["eos_token_id"]) == (eot, eot), name
+    assert trained.eot_id != 256  # the bug this pins: every non-gpt2 tokenizer got 256
 
 
 @SLOW  # a training, an export and an import end to end

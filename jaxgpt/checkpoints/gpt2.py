@@ -39,6 +39,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError, ModelConfig, TrainConfig, from_dict, to_dict
+from jaxgpt.data.tokenizer import GPT2_EOT_ID, BytesTokenizer
 
 # name -> (n_layers, emb_dim, n_heads); all four have vocab 50257 and context 1024.
 VARIANTS = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20),
@@ -304,7 +305,10 @@ def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
     weights = load_file(str(ckpt_dir / ckpt.WEIGHTS))
     hf = ours_to_hf(weights, cfg)
     tokenizer = train.get("tokenizer", "gpt2")
-    eot_id = 50256 if tokenizer == "gpt2" else 256  # the two tokenizers' end-of-text ids (tokenizer.py)
+    # config.json's bos/eos: the run's end-of-text id (a trained tokenizer's from its file in the checkpoint).
+    eot_id = {"gpt2": GPT2_EOT_ID, "bytes": BytesTokenizer.eot_id}.get(tokenizer)
+    if eot_id is None:
+        eot_id = ckpt.checkpoint_tokenizer(ckpt_dir, tokenizer).eot_id
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     save_file(hf, str(tmp), metadata={"format": "pt"})  # transformers refuses files without it

@@ -60,7 +60,16 @@ from jaxgpt.checkpoints.layout import (
     latest_checkpoint,
     write_json,
 )
-from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError, ModelConfig, TrainConfig, from_dict, to_dict
+from jaxgpt.config import (
+    MODEL_FILE,
+    TRAIN_FILE,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    default_tokenizer,
+    from_dict,
+    to_dict,
+)
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TokenizerError, check_name
 
 __all__ = ["ConversionError", "export_problem", "export_run", "import_run"]
@@ -294,7 +303,7 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
     clash = next((out_dir / n for n in names if (out_dir / n).exists()), None)
     if clash is not None and not force:
         raise ConversionError(f"{clash}: already exists; pass --force to overwrite")
-    name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
+    name = train.get("tokenizer", default_tokenizer(train.get("dataset", {}).get("source", "builtin")))
     tokenizer_json = _tokenizer_json(ckpt_dir, name)
     eot_id, n_vocab = tk.eot_of(tokenizer_json, f"{ckpt_dir}: tokenizer {name!r}")
     if n_vocab > cfg.vocab_size:

@@ -55,7 +55,7 @@ from jaxgpt.checkpoints.layout import (  # noqa: F401 - re-exported: the JAX-fre
     verify_checkpoint,
     write_json,
 )
-from jaxgpt.config import ModelConfig, TrainConfig
+from jaxgpt.config import ModelConfig, default_tokenizer
 from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.model.gpt import build_model, stack_layer_weights, unstack_layer_weights
 
@@ -253,7 +253,7 @@ def load_checkpoint(ckpt: Path, model: nnx.Module, optimizer: nnx.Optimizer | No
 def load_model(path: Path) -> tuple[nnx.Module, ModelConfig, Tokenizer, Path]:
     """Model, its config and tokenizer from a checkpoint folder, `latest`/`best` link or run dir."""
     ckpt_dir, model_cfg, train = checkpoint_configs(path)
-    tokenizer_name = train.get("tokenizer", TrainConfig.__dataclass_fields__["tokenizer"].default)
+    tokenizer_name = train.get("tokenizer", default_tokenizer(train.get("dataset", {}).get("source", "builtin")))
     tokenizer = checkpoint_tokenizer(ckpt_dir, tokenizer_name)  # before the weights: a missing one fails fast
     model = build_model(model_cfg)
     load_weights(model, ckpt_dir / WEIGHTS)
