@@ -12,9 +12,10 @@
     uv run -m bench tokenize --rounds 3                   # download_dataset.py text vs tiktoken's batch, 100 MB
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
+    uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize); this file is their command line:
+train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py); this file is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
 that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
@@ -275,6 +276,29 @@ def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
     return bench_gemv(shapes, calls=args.calls)
 
 
+# ----------------------------------------------------------------------------- serve
+
+
+def _add_serve_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, nargs="?", default=None,
+                        help="run directory whose model.json shapes the model (default: runs/tiny), random weights")
+    parser.add_argument("--clients", default="1,4,16", help="clients at once, one level each (default: %(default)s)")
+    parser.add_argument("--requests", type=int, default=8, help="streamed requests per client (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: %(default)s)")
+    parser.add_argument("--max-batch", type=int, default=16, help="serve.py --max-batch (default: %(default)s)")
+
+
+def _run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.serve: serve.py's tokens/s and time to first token with several clients at once."""
+    from bench import serve
+
+    clients = [int(c) for c in _csv(args.clients, "--clients", None)]
+    if min(args.requests, args.max_tokens, args.max_batch) < 1:
+        raise BenchError("--requests, --max-tokens and --max-batch must be >= 1")
+    return serve.bench_serve(serve.load_cfg(args.run), clients=clients, requests=args.requests,
+                             max_tokens=args.max_tokens, max_batch=args.max_batch)
+
+
 # ----------------------------------------------------------------------------- tokenize
 
 
@@ -304,6 +328,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                  _run_tokenize),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
             _run_gpu),
+    "serve": ("serve.py's tokens/s and time to first token with 1, 4 and 16 streaming clients at once",
+              _add_serve_args, _run_serve),
 }
 
 

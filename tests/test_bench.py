@@ -414,3 +414,19 @@ def test_gemv_forms_compute_the_same_product(tmp_path: Path, capsys: pytest.Capt
             assert row["max_err"] is not None and row["max_err"] < 1e-4, row
     assert "bfloat16 dot, 2 rows (YNNPACK)" in capsys.readouterr().out
     assert cli.main(["gemv", "--shapes", "768"]) == 2 and "768" in capsys.readouterr().err
+
+
+@SLOW  # a benchmark run end to end: serve.py in a process of its own
+def test_serve_benchmark_streams_every_level_and_stops_the_server(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "s", TINY_MODEL, TINY_TRAIN)
+    out = tmp_path / "serve.json"
+    assert cli.main(["serve", str(run), "--clients", "1,2", "--requests", "1", "--max-tokens", "4", "--max-batch",
+                     "2", "--json", str(out)]) == 0  # it raises if serve.py does not exit 0 on SIGTERM
+    figures = json.loads(out.read_text())
+    assert [(lv["clients"], lv["requests"]) for lv in figures["levels"]] == [(1, 1), (2, 2)]
+    for lv in figures["levels"]:
+        assert 0 <= lv["tokens"] <= 4 * lv["requests"] and lv["ttft_p99_ms"] >= lv["ttft_p50_ms"] > 0
+    assert "TTFT p50" in capsys.readouterr().out
+    assert cli.main(["serve", str(run), "--max-tokens", "40"]) == 2  # the prompts + 40 tokens exceed the context
+    assert "context_length=32" in capsys.readouterr().err

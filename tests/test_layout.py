@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import ROOT
 
 ENTRY_POINTS = {"train", "model", "data", "checkpointing", "charts", "download_dataset", "evaluate", "import_gpt2",
-                "convert_hf", "chat", "judge",
+                "convert_hf", "chat", "judge", "serve",
                 "test_generation", "test_a_to_a"}
 CPU_ONLY = ("jaxgpt.cpu", "jaxgpt.ops.cpu")
 
@@ -88,8 +88,8 @@ def test_the_root_holds_the_entry_points_and_the_rest_is_in_the_package() -> Non
     assert {p.stem for p in ROOT.glob("*.py")} == ENTRY_POINTS
     assert len(ENTRY_POINTS) <= 15
     folders = {p.name for p in (ROOT / "jaxgpt").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == {"chat", "checkpoints", "cpu", "data", "distributed", "evaluation", "model", "ops", "tracking",
-                       "training"}
+    assert folders == {"chat", "checkpoints", "cpu", "data", "distributed", "evaluation", "model", "ops", "serving",
+                       "tracking", "training"}
     assert all((ROOT / "jaxgpt" / f / "__init__.py").is_file() for f in folders)
 
 
@@ -161,14 +161,15 @@ cfg = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_dim
 abstract_model(cfg, select(cfg, "gpu"))
 print(json.dumps(sorted(m for m in sys.modules if m.startswith({CPU_ONLY!r}))))
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 def test_files_and_functions_stay_readable_sizes() -> None:
     """No project file over 600 lines and no function over 60 (tests aside)."""
-    for name, path in modules().items():
+    for path in modules().values():
         text = path.read_text()
         assert text.count("\n") <= 600, (path, text.count("\n"))
         for node in ast.walk(ast.parse(text)):

@@ -254,6 +254,8 @@ def filter_logits(logits: np.ndarray, top_k: int | None = None, top_p: float | N
     >= top_p; the most likely token is always kept.
     """
     out = np.array(logits, dtype=np.float64)
+    if (top_k is None or top_k >= out.size) and (top_p is None or top_p >= 1.0):
+        return out  # nothing to filter: no sort (GPT-2's 50,257 logits take milliseconds to sort)
     order = np.argsort(-out, kind="stable")  # most likely first, ties by lower id
     if top_k is not None and top_k < out.size:
         out[order[top_k:]] = -np.inf

@@ -1,0 +1,338 @@
+"""The HTTP side of serve.py: a FastAPI app speaking the OpenAI API over the engine, run by uvicorn.
+
+    served = load(Path("runs/tiny"), model_name=None, max_batch=16, max_queue=64)   # the model, once
+    run(served, sock, api_key=None)                                                   # until SIGTERM / Ctrl-C
+
+Endpoints (docs/serving.md has the parameters):
+    GET  /health, /healthz          no key needed: {"status": "ok", the engine's queue and counters}
+    GET  /v1/models, /v1/models/ID  the one model served
+    POST /v1/completions            text completion, OpenAI's legacy API (echo + logprobs: lm-eval)
+    POST /v1/chat/completions       the checkpoint's chat template; refused for a base model
+    POST /tokenize, /detokenize, GET /tokenizer_info   vLLM's tokenizer endpoints (lm-eval's
+                                    tokenizer_backend=remote tokenizes with the server's own tokenizer)
+
+With an API key every endpoint but /health needs `Authorization: Bearer KEY` (401 otherwise).
+Every error is OpenAI's error object with one clear message; a full queue is a 503 with
+Retry-After. The route handlers only check, submit and format: the model runs on the engine's
+thread (engine.py), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
+from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer
+from jaxgpt.serving import protocol as p
+from jaxgpt.serving import responses as r
+from jaxgpt.serving.engine import Engine, Job, Piece, QueueFull
+from jaxgpt.serving.text import encode_with_specials
+
+log = logging.getLogger("jaxgpt.serving")
+OPEN_PATHS = frozenset({"/health", "/healthz"})  # answered without the API key (load balancers, tests)
+RETRY_AFTER_S = 1  # what a 503 tells a client to wait
+GRACE_S = 30  # on SIGTERM / Ctrl-C, how long requests in flight may run on before they are cancelled
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model being served and what the endpoints need of it."""
+
+    name: str
+    where: str  # the checkpoint folder
+    tok: Tokenizer
+    template: ChatTemplate | None  # None: a base model, no chat
+    context: int
+    engine: Engine
+
+
+def load(path: Path, *, model_name: str | None, max_batch: int, max_queue: int) -> Served:
+    """The checkpoint (a run dir, checkpoint folder or latest/best link) loaded once, its chat template
+    read, the engine built (not started). Raises the loaders' one-line errors."""
+    from jaxgpt.checkpoints.store import load_model  # JAX starts here, after serve.py's checks
+
+    model, cfg, tok, ckpt = load_model(path)
+    template = read_template(ckpt)
+    if template is not None:
+        template.check(tok)
+    engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue)
+    return Served(model_name or _run_name(path, ckpt), str(ckpt), tok, template, cfg.context_length, engine)
+
+
+def _run_name(path: Path, ckpt: Path) -> str:
+    """The default model name: the run's folder name (runs/<name>), whichever of its folders was given."""
+    if path.resolve() != ckpt.resolve() and path.name not in ("latest", "best"):
+        return path.resolve().name  # a run dir
+    ckpt = ckpt.resolve()
+    return ckpt.parent.parent.name if ckpt.parent.name == "checkpoints" else ckpt.parent.name
+
+
+# ----------------------------------------------------------------------------- errors and auth
+
+
+def _error(e: p.APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _install_errors(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: ours, pydantic's (a 400 naming the field), unknown routes."""
+
+    @app.exception_handler(p.APIError)
+    async def api_error(_request: Request, e: p.APIError) -> JSONResponse:
+        return _error(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        # A union's errors name the member tried (prompt.str, prompt.list[int]): name the field only.
+        param = ".".join(x for x in loc if not x.startswith(("str", "list[", "int", "dict[", "float")))
+        message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
+        if first.get("type") == "extra_forbidden":
+            message = f"{param}: unknown parameter (not part of this endpoint's API)"
+        elif first.get("type") == "json_invalid":
+            message, param = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})", ""
+        return _error(p.APIError(400, message, param=param or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, e: StarletteHTTPException) -> JSONResponse:
+        message = f"{e.detail}: no such endpoint" if e.status_code == 404 else str(e.detail)
+        return _error(p.APIError(e.status_code, message))
+
+
+def _install_auth(app: FastAPI, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        if request.url.path in OPEN_PATHS:
+            return await call_next(request)
+        given = request.headers.get("authorization")
+        if given is None:
+            return _error(p.APIError(401, "No API key provided: send the header `Authorization: Bearer KEY` "
+                                          "(serve.py --api-key)", code="invalid_api_key"))
+        if not hmac.compare_digest(given.encode(), expected):  # compare in constant time
+            return _error(p.APIError(401, "Incorrect API key provided", code="invalid_api_key"))
+        return await call_next(request)
+
+
+# ----------------------------------------------------------------------------- running a job
+
+
+def _submit(served: Served, choices: list[Any]) -> Job:
+    job = Job(asyncio.get_running_loop(), choices)
+    try:
+        served.engine.submit(job)
+    except QueueFull as e:
+        raise p.APIError(503, f"The server is busy ({e}); retry in {RETRY_AFTER_S} s", kind="server_error",
+                         code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    return job
+
+
+async def _collect(job: Job) -> r.Answers:
+    """The whole answers of a request that is not streamed."""
+    out = r.Answers(len(job.choices))
+    try:
+        async for piece in job.pieces():
+            out.add(piece)
+    except RuntimeError as e:
+        raise p.APIError(500, str(e), kind="server_error") from None
+    finally:
+        job.cancelled = True  # a cancelled task (shutdown, client gone) frees its rows; no-op once done
+    return out
+
+
+def _sse(job: Job, chunks: Callable[[Piece], list[dict[str, Any]]],
+         tail: Callable[[int], list[dict[str, Any]]]) -> StreamingResponse:
+    """Server-sent events as OpenAI streams them: `data: {chunk}` per piece, `tail(completion
+    tokens)`'s chunks, then `data: [DONE]`. A failure mid-stream is sent as an error event."""
+    async def events() -> AsyncIterator[str]:
+        generated = 0
+        try:
+            async for pieces in job.batches():  # the pieces waiting: one write, however many events
+                generated += sum(piece.completion_tokens for piece in pieces)
+                yield "".join(f"data: {json.dumps(chunk)}\n\n" for piece in pieces for chunk in chunks(piece))
+            for chunk in tail(generated):
+                yield f"data: {json.dumps(chunk)}\n\n"
+        except RuntimeError as e:
+            yield f"data: {json.dumps(p.APIError(500, str(e), kind='server_error').body())}\n\n"
+        finally:
+            job.cancelled = True  # the client went away (Starlette cancels this generator): free the rows
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# ----------------------------------------------------------------------------- the endpoints
+
+
+def _install_completions(app: FastAPI, served: Served) -> None:
+    tok = served.tok
+
+    @app.post("/v1/completions")
+    async def completions(body: p.CompletionRequest) -> Any:
+        p.check_model(body.model, served.name)
+        choices, prompt_tokens = p.completion_choices(body, tok, served.context)
+        job = _submit(served, choices)
+        meta = r.Meta.new("cmpl", served.name)
+        logprobs = body.logprobs is not None
+        if not body.stream:
+            # A JSONResponse as it is: FastAPI would walk a long logprobs list through jsonable_encoder first.
+            return JSONResponse(r.completion_response(meta, await _collect(job), prompt_tokens, tok, logprobs))
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        return _sse(job, lambda piece: [r.completion_chunk(meta, piece, tok, logprobs)],
+                    lambda n: [r.usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [])
+
+
+def _chat_chunks(meta: r.Meta, piece: Piece, tok: Tokenizer, logprobs: bool) -> list[dict[str, Any]]:
+    """A piece as chat chunks: its text (with its tokens' logprobs), then the finish if it is the last."""
+    out = []
+    if piece.text or (logprobs and piece.logprobs):
+        out.append(r.chat_chunk(meta, piece.index, {"content": piece.text},
+                                logprobs=r.chat_logprobs(piece.logprobs, tok) if logprobs else None))
+    if piece.finish_reason is not None:
+        out.append(r.chat_chunk(meta, piece.index, {}, piece.finish_reason))
+    return out
+
+
+def _install_chat(app: FastAPI, served: Served) -> None:
+    tok = served.tok
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: p.ChatRequest) -> Any:
+        p.check_model(body.model, served.name)
+        if served.template is None:
+            raise p.APIError(400, f"{served.name} is a base model (no chat template: it was not fine-tuned on "
+                                  f"conversations); use /v1/completions for plain text", param="messages",
+                             code="no_chat_template")
+        choices, prompt_tokens = p.chat_choices(body, tok, served.template, served.context)
+        job = _submit(served, choices)
+        meta = r.Meta.new("chatcmpl", served.name)
+        if not body.stream:
+            return JSONResponse(r.chat_response(meta, await _collect(job), prompt_tokens, tok, body.logprobs))
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        opening = [r.chat_chunk(meta, c.index, {"role": "assistant", "content": ""}) for c in choices]
+        first = iter([opening])  # the role before anything else, once per choice
+
+        def chunks(piece: Piece) -> list[dict[str, Any]]:
+            return next(first, []) + _chat_chunks(meta, piece, tok, body.logprobs)
+
+        return _sse(job, chunks,
+                    lambda n: [r.usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else [])
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True  # accepted as vLLM's; our tokenizers add no special tokens to text
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: str | None = None
+    tokens: list[int]
+
+
+def _install_tokenizer(app: FastAPI, served: Served) -> None:
+    """vLLM's tokenizer endpoints, as lm-eval's RemoteTokenizer calls them."""
+    tok = served.tok
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        if (body.prompt is None) == (body.messages is None):
+            raise p.APIError(400, "give either prompt (text) or messages (a conversation)", param="prompt")
+        if body.messages is not None:
+            if served.template is None:
+                raise p.APIError(400, f"{served.name} is a base model (no chat template)", param="messages")
+            try:
+                ids = served.template.prompt(tok, body.messages)
+            except TemplateError as e:
+                raise p.APIError(400, f"messages: {e}", param="messages") from None
+        else:
+            ids = encode_with_specials(tok, body.prompt)
+        return {"count": len(ids), "max_model_len": served.context, "tokens": ids,
+                "token_strs": [tok.decode([t]) for t in ids] if body.return_token_strs else None}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        bad = [t for t in body.tokens if not 0 <= t < tok.n_vocab]
+        if bad:
+            raise p.APIError(400, f"token id {bad[0]} is out of range 0..{tok.n_vocab - 1}", param="tokens")
+        return {"prompt": tok.decode(body.tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        return {"tokenizer_class": tok.name, "eos_token": EOT_TEXT, "bos_token": None, "pad_token": None,
+                "model_max_length": served.context, "vocab_size": tok.n_vocab,
+                "chat_template": served.template.jinja() if served.template is not None else None}
+
+
+def create_app(served: Served, api_key: str | None = None) -> FastAPI:
+    """The app over a started engine; it stops the engine when uvicorn shuts down."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(served.engine.stop)  # after uvicorn has let the requests in flight end
+
+    app = FastAPI(title="jaxgpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    _install_errors(app)
+    _install_auth(app, api_key)
+
+    @app.get("/health")
+    @app.get("/healthz")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": served.name, **served.engine.status()}
+
+    model = {"id": served.name, "object": "model", "created": 0, "owned_by": "jaxgpt",
+             "max_model_len": served.context, "root": served.where}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model]}
+
+    @app.get("/v1/models/{name:path}")
+    async def one_model(name: str) -> dict[str, Any]:
+        p.check_model(name, served.name)
+        return model
+
+    _install_completions(app, served)
+    _install_chat(app, served)
+    _install_tokenizer(app, served)
+    return app
+
+
+def run(served: Served, sock: socket.socket, api_key: str | None) -> None:
+    """Serve on a bound socket until SIGTERM or Ctrl-C: uvicorn stops accepting, lets the requests
+    in flight finish (GRACE_S, then cancels them), and the engine thread ends; returns normally."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(served, api_key), log_level="info", timeout_graceful_shutdown=GRACE_S)
+    # uvicorn re-raises the signal it stopped on once it has shut down, with the handlers that were
+    # there before it started: with Python's defaults a SIGTERM would then kill the process (exit
+    # -15) and a Ctrl-C raise KeyboardInterrupt. Handlers that do nothing make the shutdown an exit 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _sig, _frame: None)
+    uvicorn.Server(config).run(sockets=[sock])
