@@ -22,12 +22,12 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from jaxgpt import backend, caches
 from jaxgpt.config import ConfigError
 from jaxgpt.data.prepare import default_data_root
-from jaxgpt.stopping import StopFlag
+from jaxgpt.stopping import REPEAT_S, StopFlag
 from jaxgpt.training.run import INPUT_ERRORS, Run, TrainingError, prepare_run
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if pid is None:
         raise ConfigError("multi-process run: give --process-id (or JAX_PROCESS_ID)")
-    return dict(coordinator_address=coordinator, num_processes=n, process_id=pid)
+    return {"coordinator_address": coordinator, "num_processes": n, "process_id": pid}
 
 
 MIN_PEER_TIMEOUT = 5  # seconds: JAX sends heartbeats at a fraction of the timeout; less is noise
@@ -121,7 +121,8 @@ def _prepare_in_cluster(args: argparse.Namespace) -> Run:
 # ----------------------------------------------------------------------------- entry point
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, stop_repeat_s: float = REPEAT_S) -> int:
+    """argv: the command line's arguments; stop_repeat_s: StopFlag's repeat_s (signals that soon are one request)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     peers: Peers | None = None
-    with StopFlag() as stop:  # from the start: a stop request during set-up or compiling counts
+    with StopFlag(repeat_s=stop_repeat_s) as stop:  # from the start: a stop request during set-up or compiling counts
         try:
             cluster = _cluster(args)
             if cluster is None:
@@ -186,12 +187,18 @@ def main(argv: list[str] | None = None) -> int:
 exit_at_once = False
 
 
-if __name__ == "__main__":
+def script(stop_repeat_s: float = REPEAT_S) -> NoReturn:
+    """What `python train.py` runs: main() on sys.argv, then the exit (os._exit where exit_at_once).
+    stop_repeat_s: main's (a test starts `python -c "import train; train.script(0)" ...`)."""
     backend.prepare_process()  # on the CPU: restarts once with huge-page malloc where that helps
-    code = main()
+    code = main(stop_repeat_s=stop_repeat_s)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: a late Ctrl-C must not print a traceback
     if exit_at_once:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    script()

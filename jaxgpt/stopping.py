@@ -6,7 +6,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
+
+REPEAT_S = 2.0  # signals this soon after the first stop request are copies of it (StopFlag)
 
 
 class StopFlag:
@@ -14,27 +16,28 @@ class StopFlag:
 
     One request often arrives more than once: a signal to the process group (a job scheduler,
     systemd, a container stop, `kill -INT -- -PGID`) reaches both `uv` and python, and uv
-    forwards its copy too. So every signal within REPEAT_S of the first is the same request, and
+    forwards its copy too. So every signal within repeat_s (2 s) of the first is the same request, and
     SIGTERM never aborts (SLURM and Kubernetes send SIGTERM, then SIGKILL after a grace period:
     the checkpoint is the point). Only a later, distinct SIGINT (a second Ctrl-C, on purpose)
     aborts at once, raising KeyboardInterrupt. Installed by train.py before anything else runs,
     so a request during set-up or compilation is kept for the loop to honour.
     """
 
-    REPEAT_S = 2.0
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, repeat_s: float = REPEAT_S) -> None:
+        """clock: seconds (monotonic); repeat_s: how long after the first request a signal is still a
+        copy of it (a test passes its own clock, or 0 to abort on any second Ctrl-C)."""
         self.requested = self.aborted = False
         self._clock = clock
+        self._repeat_s = repeat_s
         self._first: float | None = None
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> StopFlag:
+    def __enter__(self) -> Self:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
 
@@ -49,6 +52,6 @@ class StopFlag:
             self._first, self.requested = now, True
             print(f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
                   f"(Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
-        elif signum == signal.SIGINT and now - self._first > self.REPEAT_S:
+        elif signum == signal.SIGINT and now - self._first > self._repeat_s:
             self.aborted = True  # whatever becomes of the KeyboardInterrupt in native code on its way up
             raise KeyboardInterrupt

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     sys.dont_write_bytecode = False
     atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
 
-from jaxgpt import caches  # noqa: E402  (after JAXGPT_CACHE_DIR: it decides where the cache lives)
+from jaxgpt import caches
 
 caches.enable_compile_cache()
 
@@ -67,6 +69,15 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
     prepare_dataset("builtin", "bytes", root, log=lambda _msg: None)
     return root
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every download fails at once, as on a machine without network: urllib's connection refused."""
+    def refused(url: object, *args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", refused)
 
 
 def wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout: float = 600) -> None:

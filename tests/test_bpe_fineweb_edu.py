@@ -108,11 +108,12 @@ def test_the_validation_text_would_be_learned_if_trained_on(tmp_path: Path) -> N
     assert learned_from_validation(vocab)
 
 
-def test_compression_on_the_validation_shard(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compression_on_the_validation_shard(src: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
-    limit = sum(map(len, VAL_DOCS[:10]))
-    monkeypatch.setattr(bpe, "EDU_VAL_CHARS", limit)  # the first 10 documents hold exactly the cap
-    assert train(root, src) == 0
+    limit = sum(map(len, VAL_DOCS[:10]))  # the first 10 documents hold exactly the cap
+    folder = bpe.train_tokenizer("edu", "fineweb-edu", root, vocab_size=VOCAB, from_path=src, log=lambda _m: None,
+                                 options={"max_chars": max_chars(), "doc_cap": DOC_CAP}, edu_val_chars=limit)
+    assert folder == root / "tokenizers" / "edu"
     meta = json.loads((root / "tokenizers" / "edu" / "meta.json").read_text())
     hf = HFTokenizer.from_file(str(root / "tokenizers" / "edu" / "tokenizer.json"))
     docs = VAL_DOCS[:10]

@@ -1,5 +1,6 @@
-"""Run configuration: every bad file fails early with one line naming the file, key and value;
-valid files resolve their defaults; the shipped runs load."""
+"""Run configuration: every bad file fails early with one line naming the file, key and value (the
+architecture options' impossible combinations among them); valid files resolve their defaults. (The
+shipped runs: test_shipped_runs.py.)"""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from jaxgpt.config import (
     ModelConfig,
     MuonConfig,
     TrainConfig,
+    from_json,
     load_run_configs,
     to_dict,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = {"architecture": "gpt2", "vocab_size": 64, "context_length": 16, "emb_dim": 32,
          "n_heads": 4, "n_layers": 2}
@@ -222,6 +222,47 @@ def test_nested_value_error_names_the_file_once(tmp_path: Path) -> None:
     assert str(info.value) == f"{run_dir / 'train.json'}: mesh: model=0 must be > 0"
 
 
+# ----------------------------------------------------------------------------- the architecture options
+
+ARCH = {"architecture": "gpt2", "vocab_size": 61, "context_length": 16, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
+        "qkv_bias": False, "drop_rate": 0.0, "tie_embeddings": False}
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"logit_softcap": 0.0}, r"^model.json: logit_softcap=0.0 must be > 0"),
+    ({"logit_softcap": -3.0}, r"^model.json: logit_softcap=-3.0 must be > 0"),
+    ({"rope_base": 500.0}, (r"^model.json: rope_base=500.0 is the rotary base, but positions='learned' asks for a "
+                            r"learned position table")),
+    ({"positions": "rotary", "rope_base": 0.0}, r"rope_base=0.0 must be > 0"),
+    ({"positions": "rotary", "emb_dim": 36, "n_heads": 4}, r"head size emb_dim / n_heads = 36 / 4 = 9 must be even"),
+    ({"n_kv_heads": 3}, r"^model.json: n_kv_heads=3 must divide n_heads=4"),
+    ({"n_kv_heads": 0}, r"^model.json: n_kv_heads=0 must be > 0"),
+    ({"window_pattern": "SXL"}, r"^model.json: window_pattern='SXL' must be a string of 'S'"),
+    ({"window_pattern": ""}, r"^model.json: window_pattern='' must be a string of 'S'"),
+    ({"short_window": 4}, (r"^model.json: short_window=4 is the window of the 'S' layers of window_pattern, which is "
+                           r"null; set window_pattern")),
+    ({"window_pattern": "SL", "short_window": 17}, r"^model.json: short_window=17 must be in 1..context_length=16"),
+    ({"unet_skips": True, "n_layers": 1}, r"^model.json: unet_skips=true joins the first half .* n_layers=1"),
+    ({"architecture": "a-to-a", "value_embeds": True}, r"^model.json: value_embeds=True needs architecture 'gpt2'"),
+])
+def test_bad_architecture_options_are_one_line_errors(kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as e:
+        ModelConfig(**{**ARCH, **kw})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"n_layers": 1, "logit_softcap": 0}, "logit_softcap=0.0 must be > 0"),
+    ({"n_layers": 2, "n_kv_heads": 3}, "n_kv_heads=3 must divide n_heads=4"),
+], ids=["softcap", "kv-heads"])
+def test_a_bad_architecture_option_in_a_file_names_the_file(tmp_path: Path, kw: dict, match: str) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"architecture": "gpt2", "vocab_size": 61, "context_length": 16, "emb_dim": 32,
+                                "n_heads": 4, **kw}))
+    with pytest.raises(ConfigError, match=rf"^{path}: {match}"):
+        from_json(ModelConfig, path)
+
+
 # ----------------------------------------------------------------------------- valid configs
 
 
@@ -301,34 +342,6 @@ def test_optional_fields_accept_null_and_valid_values(tmp_path: Path) -> None:
     assert model.architecture == "a-to-a" and model.n_layers == 0  # no n_layers/divisibility rule
     assert train.sequence_length is None and train.batch_size == 8 and train.validation_interval == 5
     assert (train.targets, train.tokenizer, train.warmup_percent) == ("same", "gpt2", 100.0)
-
-
-# ----------------------------------------------------------------------------- shipped runs
-
-
-RUN_DIRS = sorted(p for p in (ROOT / "runs").glob("*/") if p.is_dir())
-
-
-@pytest.mark.parametrize("run_dir", RUN_DIRS, ids=[p.name for p in RUN_DIRS])
-def test_shipped_runs_load(run_dir: Path) -> None:
-    if not any((run_dir / f).exists() for f in ("model.json", "train.json")):
-        pytest.skip(f"{run_dir.name}: no config files (not a run)")
-    model, train = load_run_configs(run_dir)
-    # What was written is what was loaded (no key silently dropped or altered).
-    for cfg, name in ((model, "model.json"), (train, "train.json")):
-        raw = json.loads((run_dir / name).read_text())
-        resolved = to_dict(cfg)
-        for key, value in raw.items():
-            if isinstance(value, dict) and key != "options":  # a nested config: defaults filled in
-                assert {k: resolved[key][k] for k in value} == value, (name, key)
-            else:
-                assert resolved[key] == value, (name, key)
-    assert train.total_steps(model, rows_per_epoch=train.sequences_per_step) >= 1  # rows: for train_epochs
-
-
-def test_known_runs_are_shipped() -> None:
-    names = {p.name for p in RUN_DIRS}
-    assert {"a-to-a", "a-to-a-gpt2"} <= names
 
 
 def test_the_tokenizer_default_is_download_datasets_for_the_source() -> None:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from conftest import SLOW, write_run
 from flax import nnx
+from model_reference import randomise
 from tensorboard.backend.event_processing import event_accumulator
 from test_hellaswag import gpt2_tok
-from test_model import randomise
 
 import evaluate
 from jaxgpt.checkpoints import layout
@@ -30,7 +30,8 @@ from jaxgpt.evaluation import core, core_bundle, scoring
 from jaxgpt.model.gpt import build_model
 from jaxgpt.tracking import metrics
 
-WORDS = "the cat dog sat ran on a mat hill over under bright red blue quick slow".split()
+WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "over", "under", "bright", "red", "blue", "quick",
+         "slow"]
 
 # core.yaml in the bundle's form: a task of each kind, few-shot > 0 on two of them, a delimiter of
 # its own on the language-modeling one (nanochat's jeopardy-like "\nAnswer: ").
@@ -491,24 +492,21 @@ def test_caps_model_limits_and_missing_paths_are_one_line(tmp_path: Path, bundle
         core.prepare(tasks, BytesTokenizer(), context_length=64, vocab_size=100)
 
 
-def test_download_once_checked_and_offline_one_line(tmp_path: Path, bundle: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_once_checked_and_offline_one_line(tmp_path: Path, bundle: Path) -> None:
     downloads = tmp_path / "downloads"
     zipped = zip_bundle(bundle, tmp_path / "upstream.zip")
-    monkeypatch.setattr(core_bundle, "BUNDLE_URL", "http://127.0.0.1:9/eval_bundle.zip")  # a closed port
     with pytest.raises(core_bundle.CoreError, match=r"cannot download http://127.0.0.1:9/eval_bundle.zip .*"
                                                     r"put it at .*eval_bundle.zip, or pass --core-from"):
-        core_bundle.fetch_bundle(downloads, log=lambda _m: None)
+        core_bundle.fetch_bundle(downloads, log=lambda _m: None, url="http://127.0.0.1:9/eval_bundle.zip")  # closed
     assert list(downloads.iterdir()) == []
-    monkeypatch.setattr(core_bundle, "BUNDLE_URL", zipped.as_uri())  # file:// through the same urllib path
-    path = core_bundle.fetch_bundle(downloads, log=lambda _m: None)
+    path = core_bundle.fetch_bundle(downloads, log=lambda _m: None, url=zipped.as_uri())  # file://, through urllib
     assert path == downloads / "eval_bundle.zip" and path.read_bytes() == zipped.read_bytes()
     assert core_bundle.read_tasks(path) == core_bundle.read_tasks(bundle)
-    monkeypatch.setattr(core_bundle, "BUNDLE_URL", "http://127.0.0.1:9/x")
-    assert core_bundle.fetch_bundle(downloads) == path  # once: no network the second time
+    closed = "http://127.0.0.1:9/x"
+    assert core_bundle.fetch_bundle(downloads, url=closed) == path  # once: no network the second time
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(core_bundle.CoreError, match="sha256 differs from the one recorded"):
-        core_bundle.fetch_bundle(downloads)
+        core_bundle.fetch_bundle(downloads, url=closed)
 
 
 # ----------------------------------------------------------------------------- training and evaluate.py
@@ -528,17 +526,15 @@ def data_dir_with(tmp_path: Path, data_root: Path, bundle_zip: Path | None) -> P
     return root
 
 
-def test_training_checks_the_bundle_before_compiling(tmp_path: Path, data_root: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
+def test_training_checks_the_bundle_before_compiling(tmp_path: Path, data_root: Path, no_network: None,
                                                      capsys: pytest.CaptureFixture) -> None:
     import train
 
-    monkeypatch.setattr(core_bundle, "BUNDLE_URL", "http://127.0.0.1:9/eval_bundle.zip")
     run = write_run(tmp_path / "run", MODEL, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2,
                                                "core_interval": 2})
     assert train.main([str(run), "--data-dir", str(data_dir_with(tmp_path, data_root, None))]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot download http://127.0.0.1:9/eval_bundle.zip" in err
+    assert err.count("\n") == 1 and f"cannot download {core_bundle.BUNDLE_URL} (" in err
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").iterdir())
     with pytest.raises(ConfigError, match="core_interval=3 must be a multiple of validation_interval=2"):
         TrainConfig(microbatch_size=2, train_steps=4, checkpoint_interval=2, core_interval=3)
@@ -586,11 +582,11 @@ def test_training_with_core_interval_then_evaluate(tmp_path: Path, data_root: Pa
     for label, t in tasks.items():
         line = next(x for x in out.splitlines() if x.startswith(label + " "))
         assert f"accuracy {t['accuracy']:.4f} | centered {t['centered']:.4f}  (5 of " in line, line
-    assert re.search(rf"^CORE {meta['core'][0]['CORE']:.4f} \(examples capped per task", out, re.M), out
+    assert re.search(rf"^CORE {meta['core'][0]['CORE']:.4f} \(examples capped per task", out, re.MULTILINE), out
     # Uncapped: the whole fixture bundle, said without the note.
     assert evaluate.main([str(run), "--core-from", str(bundle.parent)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^CORE -?\d\.\d{4}$", out, re.M) and "(9 of 9 examples" in out
+    assert re.search(r"^CORE -?\d\.\d{4}$", out, re.MULTILINE) and "(9 of 9 examples" in out
     # A bad bundle through the command line: one line on stderr.
     (bundle / "eval_meta_data.csv").write_text(META_CSV.replace("mc_task,", "x,"))
     assert evaluate.main([str(run), "--core-from", str(bundle)]) == 2

@@ -13,6 +13,7 @@ repeats.
 from __future__ import annotations
 
 import ast
+import csv
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -261,6 +262,18 @@ def test_no_reference_page_carries_a_dated_measurement():
     problems = [p for path in markdown_files() if path != LOG for p in dated_measurements(path)]
     assert not problems, ("dated measurements in reference pages (move them to docs/log.md and link "
                           "to it):\n" + "\n".join(problems))
+
+
+def test_every_log_table_is_a_csv_linked_from_its_entry():
+    """docs/log/*.csv, the log's long tables: each is linked from docs/log.md and has a header row
+    and rows of its length."""
+    linked = {(LOG.parent / unquote(t.partition("#")[0])).resolve() for t in relative_links(LOG)}
+    for path in sorted((DOCS / "log").glob("*.csv")):
+        where = path.relative_to(ROOT)
+        assert path.resolve() in linked, f"{where} is not linked from docs/log.md"
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f))
+        assert len(rows) > 1 and all(len(r) == len(rows[0]) for r in rows), f"{where}: ragged or empty"
 
 
 def test_the_watching_page_lists_every_tag_the_run_records():

@@ -91,18 +91,16 @@ def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
     write_corpus(tmp_path / "corpus", gpt2=tokenizer == "gpt2")
     # Small chunks on 4 threads (whatever this machine has), several shards per split cut inside
     # documents: the order, the routing of each document to its split and the cuts are all exercised.
-    monkeypatch.setattr(encode, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(encode, "default_workers", lambda: 4)
-    monkeypatch.setattr(prepare, "SHARD_TOKENS", 5_000 if tokenizer == "gpt2" else 20_000)
-    monkeypatch.setattr(prepare, "ONE_READ_BYTES", 10**9 if reads == 1 else 1000)
+    shard_tokens = 5_000 if tokenizer == "gpt2" else 20_000
     calls = []
     read_documents = sources.read_documents
     monkeypatch.setattr(sources, "read_documents", lambda files, *args: calls.append(1) or read_documents(files, *args))
     path = prepare.prepare_dataset("text", tokenizer, tmp_path / "data",
                                    options={"paths": [str(tmp_path / "corpus")], "validation_fraction": 0.1},
-                                   log=lambda _msg: None)
+                                   log=lambda _msg: None, chunk_bytes=2048, workers=4, shard_tokens=shard_tokens,
+                                   one_read_bytes=10**9 if reads == 1 else 1000)
     assert len(calls) == reads
-    expected = reference_shards(tmp_path / "corpus", tokenizer, 0.1, prepare.SHARD_TOKENS)
+    expected = reference_shards(tmp_path / "corpus", tokenizer, 0.1, shard_tokens)
     manifest = open_dataset(path, verify=True).manifest
     for split, shards in expected.items():
         assert len(shards) >= 2, split  # the cut happens in both splits
@@ -134,18 +132,17 @@ class FirstChunkLast(BytesTokenizer):
         return out
 
 
-def test_documents_come_back_in_order_whatever_finishes_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode, "CHUNK_DOCUMENTS", 3)
+def test_documents_come_back_in_order_whatever_finishes_first() -> None:
     docs = [f"{i} document number {i} " + "é" * (i % 7) for i in range(40)]
-    one = list(prepare.tokenize_documents(BytesTokenizer(), docs, workers=1))
+    one = list(prepare.tokenize_documents(BytesTokenizer(), docs, workers=1, chunk_documents=3))
     late = FirstChunkLast()
-    four = list(prepare.tokenize_documents(late, docs, workers=4))
+    four = list(prepare.tokenize_documents(late, docs, workers=4, chunk_documents=3))
     assert late.order.index(0) > late.order.index(9)  # the first chunk really finished after a later one
     assert len(one) == len(four) == 40
     for doc, a, b in zip(docs, one, four):
         assert a.dtype == b.dtype == np.uint16
         assert a.tolist() == b.tolist() == list(doc.encode()) + [256]
-    no_eot = list(prepare.tokenize_documents(BytesTokenizer(), docs, eot=False, workers=2))
+    no_eot = list(prepare.tokenize_documents(BytesTokenizer(), docs, eot=False, workers=2, chunk_documents=3))
     assert [a.tolist() for a in no_eot] == [list(doc.encode()) for doc in docs]
     assert not pool_threads()
 
@@ -160,32 +157,28 @@ class FailsOn(BytesTokenizer):
         return super().encode_batch(texts)
 
 
-def test_a_tokenizer_error_reaches_the_caller_and_stops_every_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(encode, "CHUNK_DOCUMENTS", 2)
+def test_a_tokenizer_error_reaches_the_caller_and_stops_every_thread() -> None:
     docs = [f"doc {i}" for i in range(200)]
     seen = []
     with pytest.raises(ValueError, match="cannot encode 'doc 57'"):
-        for tokens in prepare.tokenize_documents(FailsOn("doc 57"), docs, workers=3):
-            seen.append(tokens)
+        seen.extend(prepare.tokenize_documents(FailsOn("doc 57"), docs, workers=3, chunk_documents=2))
     assert len(seen) == 56  # every document before the failing chunk, in order
     assert not pool_threads()
     # A consumer that stops early (a writer's error) ends the pool too.
-    stream = prepare.tokenize_documents(BytesTokenizer(), docs, workers=3)
+    stream = prepare.tokenize_documents(BytesTokenizer(), docs, workers=3, chunk_documents=2)
     next(stream)
     stream.close()
     assert not pool_threads()
 
 
-def test_a_malformed_line_mid_corpus_is_the_usual_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                 ) -> None:
+def test_a_malformed_line_mid_corpus_is_the_usual_one_line_error(tmp_path: Path) -> None:
     """Read errors come from the reader, in the caller's thread, as without threads: file:line, nothing written."""
-    monkeypatch.setattr(encode, "CHUNK_BYTES", 512)
     lines = [json.dumps({"text": doc}) for doc in prose(200, seed=3)]
     lines[150] = '{"text": "cut off'
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"bad\.jsonl:151: malformed JSON"):
         prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(tmp_path / "bad.jsonl")]},
-                                log=lambda _msg: None)
+                                log=lambda _msg: None, chunk_bytes=512)
     assert not pool_threads()
     assert not (tmp_path / "data").exists() or not any(p.is_dir() for p in (tmp_path / "data").iterdir())
 
@@ -225,8 +218,7 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
     paragraphs = "\n\n".join(prose(50, seed=4))
     size = 40_000_000 if one_read else prepare.ONE_READ_BYTES + 10_000_000  # seconds of BPE even on many cores
     with open(tmp_path / "big.jsonl", "w") as f:
-        for i in range(max(1, size // len(paragraphs))):
-            f.write(json.dumps({"text": f"{i} {paragraphs}"}) + "\n")
+        f.writelines(json.dumps({"text": f"{i} {paragraphs}"}) + "\n" for i in range(max(1, size // len(paragraphs))))
     data = tmp_path / "data"
     # A shell's background job (CI started with `&`) ignores SIGINT, and Python then installs no
     # KeyboardInterrupt handler: the child gives Ctrl-C its usual meaning before it runs the command.
@@ -245,7 +237,7 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
             assert proc.poll() is None and time.monotonic() < deadline, "never started tokenizing"
             time.sleep(0.002)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130, err

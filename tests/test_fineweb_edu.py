@@ -21,15 +21,17 @@ import pytest
 from conftest import ROOT, SLOW, write_run
 
 import download_dataset as dd
-from jaxgpt.data import fineweb_edu, prepare
+from jaxgpt.data import fineweb_edu
 from jaxgpt.data.fineweb_edu import VAL_FILE, shard_file
 from jaxgpt.data.prepare import FINEWEB_EDU, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import get_tokenizer
 from jaxgpt.training import run as run_setup
 
-WORDS = np.array("the of and a to in is was that for on with as by at from his her an which or be this are were had it "
-                 "learning students school water energy cells history language science théorie über".split())
+WORDS = np.array(["the", "of", "and", "a", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at",
+                  "from", "his", "her", "an", "which", "or", "be", "this", "are", "were", "had", "it", "learning",
+                  "students", "school", "water", "energy", "cells", "history", "language", "science", "théorie",
+                  "über"])
 
 
 def shard_documents(name: str, n_docs: int, words: int) -> list[str]:
@@ -70,12 +72,12 @@ def test_names_match_nanochats_dataset() -> None:
     assert fineweb_edu.N_TRAIN_FILES == 1822
 
 
-def test_prepare_from_folder_reads_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_from_folder_reads_in_place(tmp_path: Path) -> None:
     src = write_shards(tmp_path / "edu", 3)
-    monkeypatch.setattr(prepare, "SHARD_TOKENS", 5000)  # a parquet shard of ~9k bytes: several dataset shards
     root = tmp_path / "data"
     lines: list[str] = []
-    path = prepare_dataset(FINEWEB_EDU, "bytes", root, options={"train_shards": 2}, from_path=src, log=lines.append)
+    path = prepare_dataset(FINEWEB_EDU, "bytes", root, options={"train_shards": 2}, from_path=src, log=lines.append,
+                           shard_tokens=5000)  # a parquet shard of ~9k bytes: several dataset shards
     assert path == root / "fineweb-edu-bytes"
     ds = open_dataset(path, verify=True)
     assert ds.train.read(0, ds.train.n_tokens).tolist() == \
@@ -94,16 +96,16 @@ def test_prepare_from_folder_reads_in_place(tmp_path: Path, monkeypatch: pytest.
     assert sum(line.startswith("tokenized ") for line in lines) == 3
 
 
-def test_shards_by_training_length_and_a_longer_run_adds_only_new_ones(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_by_training_length_and_a_longer_run_adds_only_new_ones(tmp_path: Path) -> None:
     src = write_shards(tmp_path / "edu", 4)
     root = tmp_path / "data"
     per_shard = len(byte_tokens(shard_documents(shard_file(0), 60, 30)))
     next_shard = len(byte_tokens(shard_documents(shard_file(1), 60, 30)))
 
-    def prep(train_tokens: int) -> tuple[dict, list[str]]:
+    def prep(train_tokens: int, **kw: int) -> tuple[dict, list[str]]:
         lines: list[str] = []
-        path = prepare_dataset(FINEWEB_EDU, "bytes", root, train_tokens=train_tokens, from_path=src, log=lines.append)
+        path = prepare_dataset(FINEWEB_EDU, "bytes", root, train_tokens=train_tokens, from_path=src, log=lines.append,
+                               **kw)
         return open_dataset(path).manifest, lines
 
     manifest, _ = prep(per_shard)
@@ -119,8 +121,7 @@ def test_shards_by_training_length_and_a_longer_run_adds_only_new_ones(tmp_path:
     assert (root / "fineweb-edu-bytes" / "train-00000.safetensors").stat().st_ino == before.st_ino  # a hard link
     _, lines = prep(per_shard + 1)
     assert lines[-1] == f"reusing dataset {root / 'fineweb-edu-bytes'} (2 train file(s), manifest matches)"
-    monkeypatch.setattr(fineweb_edu, "N_TRAIN_FILES", 4)  # as if these were all the published shards
-    manifest, lines = prep(10**9)  # more than there is: every shard, and a note
+    manifest, lines = prep(10**9, edu_train_files=4)  # more than the 4 published shards there are: each, and a note
     assert len(manifest["splits"]["train"]["shards"]) == 4
     assert any("it will see the data more than once" in line for line in lines)
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from conftest import SLOW, write_run
 from flax import nnx
+from model_reference import randomise
 from test_import_gpt2 import hf_forward, hf_weights, write_hf
-from test_model import randomise
 
 import evaluate
 from jaxgpt.config import ModelConfig
@@ -25,7 +25,8 @@ from jaxgpt.data.tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
 from jaxgpt.evaluation import hellaswag, scoring
 from jaxgpt.model.gpt import build_model
 
-WORDS = "the man then woman slowly picks up a ball and throws it over fence while dog runs after".split()
+WORDS = ["the", "man", "then", "woman", "slowly", "picks", "up", "a", "ball", "and", "throws", "it", "over", "fence",
+         "while", "dog", "runs", "after"]
 
 
 def fixture_records(n: int = 9) -> list[dict]:
@@ -104,8 +105,8 @@ def assert_same(got: dict, want: dict) -> None:
 
 
 # The modern recipe's options (model.json): the soft-cap in the head, rotary positions in each row.
-MODERN = dict(positions="rotary", norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2", logit_softcap=4.0,
-              tie_embeddings=False, qkv_bias=False, bias=False)
+MODERN = {"positions": "rotary", "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2",
+          "logit_softcap": 4.0, "tie_embeddings": False, "qkv_bias": False, "bias": False}
 
 
 @pytest.mark.parametrize("tok_name,context,options", [pytest.param("gpt2", 128, {}, id="gpt2", marks=SLOW),
@@ -113,8 +114,8 @@ MODERN = dict(positions="rotary", norm="rmsnorm", embed_norm=True, qk_norm=True,
                                                       pytest.param("bytes", 160, MODERN, id="bytes-modern")])
 def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, context: int, options: dict) -> None:
     tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
-    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32,
-                                n_heads=4, n_layers=2, qkv_bias=True, tie_embeddings=True), **options})
+    cfg = ModelConfig(**{"architecture": "gpt2", "vocab_size": tok.n_vocab, "context_length": context, "emb_dim": 32,
+                         "n_heads": 4, "n_layers": 2, "qkv_bias": True, "tie_embeddings": True, **options})
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every ending alike
     examples = hellaswag.read_examples(jsonl)
@@ -179,34 +180,30 @@ def test_malformed_lines_are_one_line_errors_naming_file_and_line(tmp_path: Path
         assert err.count("\n") == 1 and needle in err, err
 
 
-def test_offline_without_a_file_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")  # a closed port
+def test_offline_without_a_file_is_one_line(tmp_path: Path, no_network: None, capsys: pytest.CaptureFixture) -> None:
     run = small_run(tmp_path)
     assert evaluate.main([str(run), "--hellaswag", "--data-dir", str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot download http://127.0.0.1:9/hellaswag_val.jsonl" in err
+    assert err.count("\n") == 1 and f"cannot download {hellaswag.VAL_URL} (" in err
     assert str(tmp_path / "data" / "downloads" / "hellaswag_val.jsonl") in err and "--hellaswag-file" in err
     assert list((tmp_path / "data" / "downloads").iterdir()) == []  # nothing half-written left
 
 
-def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_is_atomic_counted_and_checksummed(tmp_path: Path, jsonl: Path) -> None:
     downloads = tmp_path / "downloads"
-    monkeypatch.setattr(hellaswag, "VAL_URL", jsonl.as_uri())  # file:// through the same urllib path
-    monkeypatch.setattr(hellaswag, "N_VAL", 10)
+    url = jsonl.as_uri()  # file:// through the same urllib path
     with pytest.raises(hellaswag.HellaSwagError, match="9 examples downloaded, expected 10"):
-        hellaswag.fetch_val(downloads, log=lambda _m: None)
+        hellaswag.fetch_val(downloads, log=lambda _m: None, url=url, n_val=10)
     assert list(downloads.iterdir()) == []  # refused: nothing renamed into place
-    monkeypatch.setattr(hellaswag, "N_VAL", 9)
-    path = hellaswag.fetch_val(downloads, log=lambda _m: None)
+    path = hellaswag.fetch_val(downloads, log=lambda _m: None, url=url, n_val=9)
     assert path.read_bytes() == jsonl.read_bytes()
     recorded = (downloads / "hellaswag_val.jsonl.sha256").read_text().split()[0]
     assert recorded == hashlib.sha256(jsonl.read_bytes()).hexdigest()
-    monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/x")
-    assert hellaswag.fetch_val(downloads) == path  # downloaded once: no network the second time
+    closed = "http://127.0.0.1:9/x"  # a closed port
+    assert hellaswag.fetch_val(downloads, url=closed) == path  # downloaded once: no network the second time
     path.write_bytes(path.read_bytes()[:-10])  # truncated afterwards
     with pytest.raises(hellaswag.HellaSwagError, match="sha256 differs from the one recorded"):
-        hellaswag.fetch_val(downloads)
+        hellaswag.fetch_val(downloads, url=closed)
 
 
 def test_vocabulary_too_small_for_the_tokenizer_is_one_line(jsonl: Path) -> None:
@@ -227,13 +224,11 @@ def test_rows_llm_c_style() -> None:
     assert hellaswag.bucket(100, 96) == 96 and math.isclose(hellaswag.N_VAL, 10_042)
 
 
-def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path, data_root: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch,
+def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path, data_root: Path, no_network: None,
                                                                   capsys: pytest.CaptureFixture) -> None:
     import train
     from jaxgpt.config import ConfigError, TrainConfig
 
-    monkeypatch.setattr(hellaswag, "VAL_URL", "http://127.0.0.1:9/hellaswag_val.jsonl")
     model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16, "n_heads": 2,
              "n_layers": 1}
     run = write_run(tmp_path / "run", model, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2,
@@ -244,7 +239,7 @@ def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path
         (downloads / name.name).symlink_to(name)
     assert train.main([str(run), "--data-dir", str(downloads)]) == 2
     err = capsys.readouterr().err
-    assert "cannot download http://127.0.0.1:9/hellaswag_val.jsonl" in err and "Traceback" not in err
+    assert f"cannot download {hellaswag.VAL_URL} (" in err and "Traceback" not in err
     assert not (run / "checkpoints").exists() or not list((run / "checkpoints").iterdir())
     with pytest.raises(ConfigError, match="hellaswag_interval=3 must be a multiple of validation_interval=2"):
         TrainConfig(microbatch_size=2, train_steps=4, checkpoint_interval=2, hellaswag_interval=3)

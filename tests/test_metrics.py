@@ -34,7 +34,7 @@ TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_siz
          "gradient_accumulation_steps": 2, "train_steps": 12, "learning_rate": 0.003,
          "checkpoint_interval": 6, "validation_interval": 3, "validation_batches": 1, "keep_last_checkpoints": 3}
 # Only when asked for: HellaSwag (hellaswag_interval), CORE (core_interval), tokens to target (target_val_loss) and the
-# other parts' rates and momentum of optimizer "muon" (test_muon.py checks those).
+# other parts' rates and momentum of optimizer "muon" (test_muon_update.py checks those).
 WHEN_ASKED = ("hellaswag/", "core/", "target/", "optim/lr_", "optim/muon_")
 PER_STEP = [tag for tag in metrics.TAGS if not tag.startswith(("val/", *WHEN_ASKED))]
 ALWAYS = [tag for tag in metrics.TAGS if not tag.startswith(WHEN_ASKED)]

@@ -1,123 +1,41 @@
-"""GPT-2 and A-to-A against an independent numpy forward pass; causality, dropout, init, size.
-
-The reference below is written from the GPT-2 paper/`nanoGPT` layout, not from jaxgpt/model/gpt.py: it only
-shares the parameter *names* (read from `nnx.to_flat_state`). Parameters are randomised before the
-comparison (non-zero biases, LayerNorm scales away from 1, peaky attention), so a forward pass that
-forgot a bias, a scale or the 1/sqrt(D) factor cannot match by accident.
-"""
+"""The model against an independent numpy forward pass (model_reference.py): GPT-2's layout and
+A-to-A, every architecture option alone and all together; the reference telling each option apart;
+init (a function of the seed, GPT-2's statistics, zero output projections); parameter counts; every
+parameter's logical axis names."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SLOW
+from conftest import SLOW, cases
 from flax import nnx
+from model_reference import (
+    ALL_NEW,
+    MODERN,
+    T_CTX,
+    TOL,
+    C,
+    L,
+    V,
+    flat_params,
+    gpt_cfg,
+    np_atoa,
+    np_gpt2,
+    np_modern,
+    np_norm,
+    randomise,
+    randomise_all,
+    tokens,
+)
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.gpt import GPT, AToA, abstract_model, build_model, count_params
 
-V, T_CTX, C, H, L = 61, 16, 32, 4, 2  # tiny, V odd on purpose (no accidental power-of-two layouts)
-TOL = 1e-4
-
-
-def gpt_cfg(**kw) -> ModelConfig:
-    base = dict(architecture="gpt2", vocab_size=V, context_length=T_CTX, emb_dim=C, n_heads=H,
-                n_layers=L, qkv_bias=False, drop_rate=0.0, tie_embeddings=False)
-    base.update(kw)
-    return ModelConfig(**base)
-
-
-def tokens(seed: int, B: int = 2, T: int = T_CTX) -> jnp.ndarray:
-    return jnp.asarray(np.random.default_rng(seed).integers(0, V, size=(B, T)), dtype=jnp.int32)
-
-
-def flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
-    """Dotted name -> float64 numpy copy of every nnx.Param."""
-    return {
-        ".".join(map(str, path)): np.asarray(var.get_value(), dtype=np.float64)
-        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
-    }
-
-
-def randomise(model: nnx.Module, seed: int) -> None:
-    """Replace every parameter with random values of a useful size (in place)."""
-    rng = np.random.default_rng(seed)
-    new = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        shape = var.get_value().shape
-        name = path[-1]
-        if name == "scale":
-            value = 1.0 + 0.3 * rng.standard_normal(shape)
-        elif name == "bias":
-            value = 0.3 * rng.standard_normal(shape)
-        elif name == "embedding":
-            value = rng.standard_normal(shape)
-        else:  # kernels (fan_in, fan_out): ~1.5/sqrt(fan_in) makes attention clearly non-uniform
-            value = 1.5 * rng.standard_normal(shape) / math.sqrt(shape[0])
-        new.append((path, var.replace(jnp.asarray(value, dtype=jnp.float32))))
-    nnx.update(model, nnx.from_flat_state(new))
-
-
-# ----------------------------------------------------------------------------- numpy reference
-
-
-def np_layernorm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * scale + bias
-
-
-def np_gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def np_softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def np_linear(p: dict[str, np.ndarray], name: str, x: np.ndarray) -> np.ndarray:
-    y = x @ p[f"{name}.kernel"]
-    return y + p[f"{name}.bias"] if f"{name}.bias" in p else y
-
-
-def np_gpt2(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np.ndarray:
-    B, T = idx.shape
-    Cm, Hm = cfg.emb_dim, cfg.n_heads
-    D = Cm // Hm
-    x = p["tok_emb.embedding"][idx] + p["pos_emb.embedding"][np.arange(T)][None]
-    mask = np.tril(np.ones((T, T), dtype=bool))
-    for layer in range(cfg.n_layers):
-        b = f"blocks.{layer}"
-        h = np_layernorm(x, p[f"{b}.ln1.scale"], p[f"{b}.ln1.bias"])
-        qkv = np_linear(p, f"{b}.attn.qkv", h)  # (B, T, 3C): q | k | v
-        q, k, v = (qkv[..., i * Cm:(i + 1) * Cm].reshape(B, T, Hm, D).transpose(0, 2, 1, 3)
-                   for i in range(3))  # (B, H, T, D)
-        att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D)  # (B, H, T, T)
-        att = np_softmax(np.where(mask, att, -np.inf))
-        y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, Cm)
-        x = x + np_linear(p, f"{b}.attn.proj", y)
-        h = np_layernorm(x, p[f"{b}.ln2.scale"], p[f"{b}.ln2.bias"])
-        x = x + np_linear(p, f"{b}.mlp.out", np_gelu_tanh(np_linear(p, f"{b}.mlp.fc", h)))
-    x = np_layernorm(x, p["ln_f.scale"], p["ln_f.bias"])
-    if cfg.tie_embeddings:
-        assert "head.kernel" not in p, "a tied model must not carry a separate head"
-        return x @ p["tok_emb.embedding"].T
-    return x @ p["head.kernel"]
-
-
-def np_atoa(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np.ndarray:
-    x = p["tok_emb.embedding"][idx]
-    if cfg.tie_embeddings:
-        assert "head.kernel" not in p
-        return x @ p["tok_emb.embedding"].T
-    return x @ p["head.kernel"]
-
-
-# ----------------------------------------------------------------------------- forward = reference
+# ----------------------------------------------------------------------------- GPT-2 and A-to-A = reference
 
 
 @pytest.mark.parametrize("tie", [pytest.param(False, id="untied", marks=SLOW), pytest.param(True, id="tied")])
@@ -179,97 +97,80 @@ def test_atoa_matches_numpy_reference(tie: bool) -> None:
     np.testing.assert_allclose(got, np_atoa(p, cfg, np.asarray(idx)), atol=TOL, rtol=0)
 
 
+# ----------------------------------------------------------------------------- every option = reference
+
+OPTIONS = {
+    # the modern recipe's (layers.py), each alone and together
+    "rotary": {"positions": "rotary"}, "rmsnorm": {"norm": "rmsnorm"},
+    "rmsnorm-no-scale": {"norm": "rmsnorm", "norm_scale": False}, "layernorm-no-scale": {"norm_scale": False},
+    "embed-norm": {"embed_norm": True}, "qk-norm": {"qk_norm": True}, "relu2": {"mlp": "relu2"},
+    "softcap": {"logit_softcap": 2.0}, "all": {**MODERN, "logit_softcap": 3.0},
+    "all-tied-biases-no-scale": {**MODERN, "tie_embeddings": True, "bias": True, "qkv_bias": True,
+                                 "norm": "layernorm", "norm_scale": False, "logit_softcap": 3.0},
+    # the 2026 recipe's (grouped heads, windows, connections.py), each alone, together, with the modern ones
+    "gqa-2": {"n_kv_heads": 2}, "gqa-1": {"n_kv_heads": 1}, "windows": {"window_pattern": "SSL", "short_window": 5},
+    "value-embeds": {"value_embeds": True}, "embed-skips": {"embed_skips": True}, "unet": {"unet_skips": True},
+    "all-new": ALL_NEW, "all-new-modern": {**MODERN, **ALL_NEW, "logit_softcap": 3.0},
+    "all-new-odd-layers": {**ALL_NEW, "n_layers": 5, "window_pattern": "SSSL"},
+    "all-new-gpt2-layout": {**ALL_NEW, "bias": True, "qkv_bias": True, "tie_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"rotary", "all", "all-tied-biases-no-scale", "all-new-modern",
+                                                    "all-new-odd-layers", "all-new-gpt2-layout"}))
+def test_option_matches_numpy_reference(kw: dict) -> None:
+    cfg = gpt_cfg(**kw)
+    model = build_model(cfg, seed=3)
+    randomise_all(model, seed=11)  # zero_init_proj's zeros too: the forward must use the real weights
+    p = flat_params(model)
+    has_scale = [k for k in p if k.endswith(".scale")]
+    assert bool(has_scale) == cfg.norm_scale
+    assert ("blocks.0.attn.q_norm.scale" in p) == (cfg.qk_norm and cfg.norm_scale)
+    idx = tokens(1)
+    got = np.asarray(model(idx))
+    want = np_modern(p, cfg, np.asarray(idx))
+    assert got.shape == (2, T_CTX, V) and got.dtype == np.float32
+    assert np.abs(want).max() > 1.0
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    if cfg.logit_softcap is not None:
+        assert np.abs(got).max() <= cfg.logit_softcap
+        assert np.abs(want).max() > 0.5 * cfg.logit_softcap  # the cap was reached for, not idle
+
+
+# A layout, then each of its options turned off: (key, its value off, what changes with it).
+APART = {
+    "modern": (MODERN, [("positions", "learned", {"rope_base": None}), ("embed_norm", False, {}),
+                        ("qk_norm", False, {}), ("mlp", "gelu", {}), ("logit_softcap", None, {}),
+                        ("norm", "layernorm", {})]),
+    "2026": ({**MODERN, **ALL_NEW, "n_layers": 3}, [("window_pattern", None, {"short_window": None}),
+                                                     ("value_embeds", False, {}), ("embed_skips", False, {}),
+                                                     ("unet_skips", False, {})]),
+}
+
+
+@pytest.mark.parametrize("layout", APART)
+def test_the_reference_tells_each_option_apart(layout: str) -> None:
+    """Turning any one option off changes the reference's output: a model ignoring it could not match."""
+    kw, offs = APART[layout]
+    cfg = gpt_cfg(**kw)
+    model = build_model(cfg, seed=3)
+    randomise_all(model, seed=11)
+    p, idx = flat_params(model), np.asarray(tokens(1))
+    want = np_modern(p, cfg, idx)
+    for key, off, with_it in offs:
+        other = dataclasses.replace(cfg, **{key: off, **with_it})
+        q = p | ({"pos_emb.embedding": np.zeros((T_CTX, C))} if key == "positions" else {})
+        assert np.abs(np_modern(q, other, idx) - want).max() > 1e-2, key
+
+
+# ----------------------------------------------------------------------------- init
+
+
 def test_init_is_a_pure_function_of_the_seed() -> None:
     cfg = gpt_cfg()
     a, b, c = (flat_params(build_model(cfg, seed=s)) for s in (5, 5, 6))
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["head.kernel"], c["head.kernel"])
-
-
-# ----------------------------------------------------------------------------- causality and dropout
-
-
-@pytest.fixture(scope="module")
-def dropout_model() -> GPT:
-    model = build_model(gpt_cfg(drop_rate=0.5, qkv_bias=True), seed=7)
-    randomise(model, seed=13)
-    return model
-
-
-def _assert_causal(run, t: int) -> None:
-    idx = tokens(3, B=2)
-    changed = idx.at[:, t].set((idx[:, t] + 1) % V)
-    a, b = np.asarray(run(idx)), np.asarray(run(changed))
-    np.testing.assert_array_equal(a[:, :t], b[:, :t])  # the past does not see the future at all
-    assert np.abs(a[:, t:] - b[:, t:]).max() > 1e-3  # ... but position t itself does change
-
-
-@pytest.mark.parametrize("t", [0, 5, T_CTX - 1])
-def test_causal_without_dropout(t: int) -> None:
-    model = build_model(gpt_cfg(), seed=8)
-    randomise(model, seed=14)
-    _assert_causal(lambda x: model(x), t)
-
-
-def test_causal_with_dropout_path(dropout_model: GPT) -> None:
-    # Same dropout key for both inputs: the masks are identical, only the token differs. This
-    # covers the hand-written attention path used while dropout is active.
-    _assert_causal(lambda x: dropout_model(x, nnx.Rngs(dropout=0)), 6)
-
-
-def test_dropout_is_off_without_rngs(dropout_model: GPT) -> None:
-    idx = tokens(4)
-    a, b = np.asarray(dropout_model(idx)), np.asarray(dropout_model(idx))
-    np.testing.assert_array_equal(a, b)
-    # ... and equals the numpy reference, i.e. no hidden scaling or masking at evaluation.
-    np.testing.assert_allclose(a, np_gpt2(flat_params(dropout_model), dropout_model.cfg,
-                                          np.asarray(idx)), atol=TOL, rtol=0)
-
-
-def test_dropout_keys(dropout_model: GPT) -> None:
-    idx = tokens(5)
-    det = np.asarray(dropout_model(idx))
-    k0a = np.asarray(dropout_model(idx, nnx.Rngs(dropout=0)))
-    k0b = np.asarray(dropout_model(idx, nnx.Rngs(dropout=0)))
-    k1 = np.asarray(dropout_model(idx, nnx.Rngs(dropout=1)))
-    np.testing.assert_array_equal(k0a, k0b)  # same key, same masks
-    assert np.abs(k0a - k1).max() > 1e-2  # different key, different masks
-    assert np.abs(k0a - det).max() > 1e-2  # dropout really is on with rngs
-    assert np.all(np.isfinite(k0a))
-
-
-def test_manual_attention_path_matches_fused(dropout_model: GPT) -> None:
-    """With rngs and drop_rate > 0 attention is spelled out by hand. Zero every Dropout's rate
-    (the attention module still takes the manual branch) and it must equal the fused path."""
-    idx = tokens(6)
-    want = np.asarray(dropout_model(idx))
-    dropouts = [m for _, m in nnx.iter_graph(dropout_model) if isinstance(m, nnx.Dropout)]
-    assert len(dropouts) == 1 + 3 * L  # embedding + (attn, resid, mlp) per block
-    try:
-        for d in dropouts:
-            d.rate = 0.0
-        assert all(b.attn.drop_rate > 0 for b in dropout_model.blocks)
-        got = np.asarray(dropout_model(idx, nnx.Rngs(dropout=0)))
-    finally:
-        for d in dropouts:
-            d.rate = 0.5
-    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-
-
-def test_zero_drop_rate_ignores_rngs() -> None:
-    model = build_model(gpt_cfg(drop_rate=0.0), seed=9)
-    idx = tokens(7)
-    np.testing.assert_array_equal(np.asarray(model(idx, nnx.Rngs(dropout=0))), np.asarray(model(idx)))
-    np.testing.assert_array_equal(np.asarray(model(idx, nnx.Rngs(dropout=1))), np.asarray(model(idx)))
-
-
-def test_drop_rate_does_not_change_params() -> None:
-    a = flat_params(build_model(gpt_cfg(drop_rate=0.0), seed=10))
-    b = flat_params(build_model(gpt_cfg(drop_rate=0.3), seed=10))
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-
-
-# ----------------------------------------------------------------------------- init and size
 
 
 def test_gpt2_init_statistics() -> None:
@@ -293,6 +194,23 @@ def test_gpt2_init_statistics() -> None:
     assert checked == 2 + 4 * n_layers + 1  # tok, pos, (qkv, proj, fc, out) per block, head
     # Different blocks are not initialised with the same draw.
     assert not np.array_equal(p["blocks.0.mlp.fc.kernel"], p["blocks.1.mlp.fc.kernel"])
+
+
+def test_zero_init_proj_starts_every_block_as_the_identity() -> None:
+    cfg = gpt_cfg(**MODERN)
+    p = flat_params(build_model(cfg, seed=0))
+    for name in ("attn.proj.kernel", "mlp.out.kernel"):
+        assert all(not p[f"blocks.{i}.{name}"].any() for i in range(L)), name
+    assert np.abs(p["blocks.0.mlp.fc.kernel"]).std() > 0.01  # only the output projections
+    model = build_model(cfg, seed=0)
+    x = np.asarray(tokens(2))
+    # The residual stream is the (normed) embedding all the way up.
+    emb = np_norm(cfg, p, "ln_f", np_norm(cfg, p, "emb_norm", p["tok_emb.embedding"][x]))
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(x))),
+                               15.0 * np.tanh(emb @ p["head.kernel"] / 15.0), atol=TOL)
+
+
+# ----------------------------------------------------------------------------- size and names
 
 
 def gpt2_param_formula(v: int, t: int, c: int, n: int, qkv_bias: bool, tie: bool) -> int:
@@ -330,3 +248,13 @@ def test_param_count_atoa(tie: bool) -> None:
     cfg = ModelConfig(architecture="a-to-a", vocab_size=257, context_length=8, emb_dim=16,
                       tie_embeddings=tie)
     assert count_params(abstract_model(cfg)) == 257 * 16 * (1 if tie else 2)
+
+
+def test_parameters_carry_logical_axis_names() -> None:
+    """sharding.py places parameters by these names: an unnamed one would be silently replicated."""
+    for kw in ({**MODERN, "norm_scale": True}, {**MODERN, "norm": "layernorm", "bias": True},
+               {**MODERN, "scan_layers": True}, ALL_NEW, {**ALL_NEW, "scan_layers": True, "qkv_bias": True}):
+        model = build_model(gpt_cfg(**kw))
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+            names = var.get_metadata().get("out_sharding")
+            assert names is not None and len(names) == var.get_value().ndim, (path, names)

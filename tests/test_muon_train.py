@@ -21,7 +21,7 @@ from jaxgpt.model.gpt import build_model
 from jaxgpt.tracking import metrics
 from jaxgpt.training.optimizer import make_optimizer, make_schedule, peak_rates
 
-# Not in the fast tier (-m "not slow"): Muon runs end to end through train.py (test_muon checks the optimiser).
+# Not in the fast tier (-m "not slow"): Muon runs end to end through train.py (test_muon_update.py checks the update).
 pytestmark = pytest.mark.slow
 
 MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,

@@ -95,9 +95,7 @@ def test_streams_row_group_by_row_group(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tokenizer", ["bytes", "gpt2"])
-def test_parquet_prepares_the_same_shards_as_jsonl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   tokenizer: str) -> None:
-    monkeypatch.setattr(prepare, "SHARD_TOKENS", 1000)  # several shards per split
+def test_parquet_prepares_the_same_shards_as_jsonl(tmp_path: Path, tokenizer: str) -> None:
     docs = documents(200)
     (tmp_path / "j").mkdir()
     (tmp_path / "p").mkdir()
@@ -105,7 +103,8 @@ def test_parquet_prepares_the_same_shards_as_jsonl(tmp_path: Path, monkeypatch: 
     write_parquet(tmp_path / "p" / "corpus.parquet", {"text": with_gaps(docs)})
     root = tmp_path / "data"
     made = {kind: prepare.prepare_dataset("text", tokenizer, root, options={"paths": [str(tmp_path / kind)]},
-                                          log=log_to([])) for kind in ("j", "p")}
+                                          log=log_to([]), shard_tokens=1000)  # several shards per split
+            for kind in ("j", "p")}
     j, p = (open_dataset(made[kind], verify=True) for kind in ("j", "p"))
     assert len(j.train.shards) > 2 and len(j.val.shards) >= 1
     for split in ("train", "val"):

@@ -10,8 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ from safetensors.numpy import load_file
 import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.data.shards import DataError
-from jaxgpt.stopping import StopFlag
+from jaxgpt.stopping import REPEAT_S, StopFlag
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training import run as run_setup
 
@@ -40,9 +42,13 @@ def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
     return train.main([str(run_dir), "--data-dir", str(data_root), *extra])
 
 
-def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, **kw) -> subprocess.Popen:
-    """train.py on run_dir in a process group of its own (as a scheduler or a service starts it)."""
+def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, stop_repeat_s: float | None = None,
+            **kw) -> subprocess.Popen:
+    """train.py on run_dir in a process group of its own (as a scheduler or a service starts it);
+    stop_repeat_s: what `python train.py` runs (train.script), with StopFlag's repeat_s set."""
     cmd = [sys.executable, str(ROOT / "train.py")]
+    if stop_repeat_s is not None:
+        cmd = [sys.executable, "-c", f"import train; train.script({stop_repeat_s!r})"]
     if uv:
         uv_bin = shutil.which("uv")
         assert uv_bin, "uv must be on PATH: the README's train command is `uv run train.py`"
@@ -103,22 +109,38 @@ def test_repeats_of_one_request_never_abort_and_a_later_ctrl_c_does() -> None:
         os.kill(os.getpid(), signal.SIGINT)  # ... and its forwarded copy
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested  # (a handler runs before the next bytecode after os.kill)
-        now[0] += StopFlag.REPEAT_S + 1
+        now[0] += REPEAT_S + 1
         os.kill(os.getpid(), signal.SIGTERM)  # SIGTERM never aborts (SIGKILL follows, if anything)
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)  # a distinct, later Ctrl-C
 
 
+def read_lines(stream: IO[str], lines: list[str], seen: threading.Event, prefix: str) -> None:
+    """Append each line of `stream` to `lines`; set `seen` at the first one starting with `prefix` (or at the end)."""
+    for line in stream:
+        lines.append(line)
+        if line.startswith(prefix):
+            seen.set()
+    seen.set()
+
+
 def test_a_deliberate_second_ctrl_c_aborts_in_one_line(tmp_path: Path, data_root: Path) -> None:
-    """The second Ctrl-C lands while the first one's validation runs (made long on purpose)."""
+    """The second Ctrl-C lands while the first one's validation runs (made long on purpose), sent once
+    the trainer has said it got the first; its StopFlag counts any later Ctrl-C as distinct (repeat_s 0)."""
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 100000, "checkpoint_interval": 5,
                                               "validation_batches": 20000})
-    proc = trainer(run, data_root)
+    proc = trainer(run, data_root, stop_repeat_s=0.0)
     wait_for_step(run, proc, 5)
+    stderr: list[str] = []
+    seen = threading.Event()
+    reader = threading.Thread(target=read_lines, args=(proc.stderr, stderr, seen, "Stopping (SIGINT)"), daemon=True)
+    reader.start()
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(StopFlag.REPEAT_S + 0.5)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    assert seen.wait(timeout=300) and any(line.startswith("Stopping (SIGINT)") for line in stderr), stderr
+    os.killpg(proc.pid, signal.SIGINT)  # the first was handled: this one is a second, deliberate Ctrl-C
+    proc.wait(timeout=300)
+    reader.join(timeout=60)
+    out, err = proc.stdout.read(), "".join(stderr)
     assert proc.returncode == 130, (out, err)
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1] == f"Aborted without saving; {run}/checkpoints/latest is the last checkpoint.", err
@@ -134,7 +156,7 @@ def test_a_second_trainer_on_a_run_in_use_is_refused(tmp_path: Path, data_root: 
     first = trainer(run, data_root)
     wait_for_step(run, first, 10)
     second = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
     err = second.stderr.strip()
     assert second.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
     assert "already being trained" in err and f"pid {first.pid}" in err and str(run) in err, err
@@ -167,7 +189,7 @@ def test_an_unwritable_run_directory_errors_before_any_compile(tmp_path: Path, d
     try:
         done = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
                               cwd=ROOT, env={**ENV, "JAX_LOG_COMPILES": "1"}, capture_output=True, text=True,
-                              timeout=300)
+                              check=False, timeout=300)
     finally:
         run.chmod(0o755)
     err = done.stderr.strip()
@@ -202,7 +224,7 @@ def test_a_failed_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: P
 
     limited = ["bash", "-c", 'ulimit -f 40 && exec "$0" "$@"']  # 40 KiB per file (RLIMIT_FSIZE)
     done = subprocess.run([*limited, sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
     err = done.stderr.strip()
     assert done.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
     assert "cannot write the step 20 checkpoint" in err and f"checkpoints/latest is still {good.name}" in err, err
@@ -223,7 +245,7 @@ def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "learning_rate": 1e6, "checkpoint_interval": 1,
                                               "max_dropped_steps": 5})
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
     err = done.stderr.strip()
     assert done.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
     latest = cf.latest_checkpoint(run)

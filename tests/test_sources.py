@@ -150,10 +150,11 @@ def test_hold_out_routed_notices_a_changed_corpus() -> None:
 # ----------------------------------------------------------------------------- text source end to end
 
 
-def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prepare, "SHARD_TOKENS", 64)  # many small shards: windows cross shard boundaries
+def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path) -> None:
     lines: list[str] = []
-    path = prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]}, log=log_to(lines))
+    # Many small shards: windows cross shard boundaries.
+    path = prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]},
+                                   log=log_to(lines), shard_tokens=64)
     assert path == tmp_path / "data" / "text-corpus-bytes"
     assert "validation = 2 of 32 documents" in lines[-1]
     ds = open_dataset(path, verify=True)
@@ -173,7 +174,7 @@ def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path, monkeypatch: p
     windows: dict[bytes, list[int]] = {}
     for w in range(sampler.n_windows):
         windows.setdefault(text[w * T:(w + 1) * T], []).append(w)
-    as_bytes = lambda row: bytes(np.where(row == 256, 0, row).astype(np.uint8))  # noqa: E731
+    as_bytes = lambda row: bytes(np.where(row == 256, 0, row).astype(np.uint8))
     for step in range(sampler.n_windows // (2 * B)):
         x, y = sampler.batch(step, 2)
         for xs, ys in zip(x.reshape(-1, T), y.reshape(-1, T)):
@@ -216,22 +217,14 @@ def test_text_gpt2_through_tiktoken_cache(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- Tiny Shakespeare
 
 
-@pytest.fixture
-def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point the download at a closed local port: the offline path, without touching the network."""
-    remote = sources.TINYSHAKESPEARE
-    monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
-        remote.name, "http://127.0.0.1:9/input.txt", remote.size, remote.sha256))
-
-
-def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, no_network: None) -> None:
     """The same on a stand-in file (runs without the shared copy): the pinned hash is the stand-in's."""
     text = "".join(f"Line {i}: {'to be or not ' * (i % 7)}\n" for i in range(997))
     (tmp_path / "input.txt").write_text(text)
-    monkeypatch.setattr(sources, "TINYSHAKESPEARE", sources.RemoteFile(
-        "tinyshakespeare.txt", "http://127.0.0.1:9/input.txt", len(text), sources.sha256(tmp_path / "input.txt")))
+    stand_in = sources.RemoteFile("tinyshakespeare.txt", sources.TINYSHAKESPEARE.url, len(text),
+                                  sources.sha256(tmp_path / "input.txt"))
     ds = open_dataset(prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
-                                         log=log_to([])))
+                                              log=log_to([]), tinyshakespeare=stand_in))
     n = len(text)
     assert int(n * 0.9) != n - round(0.1 * n) or text[int(n * 0.9) - 1] != "\n"  # a cut a newline rule would move
     assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == text[:int(n * 0.9)].encode()
@@ -241,10 +234,11 @@ def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, mon
         prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"split": "lines"})
 
 
-def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, unreachable, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, no_network: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: cannot download http://127.0.0.1:9/input.txt")
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot download {sources.TINYSHAKESPEARE.url} (")
     assert str(tmp_path / "downloads" / "tinyshakespeare.txt") in err and "--from" in err
     assert not (tmp_path / "tinyshakespeare-bytes").exists()
     assert list((tmp_path / "downloads").iterdir()) == []  # no partial download left
@@ -260,7 +254,7 @@ def test_tinyshakespeare_rejects_a_wrong_copy(tmp_path: Path, capsys: pytest.Cap
 
 
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no offline copy at {SHAKESPEARE}")
-def test_tinyshakespeare_from_local_copy(tmp_path: Path, unreachable) -> None:
+def test_tinyshakespeare_from_local_copy(tmp_path: Path, no_network: None) -> None:
     lines: list[str] = []
     path = prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=SHAKESPEARE, log=log_to(lines))
     ds = open_dataset(path, verify=True)

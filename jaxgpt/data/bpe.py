@@ -180,10 +180,12 @@ def _replace(tmp: Path, folder: Path) -> None:
 
 def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int, options: dict | None = None,
                     from_path: Path | None = None, force: bool = False, progress: bool | None = None,
-                    log: Callable[[str], None] = print) -> Path:
+                    log: Callable[[str], None] = print, edu_val_chars: int = EDU_VAL_CHARS) -> Path:
     """Train (or reuse) the tokenizer `name` on `source`'s train split; returns its folder,
     data_root/tokenizers/<name>. Every bad input is a one-line TokenizerError or DataError, raised
-    before training. progress: tokenizers' progress bars (None: when stdout is a terminal)."""
+    before training. progress: tokenizers' progress bars (None: when stdout is a terminal).
+    edu_val_chars: FineWeb-Edu's compression is measured on the validation shard's first documents
+    up to this many characters."""
     check_name(name)
     if name in TOKENIZER_NAMES:
         raise TokenizerError(f"tokenizer name {name!r} is built in; choose another name for a trained one")
@@ -192,7 +194,8 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
     check_vocab_size(vocab_size)
     if from_path is not None and source not in _FROM_SOURCES:
         raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
-    resolved, fingerprint, splits = _source(source, options, data_root, from_path, log)  # bad paths fail here
+    resolved, fingerprint, splits = _source(source, options, data_root, from_path, log,
+                                            edu_val_chars)  # bad paths fail here
     folder = trained_dir(name, data_root)
     request = _request(source, resolved, fingerprint, vocab_size)
     with dataset_lock(folder, log):
@@ -237,20 +240,21 @@ Splits = Callable[[], tuple[Iterator[str], Iterator[str], str]]
 
 
 def _source(source: str, options: dict | None, data_root: Path, from_path: Path | None,
-            log: Callable[[str], None]) -> tuple[dict, str, Splits]:
+            log: Callable[[str], None], edu_val_chars: int) -> tuple[dict, str, Splits]:
     """(resolved options, corpus fingerprint, the function that opens the train and validation documents)."""
     if source == FINEWEB_EDU:
-        return _fineweb_edu(options, data_root, from_path, log)
+        return _fineweb_edu(options, data_root, from_path, log, edu_val_chars)
     resolved = resolve_options(source, options)
     corpus = _corpus(source, resolved, data_root, from_path, log)
     return resolved, corpus.fingerprint, lambda: _splits(corpus, resolved["validation_fraction"])
 
 
-def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None,
-                 log: Callable[[str], None]) -> tuple[dict, str, Splits]:
+def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None, log: Callable[[str], None],
+                 val_chars: int) -> tuple[dict, str, Splits]:
     """nanochat's tokenizer corpus: the train files' first max_chars characters, documents cut to
     doc_cap. The files are chosen (and fetched) one by one by counting their characters first, so the
-    fingerprint (their names and sizes) is known before the reuse check; the text is read again to train."""
+    fingerprint (their names and sizes) is known before the reuse check; the text is read again to train.
+    Validation: the validation file's first documents up to val_chars characters."""
     unknown = sorted(set(options or {}) - set(EDU_OPTIONS))
     if unknown:
         raise DataError(f"{FINEWEB_EDU}: unknown tokenizer option {unknown[0]!r} (known: {', '.join(EDU_OPTIONS)})")
@@ -265,9 +269,9 @@ def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None,
 
     def splits() -> tuple[Iterator[str], Iterator[str], str]:
         val = fineweb_edu.locate(fineweb_edu.VAL_FILE, from_dir=from_dir, downloads=downloads, log=log)
-        how = f"the fixed validation file {fineweb_edu.VAL_FILE}: its first {EDU_VAL_CHARS:,} characters of documents"
+        how = f"the fixed validation file {fineweb_edu.VAL_FILE}: its first {val_chars:,} characters of documents"
         return (fineweb_edu.capped_documents(paths, resolved["max_chars"], resolved["doc_cap"]),
-                _first_chars(parquet_documents(val, fineweb_edu.TEXT_COLUMN), EDU_VAL_CHARS), how)
+                _first_chars(parquet_documents(val, fineweb_edu.TEXT_COLUMN), val_chars), how)
 
     return resolved, fingerprint, splits
 

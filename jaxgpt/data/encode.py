@@ -78,14 +78,14 @@ class Progress:
             self.bar.close()
 
 
-def _chunks(documents: Iterable[str]) -> Iterator[tuple[list[str], int]]:
-    """(documents, their UTF-8 bytes), about CHUNK_BYTES at a time, in order."""
+def _chunks(documents: Iterable[str], chunk_bytes: int, chunk_documents: int) -> Iterator[tuple[list[str], int]]:
+    """(documents, their UTF-8 bytes), about chunk_bytes (at most chunk_documents documents) at a time, in order."""
     chunk: list[str] = []
     size = 0
     for doc in documents:
         chunk.append(doc)
         size += text_bytes(doc)
-        if size >= CHUNK_BYTES or len(chunk) >= CHUNK_DOCUMENTS:
+        if size >= chunk_bytes or len(chunk) >= chunk_documents:
             yield chunk, size
             chunk, size = [], 0
     if chunk:
@@ -105,15 +105,17 @@ def _encode_chunk(tokenizer: Tokenizer, chunk: list[str], dtype: np.dtype, eot: 
 
 
 def encode_documents(tokenizer: Tokenizer, documents: Iterable[str], *, eot: bool = True, workers: int | None = None,
-                     progress: Progress | None = None) -> Iterator[np.ndarray]:
+                     progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
+                     chunk_documents: int = CHUNK_DOCUMENTS) -> Iterator[np.ndarray]:
     """One token array per document, in order (see the module docstring); workers: threads
-    (default: every core; 1 encodes in the calling thread, no pool)."""
+    (default: every core; 1 encodes in the calling thread, no pool); chunk_bytes, chunk_documents:
+    the text of one encode_batch call (the defaults; a test passes small ones to make many chunks)."""
     dtype = token_dtype(tokenizer.n_vocab)
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if workers == 1:
-        for chunk, size in _chunks(documents):
+        for chunk, size in _chunks(documents, chunk_bytes, chunk_documents):
             encoded = _encode_chunk(tokenizer, chunk, dtype, eot)
             if progress is not None:
                 progress.update(size, sum(doc.size for doc in encoded))
@@ -124,7 +126,7 @@ def encode_documents(tokenizer: Tokenizer, documents: Iterable[str], *, eot: boo
     # cancelled first, so an error or Ctrl-C waits for at most the chunks already running.
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tokenize")
     try:
-        for chunk, size in _chunks(documents):
+        for chunk, size in _chunks(documents, chunk_bytes, chunk_documents):
             pending.append((pool.submit(_encode_chunk, tokenizer, chunk, dtype, eot), size))
             if len(pending) >= _IN_FLIGHT * workers:
                 yield from _done(pending.popleft(), progress)

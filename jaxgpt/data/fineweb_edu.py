@@ -148,18 +148,19 @@ def _listing(names: list[str]) -> str:
 
 
 def _choose_train_files(train_shards: int | None, train_tokens: int | None, stage: Callable[[str], Dataset],
-                        log: Callable[[str], None]) -> dict[str, Dataset]:
-    """The first train files that hold train_tokens (or exactly train_shards), each staged."""
+                        log: Callable[[str], None], n_train_files: int) -> dict[str, Dataset]:
+    """The first train files that hold train_tokens (or exactly train_shards), each staged; at most
+    all n_train_files of them."""
     chosen: dict[str, Dataset] = {}
     total = 0
-    for index in range(N_TRAIN_FILES):
+    for index in range(n_train_files):
         if (len(chosen) >= train_shards) if train_shards is not None else total >= (train_tokens or 1):
             break
         name = shard_file(index)
         chosen[name] = stage(name)
         total += chosen[name].train.n_tokens
     if train_shards is None and train_tokens and total < train_tokens:
-        log(f"note: the run needs {train_tokens:,} tokens, all {N_TRAIN_FILES} train files hold {total:,}; "
+        log(f"note: the run needs {train_tokens:,} tokens, all {n_train_files} train files hold {total:,}; "
             "it will see the data more than once")
     return chosen
 
@@ -184,9 +185,11 @@ def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[s
 
 
 def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: int | None, from_dir: Path | None,
-            downloads: Path, shard_tokens: int, log: Callable[[str], None] = print) -> Path:
+            downloads: Path, shard_tokens: int, log: Callable[[str], None] = print,
+            n_train_files: int = N_TRAIN_FILES) -> Path:
     """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
-    `tokenizer`; reuse every shard already tokenized (also one finished before a kill)."""
+    `tokenizer`; reuse every shard already tokenized (also one finished before a kill). n_train_files:
+    the train shards published (a run longer than all of them takes every one)."""
     _check_from(from_dir)
     staging = staging_dir(Path(path))
     staging.mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,7 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
     if splits["val"][VAL_FILE].train.n_tokens == 0:
         raise DataError(f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
                         f"{splits['val'][VAL_FILE].path}); the validation split would be empty")
-    splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log)
+    splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log, n_train_files)
     if reused:
         log(f"reused {len(reused)} tokenized shard(s) from {staging}: {_listing(reused)}")
     if _matches(path, options, tokenizer, splits):

@@ -47,7 +47,7 @@ import numpy as np
 
 from jaxgpt.config import CONVERSATION_SOURCES
 from jaxgpt.data import builtin, chat_prepare, fineweb, fineweb_edu, instructions, sources
-from jaxgpt.data.encode import Progress, encode_documents
+from jaxgpt.data.encode import CHUNK_BYTES, CHUNK_DOCUMENTS, Progress, encode_documents
 from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
 from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
@@ -160,17 +160,31 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True, *,
-                       workers: int | None = None, progress: Progress | None = None) -> Iterator[np.ndarray]:
+                       workers: int | None = None, progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
+                       chunk_documents: int = CHUNK_DOCUMENTS) -> Iterator[np.ndarray]:
     """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
     eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it).
 
     The tokenizer runs on `workers` threads (default: every core) while the caller consumes the
-    arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens."""
-    return encode_documents(tokenizer, documents, eot=eot, workers=workers, progress=progress)
+    arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens.
+    chunk_bytes, chunk_documents: the text handed to a thread at a time (encode.encode_documents)."""
+    return encode_documents(tokenizer, documents, eot=eot, workers=workers, progress=progress,
+                            chunk_bytes=chunk_bytes, chunk_documents=chunk_documents)
+
+
+@dataclass(frozen=True)
+class _Encoding:
+    """How _prepare_documents tokenizes: threads and chunk size (tokenize_documents's), where a shard
+    is cut, and the largest local corpus read only once (_tokenized_while_counted)."""
+
+    workers: int | None
+    chunk_bytes: int
+    shard_tokens: int
+    one_read_bytes: int
 
 
 def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]], eot: bool,
-                     progress: Progress) -> Iterator[tuple[str, np.ndarray]]:
+                     progress: Progress, encoding: _Encoding) -> Iterator[tuple[str, np.ndarray]]:
     """(split, tokens) per (held out?, document): both splits tokenized as one stream, so the
     corpus is read once for them (write_dataset takes the pairs)."""
     held_out: collections.deque[bool] = collections.deque()  # documents read ahead by the tokenizer's threads
@@ -180,23 +194,26 @@ def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]]
             held_out.append(is_val)
             yield doc
 
-    for tokens in tokenize_documents(tokenizer, texts(), eot, progress=progress):
+    for tokens in tokenize_documents(tokenizer, texts(), eot, progress=progress, workers=encoding.workers,
+                                     chunk_bytes=encoding.chunk_bytes):
         yield ("val" if held_out.popleft() else "train"), tokens
 
 
 def _tokenized_while_counted(tokenizer: Tokenizer, documents: Callable[[], Iterator[str]], fraction: float,
-                             where: str, progress: Progress) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
+                             where: str, progress: Progress, encoding: _Encoding
+                             ) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
     """A small corpus in one read: every document tokenized while they are counted, the arrays kept
     (a shard's worth at most, as the writer holds anyway), then given to their split once the count
     decides the hold-out. None when the corpus is larger than that after all, or has too few
     documents to hold out whole ones (the text's tail is held out instead): read it again then."""
     kept: list[np.ndarray] = []
     n_tokens = 0
-    stream = tokenize_documents(tokenizer, documents(), progress=progress)
+    stream = tokenize_documents(tokenizer, documents(), progress=progress, workers=encoding.workers,
+                                chunk_bytes=encoding.chunk_bytes)
     for tokens in stream:
         kept.append(tokens)
         n_tokens += tokens.size
-        if n_tokens > 2 * ONE_READ_BYTES:  # a tokenizer or format with more tokens than bytes
+        if n_tokens > 2 * encoding.one_read_bytes:  # a tokenizer or format with more tokens than bytes
             stream.close()
             return None
     mask = sources.hold_out_mask(len(kept), fraction, where)
@@ -229,8 +246,11 @@ def _in_order(train: Iterable[str], val: Iterable[str]) -> Iterator[tuple[bool, 
     return itertools.chain(((False, doc) for doc in train), ((True, doc) for doc in val))
 
 
-def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
-            log: Callable[[str], None]) -> _Corpus:
+def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None, log: Callable[[str], None], *,
+            one_read_bytes: int = ONE_READ_BYTES, tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE
+            ) -> _Corpus:
+    """The source's documents; local text of at most one_read_bytes is read once (_Corpus.read_once);
+    tinyshakespeare: the file to fetch, its address, size and hash."""
     if source == "builtin":
         def split_builtin(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
             docs = builtin.builtin_documents()
@@ -241,16 +261,16 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
-        read = lambda: sources.read_documents(files, options["text_column"])  # noqa: E731
+        read = lambda: sources.read_documents(files, options["text_column"])
         # Whole files only, too few to hold out whole documents: the tail is held out, read twice anyway.
         few = (all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
                and round(options["validation_fraction"] * len(files)) == 0)
-        small = not few and sum(f.stat().st_size for f in files) <= ONE_READ_BYTES
+        small = not few and sum(f.stat().st_size for f in files) <= one_read_bytes
         return _Corpus(sources.files_fingerprint(files),
                        lambda fraction: sources.hold_out_routed(read, fraction, where),
                        read_once=read if small else None, where=where)
     assert source == "tinyshakespeare", source
-    remote, downloads = sources.TINYSHAKESPEARE, Path(data_root) / "downloads"
+    remote, downloads = tinyshakespeare, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
         sources.fetch_file(remote, downloads, from_path=from_path, log=log)
 
@@ -288,7 +308,7 @@ def _reuse_problem(path: Path, expected: dict) -> str | None:
 
 
 def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
-                       log: Callable[[str], None], data_root: Path) -> Path:
+                       log: Callable[[str], None], data_root: Path, encoding: _Encoding) -> Path:
     started = time.perf_counter()
     expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
     trained = None if tokenizer in TOKENIZER_NAMES else get_tokenizer(tokenizer, data_root)
@@ -305,15 +325,15 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
         once = None
         if corpus.read_once is not None:
             once = _tokenized_while_counted(tok, corpus.read_once, options["validation_fraction"], corpus.where,
-                                            progress)
+                                            progress, encoding)
         if once is not None:
             splits, how = once
         else:
             progress.restart()
             documents, how = corpus.documents(options["validation_fraction"])
-            splits = _tokenize_routed(tok, documents, corpus.eot, progress)
+            splits = _tokenize_routed(tok, documents, corpus.eot, progress, encoding)
         manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint,
-                                 tokenizer=tok, shard_tokens=SHARD_TOKENS, splits=splits)
+                                 tokenizer=tok, shard_tokens=encoding.shard_tokens, splits=splits)
     finally:
         progress.close()
     splits = manifest["splits"]
@@ -327,7 +347,10 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
 
 def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: dict | None = None,
                     train_tokens: int | None = None, from_path: Path | None = None,
-                    log: Callable[[str], None] = print) -> Path:
+                    log: Callable[[str], None] = print, shard_tokens: int = SHARD_TOKENS,
+                    one_read_bytes: int = ONE_READ_BYTES, workers: int | None = None, chunk_bytes: int = CHUNK_BYTES,
+                    tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE,
+                    edu_train_files: int = fineweb_edu.N_TRAIN_FILES) -> Path:
     """Make sure data_root holds the requested dataset (see dataset_dir) and return its path.
 
     Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
@@ -335,6 +358,12 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
     folder. train_tokens (the run's training length) decides how many FineWeb files are needed;
     from_path is a local copy of a downloadable source (tinyshakespeare: the file; FineWeb: a
     folder of .bin files; FineWeb-Edu: a folder of .parquet shards).
+
+    The rest have the defaults every run uses; a test passes smaller ones: shard_tokens, the tokens
+    of a shard; one_read_bytes, the largest local text tokenized while it is counted (read once);
+    workers and chunk_bytes, the tokenizer's threads (default: every core) and the text each takes
+    at a time; tinyshakespeare, the file downloaded for that source; edu_train_files, how many
+    FineWeb-Edu train shards are published.
     """
     resolved = resolve_options(source, options)
     check_name(tokenizer)  # bytes, gpt2 or a trained tokenizer's name (<data_root>/tokenizers/<name>)
@@ -353,11 +382,14 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
         with dataset_lock(path, log):
             return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
                                        downloads=Path(data_root) / "downloads" / FINEWEB_EDU,
-                                       shard_tokens=SHARD_TOKENS, log=log)
+                                       shard_tokens=shard_tokens, n_train_files=edu_train_files, log=log)
     if source in CONVERSATION_SOURCES:
         tok = get_tokenizer(tokenizer, data_root)
         with dataset_lock(path, log):
             return chat_prepare.prepare(path, source, tok, resolved, log, _reuse_problem)
-    corpus = _corpus(source, resolved, data_root, from_path, log)  # bad paths fail here, before any lock file
+    corpus = _corpus(source, resolved, data_root, from_path, log, one_read_bytes=one_read_bytes,
+                     tinyshakespeare=tinyshakespeare)  # bad paths fail here, before any lock file
+    encoding = _Encoding(workers=workers, chunk_bytes=chunk_bytes, shard_tokens=shard_tokens,
+                         one_read_bytes=one_read_bytes)
     with dataset_lock(path, log):
-        return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root)
+        return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root, encoding)

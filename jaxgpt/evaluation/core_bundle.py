@@ -224,9 +224,9 @@ def read_tasks(path: Path, limit: int | None = None) -> list[Task]:
         bundle.close()
 
 
-def fetch_bundle(downloads: Path, log: Callable[[str], None] = print) -> Path:
-    """eval_bundle.zip under `downloads`, downloaded once: renamed into place only once every task
-    reads (read_tasks), its sha256 recorded beside it (`<file>.sha256`) and checked at every later
+def fetch_bundle(downloads: Path, log: Callable[[str], None] = print, *, url: str = BUNDLE_URL) -> Path:
+    """eval_bundle.zip under `downloads`, downloaded once from `url`: renamed into place only once every
+    task reads (read_tasks), its sha256 recorded beside it (`<file>.sha256`) and checked at every later
     use, so a damaged copy is never scored silently (the upstream hash is not pinned here)."""
-    return sources.fetch_recorded(BUNDLE_URL, Path(downloads) / BUNDLE_FILE, validate=read_tasks,
+    return sources.fetch_recorded(url, Path(downloads) / BUNDLE_FILE, validate=read_tasks,
                                   offline_hint="pass --core-from <zip or folder>", error=CoreError, log=log)

@@ -96,21 +96,21 @@ def read_examples(path: Path, limit: int | None = None) -> list[Example]:
     return examples
 
 
-def fetch_val(downloads: Path, log: Callable[[str], None] = print) -> Path:
-    """The validation file under `downloads`, downloaded once.
+def fetch_val(downloads: Path, log: Callable[[str], None] = print, *, url: str = VAL_URL, n_val: int = N_VAL) -> Path:
+    """The validation file under `downloads`, downloaded once from `url`.
 
     The download goes to a temporary name and is renamed into place only once it parses into
-    exactly N_VAL examples; its sha256 is then recorded beside it (`<file>.sha256`) and checked at
+    exactly `n_val` examples; its sha256 is then recorded beside it (`<file>.sha256`) and checked at
     every later use, so a truncated or edited copy is never scored silently. (The upstream file's
     hash is not pinned here: it could not be checked offline when this was written.)
     """
 
     def validate(tmp: Path) -> None:
         n = len(read_examples(tmp))
-        if n != N_VAL:
-            raise HellaSwagError(f"{VAL_URL}: {n} examples downloaded, expected {N_VAL}; the address may have changed")
+        if n != n_val:
+            raise HellaSwagError(f"{url}: {n} examples downloaded, expected {n_val}; the address may have changed")
 
-    return sources.fetch_recorded(VAL_URL, Path(downloads) / VAL_FILE, validate=validate,
+    return sources.fetch_recorded(url, Path(downloads) / VAL_FILE, validate=validate,
                                   offline_hint="pass --hellaswag-file <file>", error=HellaSwagError, log=log)
 
 

@@ -1,4 +1,5 @@
-"""Each model.json speed option computes what the default path computes.
+"""Each model.json speed option (and compute dtype) computes what the default path computes: on
+GPT-2's layout, and on the modern and 2026 recipes' layouts.
 
 Default path: float32 matmuls, attention "auto" (per_head on CPU), no remat, unrolled layers,
 whole-logits loss. Tolerances, stated once:
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -23,6 +25,7 @@ import numpy as np
 import pytest
 from conftest import SLOW, cases
 from flax import nnx
+from model_reference import ALL_NEW, MODERN, gpt_cfg
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
@@ -38,8 +41,8 @@ F32_TOL = 1e-5
 
 
 def cfg(**kw) -> ModelConfig:
-    base = dict(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
-                qkv_bias=True, drop_rate=0.0, tie_embeddings=True)
+    base = {"architecture": "gpt2", "vocab_size": V, "context_length": CTX, "emb_dim": C, "n_heads": H, "n_layers": L,
+                "qkv_bias": True, "drop_rate": 0.0, "tie_embeddings": True}
     return ModelConfig(**{**base, **kw})
 
 
@@ -129,6 +132,65 @@ def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: d
         assert grads[key].dtype == np.float32  # master weights and their gradients stay float32
 
 
+# ----------------------------------------------------------------------------- the recipes' layouts
+
+# The recipes' layouts; cfg()'s base keys ride along, the recipe's override them.
+RECIPES = {"modern": {**MODERN, "n_layers": 3}, "2026": {**MODERN, **ALL_NEW, "n_layers": 5, "window_pattern": "SSL"}}
+SCAN_REMAT_CHUNK_XLA = {"scan_layers": True, "remat": True, "loss_chunk": 7, "attention": "xla"}
+RECIPE_OPTIONS = {
+    "modern-scan-layers": ("modern", {"scan_layers": True}), "modern-remat": ("modern", {"remat": True}),
+    "modern-scan-remat-chunk-xla": ("modern", SCAN_REMAT_CHUNK_XLA),
+    "2026-scan-layers": ("2026", {"scan_layers": True}), "2026-remat": ("2026", {"remat": True}),
+    "2026-attention-xla": ("2026", {"attention": "xla"}), "2026-scan-remat-chunk-xla": ("2026", SCAN_REMAT_CHUNK_XLA),
+}
+
+
+@pytest.fixture(scope="module")
+def recipe_reference() -> Callable[[str], tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]]:
+    """recipe -> (its random weights, the default path's loss and gradients), each computed once."""
+    done: dict[str, tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]] = {}
+
+    def reference(recipe: str) -> tuple[dict[str, np.ndarray], float, dict[str, np.ndarray]]:
+        if recipe not in done:
+            weights = random_weights(gpt_cfg(**RECIPES[recipe]))
+            done[recipe] = (weights, *loss_and_grads(model_with(weights, **RECIPES[recipe])))
+        return done[recipe]
+
+    return reference
+
+
+@pytest.mark.parametrize("recipe_kw", cases(RECIPE_OPTIONS, fast={"modern-scan-remat-chunk-xla",
+                                                                  "2026-scan-remat-chunk-xla"}))
+def test_recipe_with_speed_options_matches_its_default_path(recipe_reference, recipe_kw: tuple[str, dict]) -> None:
+    recipe, kw = recipe_kw
+    weights, ref_loss, ref_grads = recipe_reference(recipe)
+    loss, grads = loss_and_grads(model_with(weights, **{**RECIPES[recipe], **kw}))
+    assert abs(loss - ref_loss) <= 1e-5, (loss, ref_loss)
+    assert sorted(grads) == sorted(ref_grads) and "blocks.0.attn.q_norm.scale" in grads
+    scale = max(np.abs(g).max() for g in ref_grads.values())
+    assert max(np.abs(grads[k] - ref_grads[k]).max() for k in ref_grads) <= 1e-5 * scale
+    assert ref_loss > 1.0 and scale > 0.01
+    if recipe == "2026":
+        assert "connections.value_tables" in grads
+        for name in ("value_tables", "value_gates", "resid_lambdas", "x0_lambdas", "skip_weights"):
+            assert np.abs(ref_grads[f"connections.{name}"]).max() > 1e-6, name  # every connection is trained
+
+
+@SLOW  # a bfloat16 scanned model compiled for loss and gradients
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_in_bfloat16_is_float32_within_its_precision(recipe_reference, recipe: str) -> None:
+    weights, ref_loss, ref_grads = recipe_reference(recipe)
+    loss, grads = loss_and_grads(model_with(weights, **RECIPES[recipe], compute_dtype="bfloat16", scan_layers=True,
+                                            loss_chunk=7))
+    assert loss != ref_loss and abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)
+    for key, ref in ref_grads.items():
+        g = grads[key].ravel().astype(np.float64)
+        assert g @ ref.ravel() / (np.linalg.norm(g) * np.linalg.norm(ref) + 1e-30) >= 0.99, key
+
+
+# ----------------------------------------------------------------------------- layouts, kernels, memory
+
+
 @SLOW  # several trainings or a memory profile: the whole suite only
 def test_dropout_masks_do_not_depend_on_the_layout(weights) -> None:
     # The same dropout key gives the same masks unrolled, scanned and rematerialised.
@@ -200,7 +262,7 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
     w, ref_w = without_key_bias(w), without_key_bias(ref_w)
     assert max(np.abs(w[k] - ref_w[k]).max() for k in ref_w) <= 1e-5
     assert max(np.abs(ref_w[k] - without_key_bias(weights)[k]).max() for k in ref_w) > 1e-3  # training moved them
-    bf_losses, bf_w = run(compute_dtype="bfloat16")
+    bf_losses, _ = run(compute_dtype="bfloat16")
     assert np.allclose(bf_losses, ref_losses, rtol=0.02), (bf_losses, ref_losses)
 
 
@@ -220,7 +282,7 @@ def test_mixed_einsum_is_the_bfloat16_product_in_both_passes(spec: str, a_shape,
     a, b = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (a_shape, b_shape))
     out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
     g = jnp.asarray(rng.standard_normal(out_shape), jnp.float32)
-    r16 = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+    r16 = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)
     (sa, sb), so = spec.split("->")[0].split(","), spec.split("->")[1]
     # Expected: float32 arithmetic on bfloat16-rounded operands and cotangent, in numpy (float64).
     A, Bm, G = (np.asarray(r16(t), np.float64) for t in (a, b, g))
@@ -249,8 +311,8 @@ def test_mixed_einsum_is_the_bfloat16_product_in_both_passes(spec: str, a_shape,
 def dot_operand_dtypes(hlo: str) -> list[tuple[str, str, str]]:
     """(lhs, rhs, output) element types of every dot in an optimised HLO module's text."""
     found = []
-    for body in re.findall(r"\{\n(.*?)\n\}", hlo, re.S):  # each computation: operands are defined in it
-        types = dict(re.findall(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\w+)\[", body, re.M))
+    for body in re.findall(r"\{\n(.*?)\n\}", hlo, re.DOTALL):  # each computation: operands are defined in it
+        types = dict(re.findall(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\w+)\[", body, re.MULTILINE))
         for out, lhs, rhs in re.findall(r"= (\w+)\[[^ ]* dot\((%[\w.\-]+), (%[\w.\-]+)\)", body):
             found.append((types[lhs], types[rhs], out))
     return found
