@@ -49,6 +49,7 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["data", "--run", "/nonexistent-run"]) == 2
 
 
+@SLOW  # a benchmark smoke test
 def test_bench_tokenize_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Both sides, fresh processes, on a ~1 MB corpus: what it prints and writes (figures positive, never timed)."""
     out = tmp_path / "tokenize.json"

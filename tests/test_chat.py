@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, write_run
+from conftest import ROOT, SLOW, write_run
 
 import chat
 import evaluate
@@ -37,6 +37,25 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint as fine-tuning writes one (weights, configs, meta.json, chat_template.json), of a
+    model with random weights: what chat.py reads, without a training run."""
+    from jaxgpt.checkpoints import store as ckpt
+    from jaxgpt.config import ModelConfig, to_dict
+    from jaxgpt.model.gpt import build_model
+
+    folder = tmp_path_factory.mktemp("built") / "ckpt"
+    folder.mkdir()
+    cfg = ModelConfig(**MODEL)
+    ckpt.save_weights(build_model(cfg, seed=3), folder / ckpt.WEIGHTS)
+    (folder / "model.json").write_text(json.dumps(to_dict(cfg)))
+    (folder / "train.json").write_text(json.dumps({"tokenizer": "bytes"}))
+    (folder / "chat_template.json").write_text(json.dumps(ChatTemplate.from_dict(SHORT).to_dict()))
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    return folder
+
+
+@pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
     """A base model: trained on plain text, no chat template."""
     run = write_run(tmp_path_factory.mktemp("base") / "run", MODEL,
@@ -46,8 +65,8 @@ def base(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
     return run
 
 
-def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(tuned, capsys) -> None:
-    run, _ = tuned
+def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(built, capsys) -> None:
+    run = built
     bot = Assistant.load(run)
     assert bot.template == ChatTemplate.from_dict(SHORT)  # read from the checkpoint's chat_template.json
     want = bot.answer([{"role": "user", "content": "Reverse the letters: abc"}], Sampling(max_new_tokens=20))
@@ -56,8 +75,8 @@ def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(tuned, ca
     assert capsys.readouterr().out == want + "\n"
 
 
-def test_the_answer_streams_in_pieces_that_make_the_whole_answer(tuned) -> None:
-    bot = Assistant.load(tuned[0])
+def test_the_answer_streams_in_pieces_that_make_the_whole_answer(built) -> None:
+    bot = Assistant.load(built)
     sampling = Sampling(max_new_tokens=30, temperature=1.0, seed=3)
     messages = [{"role": "user", "content": "Spell the word: abcd"}]
     pieces = list(bot.stream(messages, sampling))
@@ -68,9 +87,8 @@ def test_the_answer_streams_in_pieces_that_make_the_whole_answer(tuned) -> None:
     assert bot.answer_all(many, sampling, batch_size=3) == [bot.answer(m, sampling) for m in many]
 
 
-def test_a_multi_token_end_is_cut_from_the_answer(tuned) -> None:
-    run, _ = tuned
-    bot = Assistant.load(run)
+def test_a_multi_token_end_is_cut_from_the_answer(built) -> None:
+    bot = Assistant.load(built)
     end = "ab"  # two byte tokens: an answer stops once its ids end with them
     bot2 = Assistant(bot.model, bot.tok, ChatTemplate.from_dict({**SHORT, "end": end}))
     tok = get_tokenizer("bytes")
@@ -80,6 +98,7 @@ def test_a_multi_token_end_is_cut_from_the_answer(tuned) -> None:
     assert end not in text
 
 
+@SLOW  # a subprocess, or a second training run
 def test_interactive_conversation_streams_and_clears(tuned) -> None:
     run, _ = tuned
     script = "Reverse the letters: abc\nAdd 1 and 2.\n/clear\nSpell the word: ab\n/quit\n"
@@ -90,6 +109,7 @@ def test_interactive_conversation_streams_and_clears(tuned) -> None:
     assert "template 'short'" in done.stdout
 
 
+@SLOW  # a subprocess, or a second training run
 def test_a_base_model_is_refused_in_one_line_unless_raw(base: Path, capsys) -> None:
     assert chat.main([str(base), "-p", "hello"]) == 2
     err = capsys.readouterr().err
@@ -99,8 +119,8 @@ def test_a_base_model_is_refused_in_one_line_unless_raw(base: Path, capsys) -> N
 
 
 @pytest.mark.parametrize("command", [chat.main, test_generation.main], ids=["chat", "test_generation"])
-def test_top_p_or_top_k_without_a_temperature_is_an_error(command, tuned, capsys) -> None:
-    run, _ = tuned
+def test_top_p_or_top_k_without_a_temperature_is_an_error(command, built, capsys) -> None:
+    run = built
     for flags in (["--top-p", "0.9", "--temperature", "0"], ["--top-k", "5", "--temperature", "0"]):
         extra = ["-p", "x"] if command is chat.main else []
         with pytest.raises(SystemExit) as e:
@@ -112,6 +132,7 @@ def test_top_p_or_top_k_without_a_temperature_is_an_error(command, tuned, capsys
     assert "--top-p filters what is sampled" in capsys.readouterr().err
 
 
+@SLOW  # a subprocess, or a second training run
 def test_exact_match_scores_the_held_out_instructions_for_tuned_and_base_models(tuned, base, tmp_path, capsys) -> None:
     run, data = tuned
     out = tmp_path / "answers.jsonl"

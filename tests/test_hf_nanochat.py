@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import SHARED, SLOW
 from safetensors.numpy import load_file, save_file
 
 import convert_hf
@@ -252,6 +252,7 @@ def test_export_import_round_trip_is_bit_exact(tmp_path: Path, case: dict) -> No
     assert ckpt.read_meta(tmp_path / "run" / "pretrained")["weights_only"] is True
 
 
+@SLOW  # a second model built and compiled
 def test_an_imported_run_computes_the_exported_model(tmp_path: Path) -> None:
     folder, cfg = checkpoint(tmp_path / "ckpt", n_kv_heads=1)
     import_run(export_run(folder, tmp_path / "out"), tmp_path / "run")

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import write_run
+from conftest import SLOW, write_run
 
 import judge
 import train
@@ -117,6 +117,7 @@ def test_a_timeout_is_recorded_not_raised(stand_in) -> None:
     assert len(slow.requests) == 2 and time.monotonic() - started < 10
 
 
+@SLOW  # a fine-tuning run first
 def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tmp_path, monkeypatch, capsys) -> None:
     run, data = tuned
     replies = iter(["80", "no idea", 500, "60", "100", "Score: 20"])  # one each, in the order asked
@@ -143,6 +144,7 @@ def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tm
     assert all(auth == "Bearer sk-local" for _, auth, _ in server.requests)
 
 
+@SLOW  # a fine-tuning run first
 def test_a_missing_key_is_a_usage_error(tuned, monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(SystemExit) as e:

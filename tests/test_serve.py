@@ -3,7 +3,8 @@ strings, ids, lists of ids), greedy text equal to test_generation.py's, echo + l
 model's own per-token losses (evaluate.py's scoring program), streaming equal to whole answers, stop
 strings, seeds, 16 clients at once equal to one at a time, chat through a fine-tuned checkpoint's
 template (a base model refused), every error in OpenAI's shape, the API key, the non-local host
-refusal, the full queue's 503, SIGTERM's exit 0."""
+refusal, the full queue's 503, SIGTERM's exit 0. Each starts a server process: they are in the whole
+suite, the fast tier keeps the start-up refusal only."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import ROOT, write_run
+from conftest import ROOT, SLOW, write_run
 
 import serve
 import test_generation
@@ -127,12 +128,14 @@ def complete(server: Server, **kw) -> openai.types.Completion:
 # ----------------------------------------------------------------------------- completions
 
 
+@SLOW  # a server subprocess
 def test_models_and_health(server: Server) -> None:
     assert [m.id for m in server.client().models.list()] == [server.name] and server.name == "run"
     health = httpx.get(server.url + "/health").json()  # no key needed
     assert health["status"] == "ok" and health["rows"] == 16
 
 
+@SLOW  # a server subprocess
 def test_a_prompt_as_a_string_strings_ids_or_lists_of_ids_gives_the_same_greedy_text(server: Server) -> None:
     ids = list(b"Reverse the letters: abc")
     one = complete(server, prompt="Reverse the letters: abc", max_tokens=12, temperature=0)
@@ -145,6 +148,7 @@ def test_a_prompt_as_a_string_strings_ids_or_lists_of_ids_gives_the_same_greedy_
     assert [c.text for c in lists.choices] == [c.text for c in both.choices]
 
 
+@SLOW  # a server subprocess
 def test_greedy_text_equals_test_generations_continuation(server: Server, tuned: Path, capsys) -> None:
     prompt = "Every effort moves you"
     assert test_generation.main([str(tuned), "--prompt", prompt, "--max-new-tokens", "30"]) == 0
@@ -154,6 +158,7 @@ def test_greedy_text_equals_test_generations_continuation(server: Server, tuned:
     assert prompt + got == printed
 
 
+@SLOW  # a server subprocess
 def test_echo_logprobs_are_the_models_per_token_losses(server: Server, tuned: Path) -> None:
     """The prompt's token logprobs equal minus evaluate.py's per-token losses (scoring.ending_losses:
     the model's forward pass and cross-entropy), as lm-eval's local-completions asks for them."""
@@ -184,6 +189,7 @@ def test_echo_logprobs_are_the_models_per_token_losses(server: Server, tuned: Pa
     assert r0.choices[0].text == text and r0.choices[0].logprobs.token_logprobs == lp["token_logprobs"][:len(ids)]
 
 
+@SLOW  # a server subprocess
 def test_streamed_chunks_make_the_whole_answer(server: Server) -> None:
     kw = {"prompt": "Sort the letters of: dcba", "max_tokens": 40, "temperature": 1.0, "seed": 7}
     response = complete(server, **kw)
@@ -195,6 +201,7 @@ def test_streamed_chunks_make_the_whole_answer(server: Server) -> None:
     assert with_usage[-1].choices == [] and with_usage[-1].usage == response.usage
 
 
+@SLOW  # a server subprocess
 def test_a_stop_string_cuts_the_text_before_it_streamed_or_not(server: Server) -> None:
     kw = {"prompt": "Add 1 and 2.", "max_tokens": 40, "temperature": 1.0, "seed": 3}
     text = complete(server, **kw).choices[0].text
@@ -205,6 +212,7 @@ def test_a_stop_string_cuts_the_text_before_it_streamed_or_not(server: Server) -
     assert "".join(c.choices[0].text for c in complete(server, stop=stop, stream=True, **kw)) == cut.text
 
 
+@SLOW  # a server subprocess
 def test_a_seed_gives_each_choice_its_own_generator(server: Server) -> None:
     kw = {"prompt": "Spell the word: ab", "max_tokens": 20, "temperature": 1.0, "n": 3, "seed": 11}
     first = [c.text for c in complete(server, **kw).choices]
@@ -215,6 +223,7 @@ def test_a_seed_gives_each_choice_its_own_generator(server: Server) -> None:
         complete(server, **{**kw, "n": 1, "temperature": 0}).choices[0].text  # top_k 1 is greedy
 
 
+@SLOW  # a server subprocess
 def test_sixteen_clients_at_once_get_what_each_gets_alone(server: Server) -> None:
     def request(i: int) -> str:
         kw = {"prompt": f"Reverse the letters: {'abcdefghijklmnop'[:i + 1]}", "max_tokens": 10 + 3 * i,
@@ -229,6 +238,7 @@ def test_sixteen_clients_at_once_get_what_each_gets_alone(server: Server) -> Non
     assert together == alone
 
 
+@SLOW  # a server subprocess
 def test_max_tokens_stops_where_the_context_is_full(server: Server) -> None:
     prompt = "x" * 60  # the context is 64 tokens
     r = complete(server, prompt=prompt, max_tokens=50, temperature=0)
@@ -238,6 +248,7 @@ def test_max_tokens_stops_where_the_context_is_full(server: Server) -> None:
 # ----------------------------------------------------------------------------- chat
 
 
+@SLOW  # a server subprocess
 def test_chat_answers_through_the_checkpoints_template(server: Server, tuned: Path) -> None:
     messages = [{"role": "user", "content": "Reverse the letters: abc"}]
     bot = Assistant.load(tuned)
@@ -256,6 +267,7 @@ def test_chat_answers_through_the_checkpoints_template(server: Server, tuned: Pa
     assert pieces == [c.message.content for c in whole.choices]
 
 
+@SLOW  # a server subprocess
 def test_chat_logprobs_list_each_answer_token_with_its_bytes(server: Server) -> None:
     chat = server.client().chat.completions.create(model=server.name, max_tokens=12, temperature=0, logprobs=True,
                                                    top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
@@ -267,6 +279,7 @@ def test_chat_logprobs_list_each_answer_token_with_its_bytes(server: Server) -> 
         assert len(c.top_logprobs) == 2 and c.logprob == c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
 
 
+@SLOW  # a server subprocess
 def test_a_base_model_refuses_chat(small_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         small_server.client().chat.completions.create(model="base", messages=[{"role": "user", "content": "hi"}])
@@ -303,6 +316,7 @@ BAD = [  # (path, body, status, param, words in the message)
 ]
 
 
+@SLOW  # a server subprocess
 @pytest.mark.parametrize("path, body, status, param, words", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
 def test_a_bad_request_is_an_openai_error_naming_the_parameter(server: Server, path, body, status, param,
                                                                words) -> None:
@@ -314,6 +328,7 @@ def test_a_bad_request_is_an_openai_error_naming_the_parameter(server: Server, p
     assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
 
 
+@SLOW  # a server subprocess
 def test_the_api_key_is_required_except_for_health(server: Server) -> None:
     body = {"model": server.name, "prompt": "x", "max_tokens": 1}
     for key, words in ((None, "No API key provided"), ("wrong", "Incorrect API key")):
@@ -334,6 +349,7 @@ def test_another_host_without_a_key_is_refused_at_start_up(capsys) -> None:
 # ----------------------------------------------------------------------------- the queue, SIGTERM
 
 
+@SLOW  # a server subprocess
 def test_a_client_that_goes_away_frees_its_rows(small_server: Server) -> None:
     def health() -> dict:
         return httpx.get(small_server.url + "/health").json()
@@ -350,6 +366,7 @@ def test_a_client_that_goes_away_frees_its_rows(small_server: Server) -> None:
     assert after["prefills"] - before["prefills"] < 6 and after["tokens"] - before["tokens"] < 6 * 495
 
 
+@SLOW  # a server subprocess
 def test_a_full_queue_answers_503_with_retry_after_and_sigterm_exits_0(small_server: Server) -> None:
     """One row, one waiting request allowed: a long request decodes, a second waits, a third is told to retry.
     Then SIGTERM: the requests in flight finish and the server exits 0."""

@@ -79,6 +79,7 @@ def without_perf(rows: dict[int, dict[str, float]]) -> dict[int, dict[str, float
     return {s: {k: v for k, v in row.items() if not k.startswith("perf/")} for s, row in rows.items()}
 
 
+@SLOW  # two training sessions and a W&B run
 def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Path, data_root: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Session 1 dies after step 10 (its checkpoint at 10 fails; the one at 5 is the latest), session 2
@@ -137,6 +138,7 @@ def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Pat
     assert not list(tmp_path.glob("wandb")) and not (Path.cwd() / "wandb").exists()  # only in the run dir
 
 
+@SLOW  # two training sessions and a W&B run
 def test_a_stop_finishes_the_run_as_preempting(tmp_path: Path, data_root: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (a real SIGINT to this process, caught by train.py's StopFlag) after step 5's checkpoint:
