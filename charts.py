@@ -24,14 +24,23 @@ from jaxgpt.tracking.figures import FORMATS
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Draw a run's loss, learning-rate, gradient-norm and throughput charts into <run>/charts, "
-                    "or, with --compare, the validation loss of several runs against tokens seen on one chart.")
+        "or, with --compare, the validation loss of several runs against tokens seen on one chart."
+    )
     parser.add_argument("run_dirs", type=Path, nargs="+", metavar="run_dir", help="run folder, e.g. runs/<name>")
     parser.add_argument("--log-y", action="store_true", help="use a logarithmic loss axis")
-    parser.add_argument("--compare", type=Path, metavar="OUT",
-                        help=f"draw the runs on one chart into OUT ({', '.join('.' + f for f in FORMATS)})")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="OUT",
+        help=f"draw the runs on one chart into OUT ({', '.join('.' + f for f in FORMATS)})",
+    )
     parser.add_argument("--log-x", action="store_true", help="with --compare: a logarithmic tokens axis")
-    parser.add_argument("--target", type=float, metavar="LOSS",
-                        help="with --compare: draw this validation loss as a line and say when each run reached it")
+    parser.add_argument(
+        "--target",
+        type=float,
+        metavar="LOSS",
+        help="with --compare: draw this validation loss as a line and say when each run reached it",
+    )
     args = parser.parse_args(argv)
     if args.compare is None and (args.log_x or args.target is not None):
         parser.error("--log-x and --target apply to --compare OUT")

@@ -32,14 +32,20 @@ DEFAULT_TOP_K = 50  # when sampling (temperature > 0) and --top-k is not given: 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument("-p", "--prompt", default=None, help="one message, answered once ('-': read it from stdin)")
     parser.add_argument("--system", default=None, help="a system message opening the conversation")
     parser.add_argument("--raw", action="store_true", help="no chat template: continue the text as a base model")
-    add_sampling_args(parser, max_new_tokens=256, temperature=0.6, on_full=False,
-                      top_k_note=f" (default {DEFAULT_TOP_K} when sampling)")
+    add_sampling_args(
+        parser,
+        max_new_tokens=256,
+        temperature=0.6,
+        on_full=False,
+        top_k_note=f" (default {DEFAULT_TOP_K} when sampling)",
+    )
     return parser
 
 
@@ -47,9 +53,18 @@ def _raw(bot_model: tuple, text: str, sampling: Sampling) -> str:
     from jaxgpt.model.sampling import generate_batch
 
     model, tok = bot_model
-    (ids,) = generate_batch(model, [tok.encode(text)], max_new_tokens=sampling.max_new_tokens,
-                            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                            seed=sampling.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab, on_full="stop")
+    (ids,) = generate_batch(
+        model,
+        [tok.encode(text)],
+        max_new_tokens=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        eot_id=tok.eot_id,
+        n_vocab=tok.n_vocab,
+        on_full="stop",
+    )
     return tok.decode(ids).rstrip(REPLACEMENT)
 
 
@@ -110,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         if prompt is None:
             return _interactive(bot, args.system, sampling)
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}]
+            {"role": "user", "content": prompt}
+        ]
         for piece in bot.stream(messages, sampling):
             print(piece, end="", flush=True)
         print()

@@ -4,7 +4,8 @@ each can be resumed from (its files checked against meta.json, as a resume check
     uv run checkpointing.py runs/tiny            # one line per checkpoint, oldest first
     uv run checkpointing.py runs/tiny --json     # the same as JSON
 
-It exits 1 when a checkpoint is damaged, 2 on bad input. Nothing is changed or loaded here (no JAX). The code: jaxgpt/checkpoints/ (layout.py where a run's
+It exits 1 when a checkpoint is damaged, 2 on bad input. Nothing is changed or loaded here (no JAX).
+The code: jaxgpt/checkpoints/ (layout.py where a run's
 checkpoints live, meta.json, finding, pruning, archiving, integrity, without JAX; store.py writing
 and restoring them: safetensors weights, the Orbax optimiser state, atomically; gpt2.py GPT-2's
 weights in and out). The layout and what a resume does: docs/checkpoints.md.
@@ -46,11 +47,19 @@ def inventory(run_dir: Path) -> list[dict[str, Any]]:
         except CheckpointError:
             meta = {"step": step_of(ckpt)}
         train = meta.get("train_loss") if isinstance(meta.get("train_loss"), dict) else {}
-        rows.append({"name": ckpt.name, "step": meta["step"], "tokens": meta.get("tokens_seen"),
-                     "train_loss": train.get("mean"), "val_loss": meta.get("val_loss"),
-                     "weights_only": bool(meta.get("weights_only")),
-                     "latest": ckpt.resolve() == latest, "best": ckpt.resolve() == best,
-                     "problem": problem})
+        rows.append(
+            {
+                "name": ckpt.name,
+                "step": meta["step"],
+                "tokens": meta.get("tokens_seen"),
+                "train_loss": train.get("mean"),
+                "val_loss": meta.get("val_loss"),
+                "weights_only": bool(meta.get("weights_only")),
+                "latest": ckpt.resolve() == latest,
+                "best": ckpt.resolve() == best,
+                "problem": problem,
+            }
+        )
     return rows
 
 
@@ -65,14 +74,19 @@ def report(run_dir: Path, rows: list[dict[str, Any]]) -> str:
     for r in rows:
         marks = ", ".join(m for m in ("latest", "best") if r[m]) + (" weights only" if r["weights_only"] else "")
         state = "ok" if r["problem"] is None else f"DAMAGED: {r['problem']}"
-        lines.append(f"{r['name']:<28} {r['step']:>8,} {_num(r['tokens'], ',d'):>14} {_num(r['train_loss'], '.4f'):>8} "
-                     f"{_num(r['val_loss'], '.4f'):>8}  {state}{' (' + marks + ')' if marks else ''}")
+        lines.append(
+            f"{r['name']:<28} {r['step']:>8,} {_num(r['tokens'], ',d'):>14} {_num(r['train_loss'], '.4f'):>8} "
+            f"{_num(r['val_loss'], '.4f'):>8}  {state}{' (' + marks + ')' if marks else ''}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("run_dir", type=Path, help="run directory, e.g. runs/tiny")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)

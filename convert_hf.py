@@ -23,8 +23,9 @@ from jaxgpt.data.tokenizer import TokenizerError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="checkpoint or run directory -> transformers nanochat folder")
     exp.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
@@ -33,26 +34,31 @@ def main(argv: list[str] | None = None) -> int:
     imp = sub.add_parser("import", help="transformers nanochat folder -> run directory")
     imp.add_argument("hf_folder", type=Path, help="folder holding config.json, model.safetensors, tokenizer.json")
     imp.add_argument("run_dir", type=Path)
-    imp.add_argument("--tokenizer-name", default=None,
-                     help="train.json name for a trained tokenizer (default: the folder's name)")
+    imp.add_argument(
+        "--tokenizer-name", default=None, help="train.json name for a trained tokenizer (default: the folder's name)"
+    )
     imp.add_argument("--force", action="store_true", help="overwrite model.json, train.json and pretrained/")
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             out = export_run(args.checkpoint, args.out_dir, force=args.force)
-            print(f"Exported {args.checkpoint} -> {out}\n"
-                  f"transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}), AutoTokenizer likewise\n"
-                  f"vLLM:         vllm serve {out}")
+            print(
+                f"Exported {args.checkpoint} -> {out}\n"
+                f"transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}), AutoTokenizer likewise\n"
+                f"vLLM:         vllm serve {out}"
+            )
         else:
             init = import_run(args.hf_folder, args.run_dir, force=args.force, tokenizer_name=args.tokenizer_name)
             cfg = json.loads((init / MODEL_FILE).read_text())
             tokenizer = json.loads((args.run_dir / TRAIN_FILE).read_text())["tokenizer"]
-            print(f"Imported {args.hf_folder}: {cfg['n_layers']} layers, {cfg['emb_dim']} dims, {cfg['n_heads']} "
-                  f"heads ({cfg['n_kv_heads'] or cfg['n_heads']} key/value), vocab {cfg['vocab_size']}, context "
-                  f"{cfg['context_length']}, tokenizer {tokenizer!r} -> {init}\n"
-                  f"Sample:    uv run test_generation.py {args.run_dir}\n"
-                  f"Evaluate:  uv run evaluate.py {args.run_dir}\n"
-                  f"Fine-tune: uv run train.py {args.run_dir}   (edit {args.run_dir / TRAIN_FILE} first)")
+            print(
+                f"Imported {args.hf_folder}: {cfg['n_layers']} layers, {cfg['emb_dim']} dims, {cfg['n_heads']} "
+                f"heads ({cfg['n_kv_heads'] or cfg['n_heads']} key/value), vocab {cfg['vocab_size']}, context "
+                f"{cfg['context_length']}, tokenizer {tokenizer!r} -> {init}\n"
+                f"Sample:    uv run test_generation.py {args.run_dir}\n"
+                f"Evaluate:  uv run evaluate.py {args.run_dir}\n"
+                f"Fine-tune: uv run train.py {args.run_dir}   (edit {args.run_dir / TRAIN_FILE} first)"
+            )
     except (ConversionError, ConfigError, CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -33,25 +33,45 @@ def resolve(path: Path, data_root: Path) -> Path:
         return path
     if (path / "train.json").is_file() or (path / "model.json").is_file():
         model_cfg, train_cfg = load_run_configs(path)
-        return prepare_dataset(train_cfg.dataset.source, train_cfg.tokenizer, data_root,
-                               options=train_cfg.dataset.options, train_tokens=train_cfg.planned_tokens(model_cfg),
-                               log=print)
+        return prepare_dataset(
+            train_cfg.dataset.source,
+            train_cfg.tokenizer,
+            data_root,
+            options=train_cfg.dataset.options,
+            train_tokens=train_cfg.planned_tokens(model_cfg),
+            log=print,
+        )
     raise DataError(f"{path}: neither a dataset folder (no {MANIFEST}) nor a run directory (no train.json)")
 
 
 def summary(ds: Dataset) -> dict[str, Any]:
     m = ds.manifest
-    return {"path": str(ds.path), "source": m.get("source"), "options": m.get("options"),
-            "fingerprint": m.get("fingerprint"), "tokenizer": ds.tokenizer, "vocab_size": ds.vocab_size,
-            "eot_id": ds.eot_id, "max_token_id": ds.max_token_id,
-            "splits": {split: {"tokens": m["splits"][split]["tokens"], "documents": m["splits"][split].get("documents"),
-                               "shards": len(m["splits"][split]["shards"])} for split in SPLITS}}
+    return {
+        "path": str(ds.path),
+        "source": m.get("source"),
+        "options": m.get("options"),
+        "fingerprint": m.get("fingerprint"),
+        "tokenizer": ds.tokenizer,
+        "vocab_size": ds.vocab_size,
+        "eot_id": ds.eot_id,
+        "max_token_id": ds.max_token_id,
+        "splits": {
+            split: {
+                "tokens": m["splits"][split]["tokens"],
+                "documents": m["splits"][split].get("documents"),
+                "shards": len(m["splits"][split]["shards"]),
+            }
+            for split in SPLITS
+        },
+    }
 
 
 def report(s: dict[str, Any]) -> str:
-    lines = [f"{s['path']}: {s['source']} {json.dumps(s['options'])}, tokenizer {s['tokenizer']} "
-             f"(vocab {s['vocab_size']}, end of text {s['eot_id']}, largest id {s['max_token_id']})",
-             f"  fingerprint {s['fingerprint']}"]
+    lines = [
+        f"{s['path']}: {s['source']} {json.dumps(s['options'])}, tokenizer {s['tokenizer']} "
+        f"(vocab {s['vocab_size']}, end of text {s['eot_id']}, largest id {s['max_token_id']})",
+        f"  fingerprint {s['fingerprint']}",
+    ]
     for split, e in s["splits"].items():
         docs = f"{e['documents']:,} documents, " if e["documents"] is not None else ""
         lines.append(f"  {split:<5} {e['tokens']:>14,} tokens, {docs}{e['shards']} shard{'s' * (e['shards'] != 1)}")
@@ -59,14 +79,21 @@ def report(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("path", type=Path, help="a prepared dataset folder, or a run directory")
     parser.add_argument("--verify", action="store_true", help="check every shard's sha256 against the manifest")
     parser.add_argument("--sample", type=int, default=0, metavar="N", help="decode N tokens from the start of --split")
     parser.add_argument("--split", choices=SPLITS, default="train", help="the split --sample reads (default train)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="data root for a run's dataset (default: $JAXGPT_DATA_DIR, else the repository's data/)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="data root for a run's dataset (default: $JAXGPT_DATA_DIR, else the repository's data/)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
     if args.sample < 0:

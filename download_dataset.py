@@ -40,62 +40,113 @@ def _count(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--data-dir", type=Path, default=None,
-                       help="data root (default: $JAXGPT_DATA_DIR or <project>/data)")
+    where.add_argument(
+        "--data-dir", type=Path, default=None, help="data root (default: $JAXGPT_DATA_DIR or <project>/data)"
+    )
     common = argparse.ArgumentParser(add_help=False, parents=[where])
     common.add_argument("--verify", action="store_true", help="afterwards, check every shard's sha256")
     split = argparse.ArgumentParser(add_help=False)
-    split.add_argument("--validation-fraction", type=float, default=None,
-                       help="share held out for validation (default: 0.05; tinyshakespeare 0.1)")
+    split.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None,
+        help="share held out for validation (default: 0.05; tinyshakespeare 0.1)",
+    )
     tokenized = argparse.ArgumentParser(add_help=False, parents=[common, split])
-    tokenized.add_argument("--tokenizer", default="bytes",
-                           help="bytes (default), gpt2, or the name of a trained tokenizer (the tokenizer command)")
-    parser = argparse.ArgumentParser(description="Tokenize a corpus into train/val safetensors shards "
-                                     "(reused when already prepared).", epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    tokenized.add_argument(
+        "--tokenizer",
+        default="bytes",
+        help="bytes (default), gpt2, or the name of a trained tokenizer (the tokenizer command)",
+    )
+    parser = argparse.ArgumentParser(
+        description="Tokenize a corpus into train/val safetensors shards (reused when already prepared).",
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     _text_sources(sub, tokenized)
-    web = sub.add_parser(FINEWEB, parents=[common], help="FineWeb-10B as GPT-2 tokens (llm.c .bin files)")
-    size = web.add_mutually_exclusive_group()
-    size.add_argument("--train-tokens", type=_count, default=None,
-                      help="take as many 100M-token train files as this many tokens need (default: 1 file)")
-    size.add_argument("--train-shards", type=int, default=None,
-                      help=f"take exactly this many train files (1..{fineweb.N_TRAIN_FILES})")
-    web.add_argument("--from", dest="from_path", type=Path, default=None,
-                     help="a folder holding the .bin files (e.g. modded-nanogpt's data/fineweb10B)")
-    edu = sub.add_parser(FINEWEB_EDU, parents=[common], help="FineWeb-Edu text (nanochat's parquet shards), "
-                         "tokenized here, resumable")
-    edu.add_argument("--tokenizer", default="gpt2",
-                     help="gpt2 (default), bytes, or the name of a trained tokenizer")
-    size = edu.add_mutually_exclusive_group()
-    size.add_argument("--train-tokens", type=_count, default=None,
-                      help="take train shards in order until they hold this many tokens (default: 1 shard)")
-    size.add_argument("--train-shards", type=int, default=None,
-                      help=f"take exactly this many train shards (1..{fineweb_edu.N_TRAIN_FILES})")
-    edu.add_argument("--from", dest="from_path", type=Path, default=None,
-                     help="a folder holding shard_NNNNN.parquet files (read in place)")
+    _web_sources(sub, common)
     _conversation_sources(sub, tokenized)
     run = sub.add_parser("run", parents=[common], help="the dataset a run's train.json names, for its length")
     run.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
-    run.add_argument("--from", dest="from_path", type=Path, default=None,
-                     help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder, "
-                          "FineWeb-Edu .parquet folder)")
+    run.add_argument(
+        "--from",
+        dest="from_path",
+        type=Path,
+        default=None,
+        help="a local copy of a downloadable source (tinyshakespeare file, FineWeb .bin folder, "
+        "FineWeb-Edu .parquet folder)",
+    )
+    _tokenizer_command(sub, where, split)
+    return parser
+
+
+def _web_sources(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """FineWeb (GPT-2 ids) and FineWeb-Edu (text): downloaded for the length asked."""
+    for source, unit, what, folder in (
+        (
+            FINEWEB,
+            "100M-token train files",
+            "FineWeb-10B as GPT-2 tokens (llm.c .bin files)",
+            "a folder holding the .bin files (e.g. modded-nanogpt's data/fineweb10B)",
+        ),
+        (
+            FINEWEB_EDU,
+            "train shards",
+            "FineWeb-Edu text (nanochat's parquet shards), tokenized here, resumable",
+            "a folder holding shard_NNNNN.parquet files (read in place)",
+        ),
+    ):
+        web = sub.add_parser(source, parents=[common], help=what)
+        if source == FINEWEB_EDU:
+            web.add_argument(
+                "--tokenizer", default="gpt2", help="gpt2 (default), bytes, or the name of a trained tokenizer"
+            )
+        most = fineweb.N_TRAIN_FILES if source == FINEWEB else fineweb_edu.N_TRAIN_FILES
+        size = web.add_mutually_exclusive_group()
+        size.add_argument(
+            "--train-tokens",
+            type=_count,
+            default=None,
+            help=f"take {unit} in order until they hold this many tokens (default: 1)",
+        )
+        size.add_argument("--train-shards", type=int, default=None, help=f"take exactly this many {unit} (1..{most})")
+        web.add_argument("--from", dest="from_path", type=Path, default=None, help=folder)
+
+
+def _tokenizer_command(
+    sub: argparse._SubParsersAction, where: argparse.ArgumentParser, split: argparse.ArgumentParser
+) -> None:
+    """`download_dataset.py tokenizer NAME SOURCE`: a BPE trained on a source's train split."""
     trainer = argparse.ArgumentParser(add_help=False, parents=[where])
-    trainer.add_argument("--vocab-size", type=int, required=True,
-                         help=f"tokens in all, end-of-text included ({bpe.MIN_VOCAB}..{bpe.MAX_VOCAB})")
+    trainer.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        help=f"tokens in all, end-of-text included ({bpe.MIN_VOCAB}..{bpe.MAX_VOCAB})",
+    )
     trainer.add_argument("--force", action="store_true", help="replace a different tokenizer of that name")
     tok = sub.add_parser("tokenizer", help="train a byte-level BPE on a source's train split (docs/tokenizers.md)")
-    tok.add_argument("tokenizer_name", metavar="NAME", help="saved as <data>/tokenizers/NAME; train.json "
-                     "\"tokenizer\": NAME uses it")
+    tok.add_argument(
+        "tokenizer_name", metavar="NAME", help='saved as <data>/tokenizers/NAME; train.json "tokenizer": NAME uses it'
+    )
     corpora = tok.add_subparsers(dest="corpus", required=True, metavar="SOURCE")
     _text_sources(corpora, argparse.ArgumentParser(add_help=False, parents=[trainer, split]))
     edu = corpora.add_parser(FINEWEB_EDU, parents=[trainer], help="FineWeb-Edu's first train shards, as nanochat")
-    edu.add_argument("--from", dest="from_path", type=Path, default=None,
-                     help="a folder holding shard_NNNNN.parquet files (read in place)")
+    edu.add_argument(
+        "--from",
+        dest="from_path",
+        type=Path,
+        default=None,
+        help="a folder holding shard_NNNNN.parquet files (read in place)",
+    )
     for key, meaning in ("max_chars", "characters to train on in all"), ("doc_cap", "characters kept of each document"):
-        edu.add_argument(f"--{key.replace('_', '-')}", type=_count, default=None,
-                         help=f"{meaning} (default: {bpe.EDU_OPTIONS[key]:,}, nanochat's)")
-    return parser
+        edu.add_argument(
+            f"--{key.replace('_', '-')}",
+            type=_count,
+            default=None,
+            help=f"{meaning} (default: {bpe.EDU_OPTIONS[key]:,}, nanochat's)",
+        )
 
 
 def _text_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -104,14 +155,20 @@ def _text_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentPars
     text = sub.add_parser("text", parents=[parent], help="local .txt/.md/.jsonl/.parquet files, folders or globs")
     text.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
     text.add_argument("--text-column", default=None, help="the string column of .parquet files (default: text)")
-    text.add_argument("--name", default=None,
-                      help="dataset folder text-<name>-<tokenizer> (default: the first path's name)")
+    text.add_argument(
+        "--name", default=None, help="dataset folder text-<name>-<tokenizer> (default: the first path's name)"
+    )
     shakespeare = sub.add_parser("tinyshakespeare", parents=[parent], help="the 1.1 MB char-rnn corpus")
-    shakespeare.add_argument("--from", dest="from_path", type=Path, default=None,
-                             help="a local copy of input.txt instead of downloading it")
-    shakespeare.add_argument("--split", choices=TINYSHAKESPEARE_SPLITS, default=None,
-                             help="nanogpt (default): nanoGPT's exact cut, no end-of-text; newline: cut at the "
-                                  "next newline, end-of-text after each part")
+    shakespeare.add_argument(
+        "--from", dest="from_path", type=Path, default=None, help="a local copy of input.txt instead of downloading it"
+    )
+    shakespeare.add_argument(
+        "--split",
+        choices=TINYSHAKESPEARE_SPLITS,
+        default=None,
+        help="nanogpt (default): nanoGPT's exact cut, no end-of-text; newline: cut at the "
+        "next newline, end-of-text after each part",
+    )
 
 
 def _template(text: str) -> str | dict:
@@ -127,15 +184,24 @@ def _template(text: str) -> str | dict:
 def _conversation_sources(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     """The instruction fine-tuning sources: conversations rendered with a chat template, plus a loss mask."""
     chat = argparse.ArgumentParser(add_help=False, parents=[parent])
-    chat.add_argument("--template", type=_template, default=None,
-                      help="alpaca, nanochat, or a .json file holding a template (default: nanochat for a tokenizer "
-                           "trained here, else alpaca; docs/fine-tuning.md)")
-    chat.add_argument("--too-long", choices=("drop", "crop"), default=None,
-                      help="what training does with a conversation longer than a row (default: drop)")
+    chat.add_argument(
+        "--template",
+        type=_template,
+        default=None,
+        help="alpaca, nanochat, or a .json file holding a template (default: nanochat for a tokenizer "
+        "trained here, else alpaca; docs/fine-tuning.md)",
+    )
+    chat.add_argument(
+        "--too-long",
+        choices=("drop", "crop"),
+        default=None,
+        help="what training does with a conversation longer than a row (default: drop)",
+    )
     conv = sub.add_parser("conversations", parents=[chat], help="Alpaca and chat records (.json/.jsonl/.parquet)")
     conv.add_argument("paths", nargs="+", help="files, folders (searched recursively) or quoted globs")
-    conv.add_argument("--name", default=None,
-                      help="dataset folder conversations-<name>-<tokenizer> (default: the first path's name)")
+    conv.add_argument(
+        "--name", default=None, help="dataset folder conversations-<name>-<tokenizer> (default: the first path's name)"
+    )
     ins = sub.add_parser("instructions", parents=[chat], help="the built-in instruction set with checkable answers")
     ins.add_argument("--examples", type=_count, default=None, help="training conversations (default 20,000)")
     ins.add_argument("--validation-examples", type=_count, default=None, help="held-out ones (default 500)")
@@ -146,8 +212,12 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict, int | None]:
     """(source, tokenizer, options, train_tokens) from the command line; only options given are passed."""
     if args.source == "run":
         model_cfg, train_cfg = load_run_configs(args.run_dir)
-        return (train_cfg.dataset.source, train_cfg.tokenizer, train_cfg.dataset.options,
-                train_cfg.planned_tokens(model_cfg))
+        return (
+            train_cfg.dataset.source,
+            train_cfg.tokenizer,
+            train_cfg.dataset.options,
+            train_cfg.planned_tokens(model_cfg),
+        )
     if args.source == FINEWEB:
         options = {} if args.train_shards is None else {"train_shards": args.train_shards}
         return FINEWEB, "gpt2", options, args.train_tokens
@@ -180,11 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source, tokenizer, options, train_tokens = _request(args)
         if args.source == "tokenizer":
-            bpe.train_tokenizer(args.tokenizer_name, source, data_root, vocab_size=args.vocab_size, options=options,
-                                from_path=getattr(args, "from_path", None), force=args.force)
+            bpe.train_tokenizer(
+                args.tokenizer_name,
+                source,
+                data_root,
+                vocab_size=args.vocab_size,
+                options=options,
+                from_path=getattr(args, "from_path", None),
+                force=args.force,
+            )
             return 0
-        path = prepare_dataset(source, tokenizer, data_root, options=options, train_tokens=train_tokens,
-                               from_path=getattr(args, "from_path", None))
+        path = prepare_dataset(
+            source,
+            tokenizer,
+            data_root,
+            options=options,
+            train_tokens=train_tokens,
+            from_path=getattr(args, "from_path", None),
+        )
         if args.verify:
             open_dataset(path, verify=True)
             print(f"verified sha256 of every shard in {path}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
-from jaxgpt.config import ConfigError
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
 from jaxgpt.data.chat_template import ChatTemplate, TemplateError
 from jaxgpt.data.prepare import default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
@@ -52,8 +52,10 @@ def main_hellaswag(args: argparse.Namespace) -> int:
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
-        print(f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
-              f"{'' if tok.name == 'gpt2' else f'; llm.c scores with gpt2, so compare with {tok.name} models only'})")
+        print(
+            f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
+            f"{'' if tok.name == 'gpt2' else f'; llm.c scores with gpt2, so compare with {tok.name} models only'})"
+        )
         r = hellaswag_score(model, examples, tok, batch_examples=args.batch_size or 16)
     except INPUT_ERRORS as e:  # HellaSwagError is a DataError
         print(f"error: {e}", file=sys.stderr)
@@ -78,8 +80,10 @@ def main_core(args: argparse.Namespace) -> int:
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
-        print(f"Checkpoint: {ckpt_dir}\nCORE: {path} ({len(tasks)} tasks, {tok.name} tokenizer, "
-              f"context {model_cfg.context_length})")
+        print(
+            f"Checkpoint: {ckpt_dir}\nCORE: {path} ({len(tasks)} tasks, {tok.name} tokenizer, "
+            f"context {model_cfg.context_length})"
+        )
         r = core_score(model, prepared, rows_per_call=args.batch_size or 64)
     except INPUT_ERRORS as e:  # CoreError is a DataError
         print(f"error: {e}", file=sys.stderr)
@@ -103,8 +107,10 @@ def main_exact_match(args: argparse.Namespace) -> int:
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
-        print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,}, template "
-              f"{template.name!r})")
+        print(
+            f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,}, template "
+            f"{template.name!r})"
+        )
         r = exact_match(Assistant(model, tok, template, str(ckpt_dir)), questions, batch_size=args.batch_size or 16)
     except (*INPUT_ERRORS, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -118,33 +124,74 @@ def main_exact_match(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
-    parser.add_argument("--dataset", default=None, help="a dataset source (e.g. builtin) or a prepared dataset "
-                        "folder (default: the run's train.json dataset)")
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a dataset source (e.g. builtin) or a prepared dataset folder (default: the run's train.json dataset)",
+    )
     parser.add_argument("--split", choices=("train", "val"), default="val")
     parser.add_argument("--max-batches", type=int, default=None, help="score at most this many batches")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the run's microbatch_size")
     parser.add_argument("--sequence-length", type=int, default=None, help="default: the run's sequence_length")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="where datasets live (default: $JAXGPT_DATA_DIR, else the repository's data/)")
-    parser.add_argument("--hellaswag", action="store_true", help="score HellaSwag (validation) instead of the loss; "
-                        "--batch-size is then examples per device call (default 16)")
-    parser.add_argument("--hellaswag-file", type=Path, default=None,
-                        help="a local hellaswag_val.jsonl (rowanz format) instead of the download; implies --hellaswag")
-    parser.add_argument("--core", action="store_true", help="score DCLM's CORE (the eval bundle's 22 tasks) instead "
-                        "of the loss; --batch-size is then rows per device call (default 64)")
-    parser.add_argument("--core-from", type=Path, default=None,
-                        help="a local eval_bundle.zip or its unpacked folder instead of the download; implies --core")
-    parser.add_argument("--exact-match", type=Path, nargs="?", const=Path(""), default=None, metavar="RUN",
-                        help="greedy answers to the held-out instructions of a conversation dataset: RUN's (a run dir, "
-                             "checkpoint or prepared dataset folder; default: the checkpoint's own), with its chat "
-                             "template; --batch-size is then conversations at once (default 16)")
-    parser.add_argument("--out", type=Path, default=None, help="--exact-match: write each answer to this JSONL file")
-    parser.add_argument("--limit", type=int, default=None, help="HellaSwag: score the first N examples only; "
-                        "CORE: N examples per task (a quick figure, not the CORE metric); exact match: N questions")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where datasets live (default: $JAXGPT_DATA_DIR, else the repository's data/)",
+    )
+    _add_benchmark_args(parser)
     return parser
+
+
+def _add_benchmark_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that score something other than the loss: HellaSwag, CORE, exact match."""
+    parser.add_argument(
+        "--hellaswag",
+        action="store_true",
+        help="score HellaSwag (validation) instead of the loss; "
+        "--batch-size is then examples per device call (default 16)",
+    )
+    parser.add_argument(
+        "--hellaswag-file",
+        type=Path,
+        default=None,
+        help="a local hellaswag_val.jsonl (rowanz format) instead of the download; implies --hellaswag",
+    )
+    parser.add_argument(
+        "--core",
+        action="store_true",
+        help="score DCLM's CORE (the eval bundle's 22 tasks) instead "
+        "of the loss; --batch-size is then rows per device call (default 64)",
+    )
+    parser.add_argument(
+        "--core-from",
+        type=Path,
+        default=None,
+        help="a local eval_bundle.zip or its unpacked folder instead of the download; implies --core",
+    )
+    parser.add_argument(
+        "--exact-match",
+        type=Path,
+        nargs="?",
+        const=Path(""),
+        default=None,
+        metavar="RUN",
+        help="greedy answers to the held-out instructions of a conversation dataset: RUN's (a run dir, "
+        "checkpoint or prepared dataset folder; default: the checkpoint's own), with its chat "
+        "template; --batch-size is then conversations at once (default 16)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="--exact-match: write each answer to this JSONL file")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="HellaSwag: score the first N examples only; "
+        "CORE: N examples per task (a quick figure, not the CORE metric); exact match: N questions",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,21 +211,37 @@ def main(argv: list[str] | None = None) -> int:
         return main_hellaswag(args)
     if args.core or args.core_from is not None:
         return main_core(args)
+    return main_loss(args)
+
+
+def _loss_dataset(args: argparse.Namespace, cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
+    """The dataset --dataset names (a prepared folder or a source), else the run's own, prepared if missing."""
+    if args.dataset is not None and (Path(args.dataset) / "manifest.json").is_file():
+        return Path(args.dataset)
+    same = args.dataset is None or args.dataset == cfg.dataset.source
+    # The run's length too: without it a FineWeb(-Edu) dataset would be rebuilt with one train shard.
+    length = cfg.planned_tokens(model_cfg) if same else None
+    return prepare_dataset(
+        args.dataset or cfg.dataset.source,
+        cfg.tokenizer,
+        args.data_dir or default_data_root(),
+        options=cfg.dataset.options if same else None,
+        train_tokens=length,
+        log=print,
+    )
+
+
+def main_loss(args: argparse.Namespace) -> int:
+    """evaluate.py without a benchmark flag: loss, perplexity and bits per byte over a whole split."""
     try:
         ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
         cfg = train_config(train, str(ckpt_dir / "train.json"))
         seq_len = args.sequence_length or cfg.seq_len(model_cfg)
         if seq_len > model_cfg.context_length:
-            raise ConfigError(f"--sequence-length={seq_len} exceeds the model's context_length={model_cfg.context_length}")
-        if args.dataset is not None and (Path(args.dataset) / "manifest.json").is_file():
-            ds_path = Path(args.dataset)
-        else:
-            same = args.dataset is None or args.dataset == cfg.dataset.source
-            # The run's length too: without it a FineWeb(-Edu) dataset would be rebuilt with one train shard.
-            length = cfg.planned_tokens(model_cfg) if same else None
-            ds_path = prepare_dataset(args.dataset or cfg.dataset.source, cfg.tokenizer,
-                                      args.data_dir or default_data_root(),
-                                      options=cfg.dataset.options if same else None, train_tokens=length, log=print)
+            raise ConfigError(
+                f"--sequence-length={seq_len} exceeds the model's context_length={model_cfg.context_length}"
+            )
+        ds_path = _loss_dataset(args, cfg, model_cfg)
         dataset = open_dataset(ds_path)
         tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
         check_dataset(dataset, tok, model_cfg.vocab_size)
@@ -189,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")
-        r = evaluate(model, tok, split, batch_size=args.batch_size or cfg.microbatch_size, seq_len=seq_len,
-                     targets=cfg.targets, max_batches=args.max_batches)
+        batch_size = args.batch_size or cfg.microbatch_size
+        r = evaluate(
+            model, tok, split, batch_size=batch_size, seq_len=seq_len, targets=cfg.targets, max_batches=args.max_batches
+        )
     except INPUT_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

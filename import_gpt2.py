@@ -21,8 +21,9 @@ from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="GPT-2 safetensors (file or variant name) -> run directory")
     imp.add_argument("source", help=f"model.safetensors, a folder holding one, or {', '.join(VARIANTS)}")
@@ -39,19 +40,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--n-heads={args.n_heads} must be >= 1")
     try:
         if args.command == "import":
-            init = import_run(args.source, args.run_dir, n_heads=args.n_heads, tokenizer=args.tokenizer,
-                              force=args.force)
+            init = import_run(
+                args.source, args.run_dir, n_heads=args.n_heads, tokenizer=args.tokenizer, force=args.force
+            )
             cfg = json.loads((init / MODEL_FILE).read_text())
-            print(f"Imported {args.source}: {cfg['n_layers']} layers, {cfg['emb_dim']} dims, {cfg['n_heads']} heads, "
-                  f"vocab {cfg['vocab_size']}, context {cfg['context_length']}, "
-                  f"{'tied' if cfg['tie_embeddings'] else 'untied'} embeddings -> {init}\n"
-                  f"Sample:    uv run test_generation.py {args.run_dir}\n"
-                  f"Evaluate:  uv run evaluate.py {args.run_dir}\n"
-                  f"Fine-tune: uv run train.py {args.run_dir}   (edit {args.run_dir / TRAIN_FILE} first)")
+            print(
+                f"Imported {args.source}: {cfg['n_layers']} layers, {cfg['emb_dim']} dims, {cfg['n_heads']} heads, "
+                f"vocab {cfg['vocab_size']}, context {cfg['context_length']}, "
+                f"{'tied' if cfg['tie_embeddings'] else 'untied'} embeddings -> {init}\n"
+                f"Sample:    uv run test_generation.py {args.run_dir}\n"
+                f"Evaluate:  uv run evaluate.py {args.run_dir}\n"
+                f"Fine-tune: uv run train.py {args.run_dir}   (edit {args.run_dir / TRAIN_FILE} first)"
+            )
         else:
             target = export_run(args.checkpoint, args.out_dir, force=args.force)
-            print(f"Exported {args.checkpoint} -> {target} (+ config.json); load it with "
-                  f"transformers.GPT2LMHeadModel.from_pretrained({str(args.out_dir)!r})")
+            print(
+                f"Exported {args.checkpoint} -> {target} (+ config.json); load it with "
+                f"transformers.GPT2LMHeadModel.from_pretrained({str(args.out_dir)!r})"
+            )
     except (WeightsError, ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -33,16 +33,24 @@ from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, held_
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument("--url", required=True, help="the judge's OpenAI-compatible base URL (…/v1)")
     parser.add_argument("--model", required=True, help="the judge model's name at that endpoint")
-    parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                        help="environment variable holding the API key (default OPENAI_API_KEY; NONE: no key)")
+    parser.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        help="environment variable holding the API key (default OPENAI_API_KEY; NONE: no key)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSONL file: one line per answer")
-    parser.add_argument("--questions", type=Path, default=None,
-                        help="whose held-out conversations to ask (default: the checkpoint's own dataset)")
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        default=None,
+        help="whose held-out conversations to ask (default: the checkpoint's own dataset)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N questions only")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="longest answer (default 256)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per judge request (default 60)")
@@ -55,7 +63,7 @@ def _instruction(tok: Tokenizer, template: ChatTemplate, messages: list[dict]) -
     """The instruction as the model saw it, without the assistant's opening (the book's format_input)."""
     text = tok.decode(template.prompt(tok, messages))
     opening = template.assistant.partition("{content}")[0]
-    return text[:-len(opening)].rstrip() if opening and text.endswith(opening) else text
+    return text[: -len(opening)].rstrip() if opening and text.endswith(opening) else text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
         bot = Assistant(model, tok, template, str(ckpt_dir))
-        print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,})\n"
-              f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}")
+        print(
+            f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,})\n"
+            f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}"
+        )
         answers = bot.answer_all([m for m, _ in questions], Sampling(max_new_tokens=args.max_new_tokens))
     except (ConfigError, DataError, TokenizerError, layout.CheckpointError, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -95,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, ((messages, reference), answer) in enumerate(zip(questions, answers)):
             instruction = _instruction(tok, template, messages)
             verdict = judge.score(instruction, reference, answer)
-            row = {"instruction": instruction, "reference": reference, "answer": answer, "score": verdict.score,
-                   "judge_reply": verdict.reply, "error": verdict.error}
+            row = {
+                "instruction": instruction,
+                "reference": reference,
+                "answer": answer,
+                "score": verdict.score,
+                "judge_reply": verdict.reply,
+                "error": verdict.error,
+            }
             rows.append(row)
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
             out.flush()
@@ -105,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     result = summary(rows)
     args.out.with_name(args.out.name + ".summary.json").write_text(json.dumps(result, indent=2) + "\n")
     mean = "n/a" if result["mean"] is None else f"{result['mean']:.2f}"
-    print(f"mean score {mean} over {result['scored']} of {result['examples']} answers "
-          f"({result['unparseable']} replies without a number, {result['failed']} failed requests)")
+    print(
+        f"mean score {mean} over {result['scored']} of {result['examples']} answers "
+        f"({result['unparseable']} replies without a number, {result['failed']} failed requests)"
+    )
     return 0
 
 

@@ -62,7 +62,9 @@ def describe(run_dir: Path) -> dict[str, Any]:
         "params": sum(math.prod(shape) for _, shape in flat),
         "flops_per_token": flops_per_token(model_cfg, seq_len),
         "sequence_length": seq_len,
-        "backend": ops.backend, "compute_dtype": ops.compute_dtype, "attention": ops.attention_kernel,
+        "backend": ops.backend,
+        "compute_dtype": ops.compute_dtype,
+        "attention": ops.attention_kernel,
         "kv_cache_bytes_per_token": kv_bytes,  # float32 keys and values of every layer, per row
         "optimizer": train_cfg.optimizer,
         "peak_rates": peak_rates(train_cfg),
@@ -82,26 +84,39 @@ def _grouped(tensors: list[dict[str, Any]]) -> list[tuple[str, list[int], int, i
 
 
 def report(d: dict[str, Any]) -> str:
-    lines = [f"{d['run']}: {d['architecture']}, {d['params']:,} parameters",
-             f"  {'tensor':<40} {'shape':<20} {'n':>4} {'params':>14}"]
+    lines = [
+        f"{d['run']}: {d['architecture']}, {d['params']:,} parameters",
+        f"  {'tensor':<40} {'shape':<20} {'n':>4} {'params':>14}",
+    ]
     for name, shape, n, p in _grouped(d["tensors"]):
         lines.append(f"  {name:<40} {'x'.join(map(str, shape)):<20} {n:>4} {p:>14,}")
-    lines.append(f"FLOPs per training token at sequence length {d['sequence_length']}: "
-                 f"{d['flops_per_token']:.4g} (6N + 12LTC; a windowed layer counts its window for T)")
-    lines.append(f"On {d['backend']}: compute dtype {d['compute_dtype']}, attention {d['attention']}"
-                 + (f"; KV cache {d['kv_cache_bytes_per_token']:,} bytes per token per row"
-                    if d["kv_cache_bytes_per_token"] else ""))
+    lines.append(
+        f"FLOPs per training token at sequence length {d['sequence_length']}: "
+        f"{d['flops_per_token']:.4g} (6N + 12LTC; a windowed layer counts its window for T)"
+    )
+    lines.append(
+        f"On {d['backend']}: compute dtype {d['compute_dtype']}, attention {d['attention']}"
+        + (
+            f"; KV cache {d['kv_cache_bytes_per_token']:,} bytes per token per row"
+            if d["kv_cache_bytes_per_token"]
+            else ""
+        )
+    )
     lines.append(f"optimizer {d['optimizer']}: parameters by part")
     for part, e in d["routing"].items():
         rate = d["peak_rates"].get(part, d["peak_rates"].get("adamw"))
-        lines.append(f"  {part:<11} lr {rate:<8.3g} {e['tensors']:>4} tensors {e['params']:>14,} params: "
-                     f"{', '.join(e['names'])}")
+        lines.append(
+            f"  {part:<11} lr {rate:<8.3g} {e['tensors']:>4} tensors {e['params']:>14,} params: {', '.join(e['names'])}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)

@@ -34,18 +34,33 @@ API_KEY_ENV = "JAXGPT_API_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", type=Path, help="run dir, checkpoint folder or latest/best link")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default: %(default)s, this machine only; any other needs --api-key)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: %(default)s, this machine only; any other needs --api-key)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0: any free one)")
-    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"require `Authorization: Bearer KEY` on every request but /health (default: ${API_KEY_ENV})")
-    parser.add_argument("--max-batch", type=int, default=16,
-                        help="rows of the KV cache: answers decoded together (default: %(default)s)")
-    parser.add_argument("--max-queue", type=int, default=64,
-                        help="requests that may wait for a row; more are answered 503 (default: %(default)s)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require `Authorization: Bearer KEY` on every request but /health (default: ${API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        help="rows of the KV cache: answers decoded together (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for a row; more are answered 503 (default: %(default)s)",
+    )
     parser.add_argument("--model-name", default=None, help="the name clients ask for (default: the run's folder name)")
     return parser
 
@@ -70,8 +85,10 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.api_key is not None and not args.api_key.strip():
         return "--api-key is empty"
     if args.api_key is None and not _is_local(args.host):
-        return (f"--host {args.host} serves beyond this machine: give --api-key KEY (or ${API_KEY_ENV}), "
-                f"or listen on 127.0.0.1")
+        return (
+            f"--host {args.host} serves beyond this machine: give --api-key KEY (or ${API_KEY_ENV}), "
+            f"or listen on 127.0.0.1"
+        )
     return None
 
 
@@ -103,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     from jaxgpt.serving import api  # JAX and the web stack load here, after the checks
 
     try:
-        served = api.load(args.checkpoint, model_name=args.model_name, max_batch=args.max_batch,
-                          max_queue=args.max_queue)
+        served = api.load(
+            args.checkpoint, model_name=args.model_name, max_batch=args.max_batch, max_queue=args.max_queue
+        )
         warm_s = served.engine.start()
     except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -114,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     host, port = sock.getsockname()[:2]
     chat = f"chat template {served.template.name!r}" if served.template else "a base model: no chat"
-    print(f"Serving {served.name!r} from {served.where} ({chat}; context {served.context}, {args.max_batch} rows, "
-          f"compiled in {warm_s:.1f} s) at http://{host if ':' not in host else f'[{host}]'}:{port}/v1", flush=True)
+    print(
+        f"Serving {served.name!r} from {served.where} ({chat}; context {served.context}, {args.max_batch} rows, "
+        f"compiled in {warm_s:.1f} s) at http://{host if ':' not in host else f'[{host}]'}:{port}/v1",
+        flush=True,
+    )
     api.run(served, sock, args.api_key)
     return 0
 

@@ -42,13 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     ids = tok.encode(args.text)
     out: list[int] = []
     for start in range(0, len(ids), cfg.context_length):  # A-to-A has no context: chunks are exact
-        chunk = jnp.asarray([ids[start:start + cfg.context_length]], jnp.int32)  # (1, T)
+        chunk = jnp.asarray([ids[start : start + cfg.context_length]], jnp.int32)  # (1, T)
         out.extend(np.asarray(model(chunk)[0].argmax(-1)).tolist())
     output = tok.decode(out)
     print(f"Checkpoint: {path}\n\nInput:\n{args.text}\n\nOutput (argmax):\n{output}\n")
     same = out == ids
-    print("Reproduced exactly." if same else
-          f"Not reproduced: {sum(a != b for a, b in zip(out, ids))} of {len(ids)} tokens differ.")
+    print(
+        "Reproduced exactly."
+        if same
+        else f"Not reproduced: {sum(a != b for a, b in zip(out, ids))} of {len(ids)} tokens differ."
+    )
     return 0 if same else 1
 
 

@@ -26,11 +26,13 @@ PROMPT = "Every effort moves you"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
-    parser.add_argument("--prompt", action="append", default=None,
-                        help=f"text to continue; repeat for a batch (default: {PROMPT!r})")
+    parser.add_argument(
+        "--prompt", action="append", default=None, help=f"text to continue; repeat for a batch (default: {PROMPT!r})"
+    )
     add_sampling_args(parser)
     args = parser.parse_args(argv)
     check_sampling_args(parser, args)

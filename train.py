@@ -114,37 +114,62 @@ def _prepare_in_cluster(args: argparse.Namespace) -> Run:
 
     with sharding.main_process_first():
         main = sharding.is_main_process()
-        return prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(),
-                           restart=args.restart and main, lock=main, processes=jax.process_count())
+        return prepare_run(
+            args.run_dir,
+            data_root=args.data_dir or default_data_root(),
+            restart=args.restart and main,
+            lock=main,
+            processes=jax.process_count(),
+        )
 
 
 # ----------------------------------------------------------------------------- entry point
 
 
-def main(argv: list[str] | None = None, *, stop_repeat_s: float = REPEAT_S) -> int:
-    """argv: the command line's arguments; stop_repeat_s: StopFlag's repeat_s (signals that soon are one request)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
-    parser.add_argument("--restart", action="store_true",
-                        help="start over: move checkpoints/ aside to checkpoints.old-<time>/")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="where datasets live (default: $JAXGPT_DATA_DIR, else the repository's data/)")
-    parser.add_argument("--profile", type=profile_range, default=None, metavar="START:STOP",
-                        help="record a jax.profiler trace of the steps from START to STOP steps done "
-                             "into <run>/profile/ (view: uv run tensorboard --logdir <run>/profile)")
+    parser.add_argument(
+        "--restart", action="store_true", help="start over: move checkpoints/ aside to checkpoints.old-<time>/"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where datasets live (default: $JAXGPT_DATA_DIR, else the repository's data/)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=profile_range,
+        default=None,
+        metavar="START:STOP",
+        help="record a jax.profiler trace of the steps from START to STOP steps done "
+        "into <run>/profile/ (view: uv run tensorboard --logdir <run>/profile)",
+    )
     group = parser.add_argument_group("several processes (jax.distributed); see docs/multi-device.md")
-    group.add_argument("--coordinator", default=None,
-                       help="host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
+    group.add_argument("--coordinator", default=None, help="host:port of process 0 (or $JAX_COORDINATOR_ADDRESS)")
     group.add_argument("--num-processes", type=int, default=None, help="(or $JAX_NUM_PROCESSES)")
     group.add_argument("--process-id", type=int, default=None, help="(or $JAX_PROCESS_ID)")
-    group.add_argument("--distributed-auto", action="store_true",
-                       help="let JAX detect the cluster (SLURM, Open MPI, TPU pods, ...)")
-    group.add_argument("--peer-timeout", type=peer_timeout, default=30, metavar="SECONDS",
-                       help="a process silent this long (no heartbeat) is dead: every other one stops "
-                            "with one line naming it and exit code 75 (default 30)")
+    group.add_argument(
+        "--distributed-auto", action="store_true", help="let JAX detect the cluster (SLURM, Open MPI, TPU pods, ...)"
+    )
+    group.add_argument(
+        "--peer-timeout",
+        type=peer_timeout,
+        default=30,
+        metavar="SECONDS",
+        help="a process silent this long (no heartbeat) is dead: every other one stops "
+        "with one line naming it and exit code 75 (default 30)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None, *, stop_repeat_s: float = REPEAT_S) -> int:
+    """argv: the command line's arguments; stop_repeat_s: StopFlag's repeat_s (signals that soon are one request)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     peers: Peers | None = None
     with StopFlag(repeat_s=stop_repeat_s) as stop:  # from the start: a stop request during set-up or compiling counts
         try:
@@ -172,8 +197,11 @@ def main(argv: list[str] | None = None, *, stop_repeat_s: float = REPEAT_S) -> i
                 exit_at_once = True
                 return 1
             exit_at_once = True
-            print(f"Aborted without saving; {args.run_dir}/checkpoints/latest is the last checkpoint.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"Aborted without saving; {args.run_dir}/checkpoints/latest is the last checkpoint.",
+                file=sys.stderr,
+                flush=True,
+            )
             return 130
         if peers is not None:
             peers.leave()

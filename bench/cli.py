@@ -3,19 +3,20 @@
     uv run -m bench data                                  # runs/gpt2-small's batches, synthetic shards
     uv run -m bench data --run runs/shakespeare --seconds 10 --json data.json
     uv run -m bench data --dataset data/fineweb10B-gpt2-gpt2   # real shards (page cache as it is)
-    uv run -m bench train --config cpu-small              # bench/torch_step.py's shapes (char-tiny, gpt2-vocab, nano-cpu too)
+    uv run -m bench train --config cpu-small              # torch_step.py's shapes (char-tiny, gpt2-vocab, nano-cpu)
     uv run -m bench train runs/shakespeare --steps 10 --warmup 4 --windows 5 --breakdown --json train.json
     uv run -m bench train --config cpu-small --accum-sweep 1,4,16,64   # peak memory per k, fresh process each
-    uv run -m bench compare --rounds 2 --json compare.json    # ours vs PyTorch ($JAXGPT_TORCH_PYTHON): fp32/fp32, bf16/bf16
-    uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate: fp32/bf16, batch 1/8, (un)scanned
+    uv run -m bench compare --rounds 2 --json compare.json    # ours vs PyTorch ($JAXGPT_TORCH_PYTHON), fp32 and bf16
+    uv run -m bench generate --rounds 3 --json decode.json    # sampling vs transformers' generate, several layouts
     uv run -m bench gemv                                  # one decode matmul per form, float32 vs bfloat16 weights
     uv run -m bench tokenize --rounds 3                   # download_dataset.py text vs tiktoken's batch, 100 MB
-    uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M shape)
+    uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
     uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py); this file is their command line:
+train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py); this file
+is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
 that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
@@ -41,13 +42,19 @@ from jaxgpt.data.shards import DataError
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", type=Path, default=Path("runs/gpt2-small"),
-                        help="run directory (default: %(default)s)")
-    parser.add_argument("--dataset", type=Path, default=None,
-                        help="a prepared dataset folder instead of synthetic shards")
+    parser.add_argument(
+        "--run", type=Path, default=Path("runs/gpt2-small"), help="run directory (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--dataset", type=Path, default=None, help="a prepared dataset folder instead of synthetic shards"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="how long to time (default: %(default)s)")
-    parser.add_argument("--train-tokens-per-s", type=float, default=None,
-                        help="measured training throughput to compare with (default: FLOP-based upper bound)")
+    parser.add_argument(
+        "--train-tokens-per-s",
+        type=float,
+        default=None,
+        help="measured training throughput to compare with (default: FLOP-based upper bound)",
+    )
 
 
 def _run_data(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,6 +62,7 @@ def _run_data(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- train
+
 
 def _source_args(args: argparse.Namespace) -> list[str]:
     source = [str(args.run)] if args.run is not None else ["--config", args.config or "cpu-small"]
@@ -94,27 +102,62 @@ def with_overrides(cfg: Any, items: list[str], where: str) -> Any:
 
 
 def _add_train_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", type=Path, nargs="?", default=None,
-                        help="run directory (its model.json and train.json shapes); or use --config")
-    parser.add_argument("--config", choices=sorted(REFERENCE_CONFIGS), default=None,
-                        help="a bench/torch_step.py shape instead of a run (default without a run: cpu-small)")
-    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a model.json key, e.g. --model compute_dtype=bfloat16 (repeatable)")
-    parser.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a train.json key, e.g. --train microbatch_size=1 (repeatable)")
+    parser.add_argument(
+        "run",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="run directory (its model.json and train.json shapes); or use --config",
+    )
+    parser.add_argument(
+        "--config",
+        choices=sorted(REFERENCE_CONFIGS),
+        default=None,
+        help="a bench/torch_step.py shape instead of a run (default without a run: cpu-small)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model.json key, e.g. --model compute_dtype=bfloat16 (repeatable)",
+    )
+    parser.add_argument(
+        "--train",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a train.json key, e.g. --train microbatch_size=1 (repeatable)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimiser steps per timed window (default: 10)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="untimed steps after the compiling first one (default: 4, so 5 untimed as the reference)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed steps after the compiling first one (default: 4, so 5 untimed as the reference)",
+    )
     parser.add_argument("--windows", type=int, default=None, help="timed windows (default: 5)")
-    parser.add_argument("--accum", type=int, default=None,
-                        help="override gradient_accumulation_steps (--config: default 1)")
-    parser.add_argument("--accum-sweep", type=str, default=None, metavar="K,K,...",
-                        help="peak RSS, XLA temp memory and compile time per k, each k in a fresh process "
-                             "(default there: 2 windows x 1 step after 2 untimed)")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also time one microbatch's forward, forward+backward and optimiser update")
-    parser.add_argument("--xla-memory", action="store_true",
-                        help="also compile once more through .lower().compile() for XLA's memory analysis")
+    parser.add_argument(
+        "--accum", type=int, default=None, help="override gradient_accumulation_steps (--config: default 1)"
+    )
+    parser.add_argument(
+        "--accum-sweep",
+        type=str,
+        default=None,
+        metavar="K,K,...",
+        help="peak RSS, XLA temp memory and compile time per k, each k in a fresh process "
+        "(default there: 2 windows x 1 step after 2 untimed)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time one microbatch's forward, forward+backward and optimiser update",
+    )
+    parser.add_argument(
+        "--xla-memory",
+        action="store_true",
+        help="also compile once more through .lower().compile() for XLA's memory analysis",
+    )
     parser.add_argument("--no-matmul", action="store_true", help="skip the peak matmul measurement (no MFU)")
 
 
@@ -127,12 +170,25 @@ def _run_train(args: argparse.Namespace) -> dict[str, Any]:
             raise BenchError(f"--accum-sweep {args.accum_sweep!r}: expected integers like 1,4,16,64") from None
         if not ks or min(ks) < 1:
             raise BenchError(f"--accum-sweep {args.accum_sweep!r}: expected positive integers like 1,4,16,64")
-        return accum_sweep(_source_args(args), ks, steps=args.steps or 1,
-                           warmup=args.warmup if args.warmup is not None else 1, windows=args.windows or 2)
-    return bench_train(model_cfg, train_cfg, name=name, steps=args.steps or 10,
-                       warmup=args.warmup if args.warmup is not None else 4, windows=args.windows or 5,
-                       accumulation=args.accum, matmul_size=None if args.no_matmul else 2048,
-                       xla_memory=args.xla_memory, breakdown=args.breakdown)
+        return accum_sweep(
+            _source_args(args),
+            ks,
+            steps=args.steps or 1,
+            warmup=args.warmup if args.warmup is not None else 1,
+            windows=args.windows or 2,
+        )
+    return bench_train(
+        model_cfg,
+        train_cfg,
+        name=name,
+        steps=args.steps or 10,
+        warmup=args.warmup if args.warmup is not None else 4,
+        windows=args.windows or 5,
+        accumulation=args.accum,
+        matmul_size=None if args.no_matmul else 2048,
+        xla_memory=args.xla_memory,
+        breakdown=args.breakdown,
+    )
 
 
 # ----------------------------------------------------------------------------- compare
@@ -140,26 +196,52 @@ def _run_train(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_torch_python_arg(parser: argparse.ArgumentParser, what: str) -> None:
     """--torch-python, its default read from the environment when the parser is built."""
-    parser.add_argument("--torch-python", type=Path, default=torch_python_from_env(),
-                        help=f"the reference interpreter: {what} (default: ${TORCH_PYTHON_ENV}; "
-                             f"with neither, the torch side is skipped)")
+    parser.add_argument(
+        "--torch-python",
+        type=Path,
+        default=torch_python_from_env(),
+        help=f"the reference interpreter: {what} (default: ${TORCH_PYTHON_ENV}; "
+        f"with neither, the torch side is skipped)",
+    )
+
 
 def _add_compare_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--configs", default=",".join(sorted(REFERENCE_CONFIGS)),
-                        help="comma-separated bench/torch_step.py configs (default: %(default)s)")
+    parser.add_argument(
+        "--configs",
+        default=",".join(sorted(REFERENCE_CONFIGS)),
+        help="comma-separated bench/torch_step.py configs (default: %(default)s)",
+    )
     _add_torch_python_arg(parser, "a python with torch")
-    parser.add_argument("--reference", type=Path, default=TORCH_STEP,
-                        help="the torch side's script, run by --torch-python (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed window, both sides (default: %(default)s)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=TORCH_STEP,
+        help="the torch side's script, run by --torch-python (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=10, help="steps per timed window, both sides (default: %(default)s)"
+    )
     parser.add_argument("--windows", type=int, default=5, help="timed windows, both sides (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="alternate ours/torch this many times per config; medians of the rounds (default: %(default)s)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES),
-                        help="the columns: our compute_dtype against torch without (float32) or with --bf16 "
-                             "(bfloat16: torch.autocast) (default: %(default)s)")
-    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a model.json key on our side, e.g. --model attention=xla (repeatable; "
-                             "compute_dtype is the column's)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate ours/torch this many times per config; medians of the rounds (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help="the columns: our compute_dtype against torch without (float32) or with --bf16 "
+        "(bfloat16: torch.autocast) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model.json key on our side, e.g. --model attention=xla (repeatable; "
+        "compute_dtype is the column's)",
+    )
 
 
 def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -172,37 +254,76 @@ def _run_compare(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchError(f"--dtypes {args.dtypes!r}: expected some of {','.join(DTYPES)}")
     if args.rounds < 1:
         raise BenchError(f"--rounds {args.rounds}: expected >= 1")
-    return bench_compare(configs, torch_python=args.torch_python, reference=args.reference, steps=args.steps,
-                         windows=args.windows, rounds=args.rounds, model=args.model, dtypes=dtypes)
+    return bench_compare(
+        configs,
+        torch_python=args.torch_python,
+        reference=args.reference,
+        steps=args.steps,
+        windows=args.windows,
+        rounds=args.rounds,
+        model=args.model,
+        dtypes=dtypes,
+    )
 
 
 # ----------------------------------------------------------------------------- generate
 
 
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", type=Path, nargs="?", default=None,
-                        help="run directory whose model.json shapes the model (default: GPT-2 124M), random weights")
-    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a model.json key (repeatable; compare: compute_dtype and scan_layers are "
-                             "the columns')")
+    parser.add_argument(
+        "run",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="run directory whose model.json shapes the model (default: GPT-2 124M), random weights",
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a model.json key (repeatable; compare: compute_dtype and scan_layers are the columns')",
+    )
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="timed generate calls per process after an untimed one (default: %(default)s)")
-    parser.add_argument("--dtypes", default=",".join(decode_bench.DTYPES),
-                        help="compare: our compute_dtype and torch's weights (default: %(default)s)")
-    parser.add_argument("--batch-sizes", default=",".join(map(str, decode_bench.BATCH_SIZES)),
-                        help="compare: prompts decoded together (default: %(default)s)")
-    parser.add_argument("--layouts", default=",".join(decode_bench.LAYOUTS),
-                        help="compare: our scan_layers false (unrolled) / true (scanned) (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="compare: alternate every side this many times; medians of the rounds (default: %(default)s)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed generate calls per process after an untimed one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        default=",".join(decode_bench.DTYPES),
+        help="compare: our compute_dtype and torch's weights (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, decode_bench.BATCH_SIZES)),
+        help="compare: prompts decoded together (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--layouts",
+        default=",".join(decode_bench.LAYOUTS),
+        help="compare: our scan_layers false (unrolled) / true (scanned) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="compare: alternate every side this many times; medians of the rounds (default: %(default)s)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="compare: ours only")
     _add_torch_python_arg(parser, "compare: a python with torch and transformers")
-    parser.add_argument("--single", action="store_true",
-                        help="instead: one measurement in this process, the KV cache against the full forward "
-                             "pass per token (what each of our compare runs does, with --cached-only)")
-    parser.add_argument("--batch-size", type=int, default=1, help="--single: prompts decoded together (default: %(default)s)")
+    parser.add_argument(
+        "--single",
+        action="store_true",
+        help="instead: one measurement in this process, the KV cache against the full forward "
+        "pass per token (what each of our compare runs does, with --cached-only)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=1, help="--single: prompts decoded together (default: %(default)s)"
+    )
     parser.add_argument("--cached-only", action="store_true", help="--single: skip the full-forward baseline")
 
 
@@ -211,8 +332,10 @@ def _csv(text: str, flag: str, allowed: tuple[str, ...] | None) -> list[str]:
     values = [v.strip() for v in text.split(",") if v.strip()]
     ok = all(v in allowed for v in values) if allowed else all(v.isdigit() and int(v) > 0 for v in values)
     if not values or not ok:
-        raise BenchError(f"{flag} {text!r}: expected " + (f"some of {','.join(allowed)}" if allowed
-                                                          else "positive integers like 1,8"))
+        raise BenchError(
+            f"{flag} {text!r}: expected "
+            + (f"some of {','.join(allowed)}" if allowed else "positive integers like 1,8")
+        )
     return values
 
 
@@ -220,35 +343,57 @@ def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
     """bench.decode: ours against transformers' generate, or (--single) one in-process measurement."""
     model_cfg = load_run_configs(args.run)[0] if args.run is not None else decode_bench.GPT2_124M
     if not args.single and any(item.partition("=")[0] in ("compute_dtype", "scan_layers") for item in args.model):
-        raise BenchError("--model compute_dtype=... / scan_layers=...: the comparison sets them per column; use "
-                         "--dtypes / --layouts (or --single)")
+        raise BenchError(
+            "--model compute_dtype=... / scan_layers=...: the comparison sets them per column; use "
+            "--dtypes / --layouts (or --single)"
+        )
     if args.model:
         model_cfg = with_overrides(model_cfg, args.model, "--model")
     if min(args.new_tokens, args.prompt_tokens, args.batch_size, args.repeats, args.rounds) < 1:
         raise BenchError("--new-tokens, --prompt-tokens, --batch-size, --repeats and --rounds must be >= 1")
     if args.prompt_tokens + args.new_tokens > model_cfg.context_length:
-        raise BenchError(f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
-                         f"context_length={model_cfg.context_length}")
+        raise BenchError(
+            f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
+            f"context_length={model_cfg.context_length}"
+        )
     if args.single:
-        return decode_bench.bench_generate(new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens,
-                                           batch_size=args.batch_size, cfg=model_cfg, uncached=not args.cached_only,
-                                           repeats=args.repeats)
+        return decode_bench.bench_generate(
+            new_tokens=args.new_tokens,
+            prompt_tokens=args.prompt_tokens,
+            batch_size=args.batch_size,
+            cfg=model_cfg,
+            uncached=not args.cached_only,
+            repeats=args.repeats,
+        )
     batch_sizes = [int(b) for b in _csv(args.batch_sizes, "--batch-sizes", None)]
     return decode_bench.bench_generate_compare(
-        model_cfg, dtypes=_csv(args.dtypes, "--dtypes", decode_bench.DTYPES), batch_sizes=batch_sizes,
-        layouts=_csv(args.layouts, "--layouts", decode_bench.LAYOUTS), rounds=args.rounds,
-        new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, repeats=args.repeats,
-        torch=not args.no_torch, torch_python=args.torch_python)
+        model_cfg,
+        dtypes=_csv(args.dtypes, "--dtypes", decode_bench.DTYPES),
+        batch_sizes=batch_sizes,
+        layouts=_csv(args.layouts, "--layouts", decode_bench.LAYOUTS),
+        rounds=args.rounds,
+        new_tokens=args.new_tokens,
+        prompt_tokens=args.prompt_tokens,
+        repeats=args.repeats,
+        torch=not args.no_torch,
+        torch_python=args.torch_python,
+    )
 
 
 # ----------------------------------------------------------------------------- gpu
 
 
 def _add_gpu_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("gpu-check"),
-                        help="writes OUT.json, OUT.md and the logs under OUT.logs/ (default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("gpu-check"),
+        help="writes OUT.json, OUT.md and the logs under OUT.logs/ (default: %(default)s)",
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code paths on any CPU")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the whole check (default: %(default)s)")
+    parser.add_argument(
+        "--budget", type=float, default=480.0, help="seconds for the whole check (default: %(default)s)"
+    )
 
 
 def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -260,9 +405,13 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- gemv
 
+
 def _add_gemv_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", default="768x2304,768x3072,3072x768,768x50257",
-                        help="K x M weight shapes, comma-separated (default: GPT-2 124M's: %(default)s)")
+    parser.add_argument(
+        "--shapes",
+        default="768x2304,768x3072,3072x768,768x50257",
+        help="K x M weight shapes, comma-separated (default: GPT-2 124M's: %(default)s)",
+    )
     parser.add_argument("--calls", type=int, default=20, help="calls per timed window (default: %(default)s)")
 
 
@@ -280,8 +429,13 @@ def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_serve_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", type=Path, nargs="?", default=None,
-                        help="run directory whose model.json shapes the model (default: runs/tiny), random weights")
+    parser.add_argument(
+        "run",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="run directory whose model.json shapes the model (default: runs/tiny), random weights",
+    )
     parser.add_argument("--clients", default="1,4,16", help="clients at once, one level each (default: %(default)s)")
     parser.add_argument("--requests", type=int, default=8, help="streamed requests per client (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: %(default)s)")
@@ -295,8 +449,13 @@ def _run_serve(args: argparse.Namespace) -> dict[str, Any]:
     clients = [int(c) for c in _csv(args.clients, "--clients", None)]
     if min(args.requests, args.max_tokens, args.max_batch) < 1:
         raise BenchError("--requests, --max-tokens and --max-batch must be >= 1")
-    return serve.bench_serve(serve.load_cfg(args.run), clients=clients, requests=args.requests,
-                             max_tokens=args.max_tokens, max_batch=args.max_batch)
+    return serve.bench_serve(
+        serve.load_cfg(args.run),
+        clients=clients,
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        max_batch=args.max_batch,
+    )
 
 
 # ----------------------------------------------------------------------------- tokenize
@@ -305,10 +464,18 @@ def _run_serve(args: argparse.Namespace) -> dict[str, Any]:
 def _add_tokenize_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--megabytes", type=float, default=100.0, help="corpus size (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the two sides (default: %(default)s)")
-    parser.add_argument("--corpus-dir", type=Path, default=None,
-                        help="where the corpus is written once and reused (default: <data root>/bench)")
-    parser.add_argument("--script", type=Path, default=DOWNLOAD_DATASET,
-                        help="the download_dataset.py to time, e.g. another checkout's (default: this one's)")
+    parser.add_argument(
+        "--corpus-dir",
+        type=Path,
+        default=None,
+        help="where the corpus is written once and reused (default: <data root>/bench)",
+    )
+    parser.add_argument(
+        "--script",
+        type=Path,
+        default=DOWNLOAD_DATASET,
+        help="the download_dataset.py to time, e.g. another checkout's (default: this one's)",
+    )
 
 
 def _run_tokenize(args: argparse.Namespace) -> dict[str, Any]:
@@ -316,26 +483,39 @@ def _run_tokenize(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # name -> (help, add arguments, run); each run returns the figures that --json writes.
-SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
-                             Callable[[argparse.Namespace], dict[str, Any]]]] = {
+SUBCOMMANDS: dict[
+    str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], dict[str, Any]]]
+] = {
     "data": ("batch assembly + device_put throughput vs training", _add_data_args, _run_data),
     "train": ("training throughput, compile time, MFU and memory of the real train_step", _add_train_args, _run_train),
     "compare": ("bench train vs PyTorch (bench/torch_step.py), per config", _add_compare_args, _run_compare),
     "gemv": ("a decode step's matrix-vector product per form: float32 vs bfloat16 weights", _add_gemv_args, _run_gemv),
-    "generate": ("sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
-                 _add_generate_args, _run_generate),
-    "tokenize": ("download_dataset.py text against tiktoken's encode_ordinary_batch, MB/s", _add_tokenize_args,
-                 _run_tokenize),
-    "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args,
-            _run_gpu),
-    "serve": ("serve.py's tokens/s and time to first token with 1, 4 and 16 streaming clients at once",
-              _add_serve_args, _run_serve),
+    "generate": (
+        "sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
+        _add_generate_args,
+        _run_generate,
+    ),
+    "tokenize": (
+        "download_dataset.py text against tiktoken's encode_ordinary_batch, MB/s",
+        _add_tokenize_args,
+        _run_tokenize,
+    ),
+    "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args, _run_gpu),
+    "serve": (
+        "serve.py's tokens/s and time to first token with 1, 4 and 16 streaming clients at once",
+        _add_serve_args,
+        _run_serve,
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="uv run -m bench", description=__doc__.split("\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="uv run -m bench",
+        description=__doc__.split("\n")[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="BENCHMARK")
     for name, (help_text, add_args, _) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -41,8 +41,16 @@ from jaxgpt.cpu import kernels as cpu_kernels
 from jaxgpt.model.gpt import build_model
 from jaxgpt.model.sampling import BUCKET, KVDecoder, full_forward_logits
 
-GPT2_124M = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768,
-                        n_heads=12, n_layers=12, qkv_bias=True, tie_embeddings=True)
+GPT2_124M = ModelConfig(
+    architecture="gpt2",
+    vocab_size=50257,
+    context_length=1024,
+    emb_dim=768,
+    n_heads=12,
+    n_layers=12,
+    qkv_bias=True,
+    tie_embeddings=True,
+)
 DTYPES = ("float32", "bfloat16")
 BATCH_SIZES = (1, 8)
 LAYOUTS = ("unrolled", "scanned")  # our scan_layers false / true; the torch side has one layout
@@ -52,9 +60,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"bf16_over_fp32": 0.7, "scanned_over_unrolled": 1.1, "ours_over_torch": 1.0}
 
 
-def bench_generate(*, new_tokens: int = 128, prompt_tokens: int = 16, batch_size: int = 1,
-                   cfg: ModelConfig = GPT2_124M, uncached: bool = True, repeats: int = 3,
-                   log: Any = print) -> dict[str, Any]:
+def bench_generate(
+    *,
+    new_tokens: int = 128,
+    prompt_tokens: int = 16,
+    batch_size: int = 1,
+    cfg: ModelConfig = GPT2_124M,
+    uncached: bool = True,
+    repeats: int = 3,
+    log: Any = print,
+) -> dict[str, Any]:
     """Greedy decoding speed in this process: the KV cache, and (uncached) the full forward pass
     for every token.
 
@@ -66,14 +81,52 @@ def bench_generate(*, new_tokens: int = 128, prompt_tokens: int = 16, batch_size
     model = build_model(cfg)
     rng = np.random.default_rng(0)
     prompts = rng.integers(0, cfg.vocab_size, size=(batch_size, prompt_tokens)).tolist()
-    log(f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, vocab {cfg.vocab_size}, "
-        f"{sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6:.1f}M params, "
-        f"compute_dtype {model.ops.compute_dtype}, {'scanned' if cfg.scan_layers else 'unrolled'}; "
-        f"batch {batch_size}, prompt {prompt_tokens}, {new_tokens} new tokens; {jax.devices()[0].platform}")
+    log(_model_line(model, cfg, batch_size, prompt_tokens, new_tokens))
 
     t0 = time.perf_counter()
     dec = KVDecoder(model, batch_size)
     build_s = time.perf_counter() - t0
+    times, cached_tokens = _time_cached(dec, prompts, new_tokens, repeats)
+    cached_s = float(np.median(times))
+    ms = [1e3 * t / new_tokens for t in times]
+    result = {
+        "side": "ours",
+        "compute_dtype": model.ops.compute_dtype,
+        "scan_layers": cfg.scan_layers,
+        "batch_size": batch_size,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "cached_s": cached_s,
+        "cached_tok_s": new_tokens * batch_size / cached_s,
+        "ms_per_token_median": float(np.median(ms)),
+        "ms_per_token": ms,
+        "decoder_build_s": build_s,
+        "compile_step_s": dec.compile_s,
+    }
+    log(
+        f"cached:   {cached_s:7.2f} s  {result['cached_tok_s']:8.1f} tok/s  "
+        f"({result['ms_per_token_median']:.1f} ms/token, median of {repeats}: {', '.join(f'{m:.1f}' for m in ms)}; "
+        f"decoder built in {build_s:.1f} s, {len(dec._steps)} decode step program(s) compiled in {dec.compile_s:.1f} s)"
+    )
+    if not uncached:
+        return result
+    return result | _uncached(model, cfg, prompts, cached_tokens, cached_s, log)
+
+
+def _model_line(model: Any, cfg: ModelConfig, batch_size: int, prompt_tokens: int, new_tokens: int) -> str:
+    """The log line naming what is measured: the model's shape and dtype, the batch, the device."""
+    return (
+        f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, vocab {cfg.vocab_size}, "
+        f"{sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) / 1e6:.1f}M params, "
+        f"compute_dtype {model.ops.compute_dtype}, {'scanned' if cfg.scan_layers else 'unrolled'}; "
+        f"batch {batch_size}, prompt {prompt_tokens}, {new_tokens} new tokens; {jax.devices()[0].platform}"
+    )
+
+
+def _time_cached(
+    dec: KVDecoder, prompts: list[list[int]], new_tokens: int, repeats: int
+) -> tuple[list[float], list[np.ndarray]]:
+    """The cached path's wall times over `repeats` runs after an untimed one, and the greedy tokens."""
 
     def cached() -> list[np.ndarray]:
         tokens = [dec.prefill(prompts).argmax(-1)]
@@ -81,29 +134,18 @@ def bench_generate(*, new_tokens: int = 128, prompt_tokens: int = 16, batch_size
             tokens.append(dec.step(tokens[-1]).argmax(-1))
         return tokens
 
-    cached()  # compiles the prefill bucket and every attention span the run needs
+    cached_tokens = cached()  # compiles the prefill bucket and every attention span the run needs
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         cached_tokens = cached()
         times.append(time.perf_counter() - t0)
-    cached_s = float(np.median(times))
-    ms = [1e3 * t / new_tokens for t in times]
-    result = {"side": "ours", "compute_dtype": model.ops.compute_dtype, "scan_layers": cfg.scan_layers,
-              "batch_size": batch_size, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
-              "cached_s": cached_s, "cached_tok_s": new_tokens * batch_size / cached_s,
-              "ms_per_token_median": float(np.median(ms)), "ms_per_token": ms,
-              "decoder_build_s": build_s, "compile_step_s": dec.compile_s}
-    log(f"cached:   {cached_s:7.2f} s  {result['cached_tok_s']:8.1f} tok/s  "
-        f"({result['ms_per_token_median']:.1f} ms/token, median of {repeats}: {', '.join(f'{m:.1f}' for m in ms)}; "
-        f"decoder built in {build_s:.1f} s, {len(dec._steps)} decode step program(s) compiled in {dec.compile_s:.1f} s)")
-    if not uncached:
-        return result
-    return result | _uncached(model, cfg, prompts, cached_tokens, cached_s, log)
+    return times, cached_tokens
 
 
-def _uncached(model: Any, cfg: ModelConfig, prompts: list[list[int]], cached_tokens: list[np.ndarray],
-              cached_s: float, log: Any) -> dict[str, Any]:
+def _uncached(
+    model: Any, cfg: ModelConfig, prompts: list[list[int]], cached_tokens: list[np.ndarray], cached_s: float, log: Any
+) -> dict[str, Any]:
     """The baseline: the full forward pass for every new token, over one window just long enough
     for the whole generation (its best case), compiled before the clock starts."""
     batch_size, prompt_tokens, new_tokens = len(prompts), len(prompts[0]), len(cached_tokens)
@@ -121,10 +163,16 @@ def _uncached(model: Any, cfg: ModelConfig, prompts: list[list[int]], cached_tok
             last = last + 1
             windows[np.arange(batch_size), last] = nxt
     full_s = time.perf_counter() - t0
-    result = {"full_s": full_s, "full_tok_s": new_tokens * batch_size / full_s, "speedup": full_s / cached_s,
-              "same_greedy_tokens": same / new_tokens}
-    log(f"uncached: {full_s:7.2f} s  {result['full_tok_s']:8.1f} tok/s  (window {width}; "
-        f"{1e3 * full_s / new_tokens:.1f} ms/token)")
+    result = {
+        "full_s": full_s,
+        "full_tok_s": new_tokens * batch_size / full_s,
+        "speedup": full_s / cached_s,
+        "same_greedy_tokens": same / new_tokens,
+    }
+    log(
+        f"uncached: {full_s:7.2f} s  {result['full_tok_s']:8.1f} tok/s  (window {width}; "
+        f"{1e3 * full_s / new_tokens:.1f} ms/token)"
+    )
     log(f"speed-up: {result['speedup']:.1f}x; greedy tokens identical at {same}/{new_tokens} steps")
     return result
 
@@ -137,41 +185,83 @@ SIDES = (*LAYOUTS, "torch")
 Runner = Callable[[str, str, int, Path], dict[str, Any]]
 
 
-
-
 def plan(dtypes: list[str], batch_sizes: list[int], sides: list[str], rounds: int) -> list[tuple[str, int, int, str]]:
     """The runs in the order they are made: (dtype, batch, round, side), the sides of a cell
     back to back, every cell in each round, rounds in turn."""
-    return [(dtype, batch, rnd, side) for rnd in range(rounds) for dtype in dtypes for batch in batch_sizes
-            for side in sides]
+    return [
+        (dtype, batch, rnd, side)
+        for rnd in range(rounds)
+        for dtype in dtypes
+        for batch in batch_sizes
+        for side in sides
+    ]
 
 
 def torch_shape_args(cfg: ModelConfig) -> list[str]:
     """bench/torch_generate.py's arguments for `cfg`'s shape; a BenchError where GPT2LMHeadModel
     cannot be the same model (it has every bias and a tied head)."""
     if cfg.architecture != "gpt2" or not (cfg.bias and cfg.qkv_bias and cfg.tie_embeddings):
-        raise BenchError(f"transformers' GPT-2 has biases everywhere and a tied head; this model (architecture "
-                         f"{cfg.architecture}, bias {cfg.bias}, qkv_bias {cfg.qkv_bias}, tie_embeddings "
-                         f"{cfg.tie_embeddings}) has no torch twin: pass --no-torch")
-    return ["--vocab-size", str(cfg.vocab_size), "--context-length", str(cfg.context_length),
-            "--emb-dim", str(cfg.emb_dim), "--n-layers", str(cfg.n_layers), "--n-heads", str(cfg.n_heads)]
+        raise BenchError(
+            f"transformers' GPT-2 has biases everywhere and a tied head; this model (architecture "
+            f"{cfg.architecture}, bias {cfg.bias}, qkv_bias {cfg.qkv_bias}, tie_embeddings "
+            f"{cfg.tie_embeddings}) has no torch twin: pass --no-torch"
+        )
+    return [
+        "--vocab-size",
+        str(cfg.vocab_size),
+        "--context-length",
+        str(cfg.context_length),
+        "--emb-dim",
+        str(cfg.emb_dim),
+        "--n-layers",
+        str(cfg.n_layers),
+        "--n-heads",
+        str(cfg.n_heads),
+    ]
 
 
-def subprocess_runner(cfg: ModelConfig, *, new_tokens: int, prompt_tokens: int, repeats: int,
-                      torch_python: Path | None) -> Runner:
+def subprocess_runner(
+    cfg: ModelConfig, *, new_tokens: int, prompt_tokens: int, repeats: int, torch_python: Path | None
+) -> Runner:
     """Runs each side as a fresh process and reads its --json figures."""
-    shape = [f"--model={key}={json.dumps(value)}" for key, value in to_dict(cfg).items()
-             if key not in ("compute_dtype", "scan_layers")]
+    shape = [
+        f"--model={key}={json.dumps(value)}"
+        for key, value in to_dict(cfg).items()
+        if key not in ("compute_dtype", "scan_layers")
+    ]
     lengths = ["--new-tokens", str(new_tokens), "--prompt-tokens", str(prompt_tokens), "--repeats", str(repeats)]
 
     def run(side: str, dtype: str, batch: int, out: Path) -> dict[str, Any]:
         if side == "torch":
-            cmd = [str(torch_python), str(TORCH_SCRIPT), "--dtype", dtype, "--batch-size", str(batch),
-                   *torch_shape_args(cfg), *lengths, "--json", str(out)]
+            cmd = [
+                str(torch_python),
+                str(TORCH_SCRIPT),
+                "--dtype",
+                dtype,
+                "--batch-size",
+                str(batch),
+                *torch_shape_args(cfg),
+                *lengths,
+                "--json",
+                str(out),
+            ]
         else:
-            cmd = [sys.executable, "-m", "bench", "generate", "--single", "--cached-only", *shape,
-                   f"--model=compute_dtype={dtype}", f"--model=scan_layers={json.dumps(side == 'scanned')}",
-                   "--batch-size", str(batch), *lengths, "--json", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench",
+                "generate",
+                "--single",
+                "--cached-only",
+                *shape,
+                f"--model=compute_dtype={dtype}",
+                f"--model=scan_layers={json.dumps(side == 'scanned')}",
+                "--batch-size",
+                str(batch),
+                *lengths,
+                "--json",
+                str(out),
+            ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
         if done.returncode != 0:
             raise BenchError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()[-500:]}")
@@ -180,11 +270,21 @@ def subprocess_runner(cfg: ModelConfig, *, new_tokens: int, prompt_tokens: int, 
     return run
 
 
-def bench_generate_compare(cfg: ModelConfig = GPT2_124M, *, dtypes: list[str] | None = None,
-                           batch_sizes: list[int] | None = None, layouts: list[str] | None = None,
-                           rounds: int = 1, new_tokens: int = 128, prompt_tokens: int = 16, repeats: int = 3,
-                           torch: bool = True, torch_python: Path | None = None, runner: Runner | None = None,
-                           log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_generate_compare(
+    cfg: ModelConfig = GPT2_124M,
+    *,
+    dtypes: list[str] | None = None,
+    batch_sizes: list[int] | None = None,
+    layouts: list[str] | None = None,
+    rounds: int = 1,
+    new_tokens: int = 128,
+    prompt_tokens: int = 16,
+    repeats: int = 3,
+    torch: bool = True,
+    torch_python: Path | None = None,
+    runner: Runner | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Ours (each layout) and, with `torch`, transformers' generate, per dtype and batch size, in
     the order of `plan`; the figures `--json` writes. Without a runner the sides run as
     processes, the torch side by `torch_python` (none: skipped, with one line)."""
@@ -194,8 +294,9 @@ def bench_generate_compare(cfg: ModelConfig = GPT2_124M, *, dtypes: list[str] | 
             torch_shape_args(cfg)  # before any run: this model has a torch twin
             torch_python = torch_python_checked(torch_python, log)
             torch = torch_python is not None
-        runner = subprocess_runner(cfg, new_tokens=new_tokens, prompt_tokens=prompt_tokens, repeats=repeats,
-                                   torch_python=torch_python)
+        runner = subprocess_runner(
+            cfg, new_tokens=new_tokens, prompt_tokens=prompt_tokens, repeats=repeats, torch_python=torch_python
+        )
     sides = [*(layouts or LAYOUTS), *(["torch"] if torch else [])]
     cpu = cpu_kernels.cpu_info()
     log(cpu_line(cpu))
@@ -206,19 +307,33 @@ def bench_generate_compare(cfg: ModelConfig = GPT2_124M, *, dtypes: list[str] | 
             figures = runner(side, dtype, batch, Path(tmp) / f"{side}-{dtype}-{batch}-{rnd}.json")
             figures["load_avg_at_start"] = list(load)
             runs.setdefault((dtype, batch, side), []).append(figures)
-            log(f"{dtype} batch {batch} round {rnd + 1}/{rounds}: {side} {figures['ms_per_token_median']:.1f} ms/token "
-                f"(load {load[0]:.2f})")
+            log(
+                f"{dtype} batch {batch} round {rnd + 1}/{rounds}: {side} {figures['ms_per_token_median']:.1f} ms/token "
+                f"(load {load[0]:.2f})"
+            )
     cells = summarize(runs, dtypes, batch_sizes, sides)
     torch_info = next((r for rs in runs.values() for r in rs if r.get("side") == "torch"), {})
     log(report(cells, dtypes, batch_sizes, sides, cpu, torch_info, rounds, cfg, new_tokens, prompt_tokens))
-    return {"cpu": cpu, "os_cpu_count": os.cpu_count(), "torch": torch_info.get("torch"),
-            "transformers": torch_info.get("transformers"), "torch_threads": torch_info.get("threads"),
-            "model": to_dict(cfg), "new_tokens": new_tokens, "prompt_tokens": prompt_tokens, "repeats": repeats,
-            "rounds": rounds, "targets": TARGETS, "target_checks": target_checks(cells), "cells": cells}
+    return {
+        "cpu": cpu,
+        "os_cpu_count": os.cpu_count(),
+        "torch": torch_info.get("torch"),
+        "transformers": torch_info.get("transformers"),
+        "torch_threads": torch_info.get("threads"),
+        "model": to_dict(cfg),
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_tokens,
+        "repeats": repeats,
+        "rounds": rounds,
+        "targets": TARGETS,
+        "target_checks": target_checks(cells),
+        "cells": cells,
+    }
 
 
-def summarize(runs: dict[tuple[str, int, str], list[dict[str, Any]]], dtypes: list[str], batch_sizes: list[int],
-              sides: list[str]) -> list[dict[str, Any]]:
+def summarize(
+    runs: dict[tuple[str, int, str], list[dict[str, Any]]], dtypes: list[str], batch_sizes: list[int], sides: list[str]
+) -> list[dict[str, Any]]:
     """One entry per (dtype, batch): each side's median ms/token over the rounds, and the ratios
     the targets are about (None where a side was not run)."""
     med = {key: float(np.median([r["ms_per_token_median"] for r in rs])) for key, rs in runs.items()}
@@ -231,11 +346,13 @@ def summarize(runs: dict[tuple[str, int, str], list[dict[str, Any]]], dtypes: li
         for batch in batch_sizes:
             cell: dict[str, Any] = {"dtype": dtype, "batch_size": batch}
             for side in sides:
-                cell[side] = {"ms_per_token": med[(dtype, batch, side)],
-                              "min": min(min(r["ms_per_token"]) for r in runs[(dtype, batch, side)]),
-                              "max": max(max(r["ms_per_token"]) for r in runs[(dtype, batch, side)]),
-                              "load_avg": [r["load_avg_at_start"][0] for r in runs[(dtype, batch, side)]],
-                              "runs": runs[(dtype, batch, side)]}
+                cell[side] = {
+                    "ms_per_token": med[(dtype, batch, side)],
+                    "min": min(min(r["ms_per_token"]) for r in runs[(dtype, batch, side)]),
+                    "max": max(max(r["ms_per_token"]) for r in runs[(dtype, batch, side)]),
+                    "load_avg": [r["load_avg_at_start"][0] for r in runs[(dtype, batch, side)]],
+                    "runs": runs[(dtype, batch, side)],
+                }
             cell["scanned_over_unrolled"] = ratio((dtype, batch, "scanned"), (dtype, batch, "unrolled"))
             for layout in LAYOUTS:
                 cell[f"{layout}_over_torch"] = ratio((dtype, batch, layout), (dtype, batch, "torch"))
@@ -258,40 +375,73 @@ def target_checks(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         where = f"{c['dtype']} batch {c['batch_size']}"
         if c["dtype"] == "bfloat16":
             for layout in LAYOUTS:
-                check("bf16/fp32", f"batch {c['batch_size']} {layout}", c[f"{layout}_bf16_over_fp32"],
-                      TARGETS["bf16_over_fp32"])
+                check(
+                    "bf16/fp32",
+                    f"batch {c['batch_size']} {layout}",
+                    c[f"{layout}_bf16_over_fp32"],
+                    TARGETS["bf16_over_fp32"],
+                )
         check("scanned/unrolled", where, c["scanned_over_unrolled"], TARGETS["scanned_over_unrolled"])
         for layout in LAYOUTS:
             check("ours/torch", f"{where} {layout}", c[f"{layout}_over_torch"], TARGETS["ours_over_torch"])
     return checks
 
 
-def report(cells: list[dict[str, Any]], dtypes: list[str], batch_sizes: list[int], sides: list[str],
-           cpu: dict[str, Any], torch_info: dict[str, Any], rounds: int, cfg: ModelConfig, new_tokens: int,
-           prompt_tokens: int) -> str:
+def report(
+    cells: list[dict[str, Any]],
+    dtypes: list[str],
+    batch_sizes: list[int],
+    sides: list[str],
+    cpu: dict[str, Any],
+    torch_info: dict[str, Any],
+    rounds: int,
+    cfg: ModelConfig,
+    new_tokens: int,
+    prompt_tokens: int,
+) -> str:
     """The table: ms/token per side (median [min-max]), then the ratios against their targets."""
+
     def num(v: float | None, fmt: str = ".2f") -> str:
         return "-" if v is None else format(v, fmt)
 
-    torch = (f"; torch = transformers {torch_info['transformers']} GPT2LMHeadModel.generate (KV cache) on torch "
-             f"{torch_info['torch']}, {torch_info['threads']} threads" if "torch" in sides else "")
-    lines = [cpu_line(cpu) + f"; load average now {os.getloadavg()[0]:.2f}",
-             f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, {cfg.n_heads} heads, vocab {cfg.vocab_size} (random "
-             f"weights); greedy, prompt {prompt_tokens}, {new_tokens} new tokens; ms/token, medians of {rounds} "
-             f"round(s) [min-max over every call]" + torch,
-             f"  {'dtype':>8} {'batch':>5}" + "".join(f" {side:>22}" for side in sides)
-             + f" {'scan/unroll':>11} {'unroll/torch':>12} {'scan/torch':>10} {'loads at each start'}"]
+    torch = (
+        f"; torch = transformers {torch_info['transformers']} GPT2LMHeadModel.generate (KV cache) on torch "
+        f"{torch_info['torch']}, {torch_info['threads']} threads"
+        if "torch" in sides
+        else ""
+    )
+    lines = [
+        cpu_line(cpu) + f"; load average now {os.getloadavg()[0]:.2f}",
+        f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, {cfg.n_heads} heads, vocab {cfg.vocab_size} (random "
+        f"weights); greedy, prompt {prompt_tokens}, {new_tokens} new tokens; ms/token, medians of {rounds} "
+        f"round(s) [min-max over every call]" + torch,
+        f"  {'dtype':>8} {'batch':>5}"
+        + "".join(f" {side:>22}" for side in sides)
+        + f" {'scan/unroll':>11} {'unroll/torch':>12} {'scan/torch':>10} {'loads at each start'}",
+    ]
     for c in cells:
         line = f"  {c['dtype']:>8} {c['batch_size']:>5}"
         for side in sides:
             s = c[side]
             line += f" {s['ms_per_token']:>8.1f} [{s['min']:.1f}-{s['max']:.1f}]".rjust(23)
         loads = " ".join(f"{v:.1f}" for side in sides for v in c[side]["load_avg"])
-        lines.append(line + f" {num(c['scanned_over_unrolled']):>11} {num(c['unrolled_over_torch']):>12} "
-                            f"{num(c['scanned_over_torch']):>10} {loads}")
-    lines.append("  bf16 / fp32 time per token: " + "; ".join(
-        f"batch {c['batch_size']}: " + ", ".join(f"{side} {num(c.get(f'{side}_bf16_over_fp32'))}" for side in sides)
-        for c in cells if c["dtype"] == dtypes[0]))
-    lines.append("  targets: " + "; ".join(f"{t['target']} {t['where']}: {t['value']:.2f} {'ok' if t['met'] else 'MISSED'}"
-                                          for t in target_checks(cells)))
+        lines.append(
+            line + f" {num(c['scanned_over_unrolled']):>11} {num(c['unrolled_over_torch']):>12} "
+            f"{num(c['scanned_over_torch']):>10} {loads}"
+        )
+    lines.append(
+        "  bf16 / fp32 time per token: "
+        + "; ".join(
+            f"batch {c['batch_size']}: " + ", ".join(f"{side} {num(c.get(f'{side}_bf16_over_fp32'))}" for side in sides)
+            for c in cells
+            if c["dtype"] == dtypes[0]
+        )
+    )
+    lines.append(
+        "  targets: "
+        + "; ".join(
+            f"{t['target']} {t['where']}: {t['value']:.2f} {'ok' if t['met'] else 'MISSED'}"
+            for t in target_checks(cells)
+        )
+    )
     return "\n".join(lines)

@@ -26,6 +26,7 @@ BF16 = jnp.bfloat16
 
 def _forms() -> dict[str, tuple[Callable[[jax.Array, jax.Array], jax.Array], str, bool, dict[str, Any]]]:
     """name -> (product of x (1, K) and the weight, weight dtype, stored (M, K), compile options)."""
+
     def bf16_dot(x: jax.Array, w: jax.Array, spec: str, rows: int) -> jax.Array:
         xs = jnp.pad(x, ((0, rows - 1), (0, 0))).astype(BF16)  # zero rows: YNNPACK takes no 1-row dot
         return jnp.einsum(spec, xs, w, preferred_element_type=jnp.float32)[:1]
@@ -34,14 +35,30 @@ def _forms() -> dict[str, tuple[Callable[[jax.Array, jax.Array], jax.Array], str
         "float32 dot, (K, M)": (lambda x, w: x @ w, "float32", False, {}),
         "float32 dot, (M, K)": (lambda x, w: jnp.einsum("nk,mk->nm", x, w), "float32", True, {}),
         "bfloat16 dot, 1 row": (lambda x, w: bf16_dot(x, w, "nk,km->nm", 1), "bfloat16", False, {}),
-        "bfloat16 dot, 2 rows (YNNPACK)": (lambda x, w: bf16_dot(x, w, "nk,km->nm", 2), "bfloat16", False,
-                                           DECODE_COMPILER_OPTIONS),
-        "bfloat16 dot, 2 rows, (M, K) (YNNPACK)": (lambda x, w: bf16_dot(x, w, "nk,mk->nm", 2), "bfloat16", True,
-                                                   DECODE_COMPILER_OPTIONS),
-        "bfloat16 upcast, float32 dot, (M, K)": (lambda x, w: jnp.einsum("nk,mk->nm", x, w.astype(jnp.float32)),
-                                                 "bfloat16", True, {}),
-        "bfloat16 multiply-sum, (M, K)": (lambda x, w: jnp.sum(w.astype(jnp.float32) * x, axis=1)[None],
-                                          "bfloat16", True, {}),
+        "bfloat16 dot, 2 rows (YNNPACK)": (
+            lambda x, w: bf16_dot(x, w, "nk,km->nm", 2),
+            "bfloat16",
+            False,
+            DECODE_COMPILER_OPTIONS,
+        ),
+        "bfloat16 dot, 2 rows, (M, K) (YNNPACK)": (
+            lambda x, w: bf16_dot(x, w, "nk,mk->nm", 2),
+            "bfloat16",
+            True,
+            DECODE_COMPILER_OPTIONS,
+        ),
+        "bfloat16 upcast, float32 dot, (M, K)": (
+            lambda x, w: jnp.einsum("nk,mk->nm", x, w.astype(jnp.float32)),
+            "bfloat16",
+            True,
+            {},
+        ),
+        "bfloat16 multiply-sum, (M, K)": (
+            lambda x, w: jnp.sum(w.astype(jnp.float32) * x, axis=1)[None],
+            "bfloat16",
+            True,
+            {},
+        ),
     } | ({NATIVE: (cpu_matvec.matvec, "bfloat16", True, {})} if cpu_matvec.available() else {})
 
 
@@ -72,8 +89,19 @@ def bench_gemv(shapes: list[tuple[int, int]], *, calls: int = 20, windows: int =
                 y.block_until_ready()
                 best = min(best, (time.perf_counter() - t0) / calls)
             nbytes = w.size * w.dtype.itemsize
-            rows.append({"shape": [k, m], "form": name, "us": best * 1e6, "weight_mb": nbytes / 1e6,
-                         "gb_per_s": nbytes / best / 1e9, "max_err": err})
-            print(f"{k:5d} x {m:<6d} {name:40s} {best * 1e6:9.1f} us  {nbytes / best / 1e9:6.1f} GB/s"
-                  + (f"  max |err| {err:.2g}" if err is not None else ""), flush=True)
+            rows.append(
+                {
+                    "shape": [k, m],
+                    "form": name,
+                    "us": best * 1e6,
+                    "weight_mb": nbytes / 1e6,
+                    "gb_per_s": nbytes / best / 1e9,
+                    "max_err": err,
+                }
+            )
+            print(
+                f"{k:5d} x {m:<6d} {name:40s} {best * 1e6:9.1f} us  {nbytes / best / 1e9:6.1f} GB/s"
+                + (f"  max |err| {err:.2g}" if err is not None else ""),
+                flush=True,
+            )
     return {"cpu": cpu_info(), "backend": jax.default_backend(), "rows": rows}

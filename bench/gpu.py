@@ -69,26 +69,76 @@ class Plan:
 
 
 GPU = Plan(
-    cudnn="cudnn", step_model=[], step_train=[], accumulation=(1, 4), steps=10, windows=3,
-    small_model={"architecture": "gpt2", "vocab_size": 257, "context_length": 256, "emb_dim": 384, "n_heads": 6,
-                 "n_layers": 6, "qkv_bias": True, "compute_dtype": "bfloat16", "scan_layers": True},
-    small_train={"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 32,
-                 "train_steps": 300, "learning_rate": 2e-3, "warmup_percent": 5, "checkpoint_interval": 100,
-                 "validation_batches": 4, "keep_last_checkpoints": 5, "seed": 0},
-    generate_model=[], new_tokens=256, matmul_size=8192,
-    part_seconds={"step": 60, "train": 120, "generate": 45}, part_cap_s=240,
+    cudnn="cudnn",
+    step_model=[],
+    step_train=[],
+    accumulation=(1, 4),
+    steps=10,
+    windows=3,
+    small_model={
+        "architecture": "gpt2",
+        "vocab_size": 257,
+        "context_length": 256,
+        "emb_dim": 384,
+        "n_heads": 6,
+        "n_layers": 6,
+        "qkv_bias": True,
+        "compute_dtype": "bfloat16",
+        "scan_layers": True,
+    },
+    small_train={
+        "dataset": {"source": "builtin"},
+        "tokenizer": "bytes",
+        "microbatch_size": 32,
+        "train_steps": 300,
+        "learning_rate": 2e-3,
+        "warmup_percent": 5,
+        "checkpoint_interval": 100,
+        "validation_batches": 4,
+        "keep_last_checkpoints": 5,
+        "seed": 0,
+    },
+    generate_model=[],
+    new_tokens=256,
+    matmul_size=8192,
+    part_seconds={"step": 60, "train": 120, "generate": 45},
+    part_cap_s=240,
 )
 SMOKE = Plan(
-    cudnn="auto", step_model=["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=32", "vocab_size=257"],
-    step_train=["microbatch_size=2"], accumulation=(1, 2), steps=1, windows=2,
-    small_model={"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
-                 "n_layers": 2, "qkv_bias": True, "compute_dtype": "bfloat16", "scan_layers": True},
-    small_train={"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-                 "train_steps": 30, "learning_rate": 1e-2, "warmup_percent": 5, "checkpoint_interval": 10,
-                 "validation_batches": 2, "keep_last_checkpoints": 5, "seed": 0},
+    cudnn="auto",
+    step_model=["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=32", "vocab_size=257"],
+    step_train=["microbatch_size=2"],
+    accumulation=(1, 2),
+    steps=1,
+    windows=2,
+    small_model={
+        "architecture": "gpt2",
+        "vocab_size": 257,
+        "context_length": 32,
+        "emb_dim": 32,
+        "n_heads": 2,
+        "n_layers": 2,
+        "qkv_bias": True,
+        "compute_dtype": "bfloat16",
+        "scan_layers": True,
+    },
+    small_train={
+        "dataset": {"source": "builtin"},
+        "tokenizer": "bytes",
+        "microbatch_size": 4,
+        "train_steps": 30,
+        "learning_rate": 1e-2,
+        "warmup_percent": 5,
+        "checkpoint_interval": 10,
+        "validation_batches": 2,
+        "keep_last_checkpoints": 5,
+        "seed": 0,
+    },
     generate_model=["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=128", "vocab_size=257"],
-    new_tokens=8, matmul_size=256,
-    part_seconds={"step": 5, "train": 10, "generate": 5}, part_cap_s=120,
+    new_tokens=8,
+    matmul_size=256,
+    part_seconds={"step": 5, "train": 10, "generate": 5},
+    part_cap_s=120,
 )
 
 
@@ -112,8 +162,15 @@ def _run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None =
         f.write(" ".join(cmd) + "\n")
         f.flush()
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0),
-                                env=env or os.environ.copy(), check=False).returncode
+            rc = subprocess.run(
+                cmd,
+                cwd=ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=max(timeout, 1.0),
+                env=env or os.environ.copy(),
+                check=False,
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     lines = [line for line in log.read_text().splitlines() if line.strip()]
@@ -140,9 +197,13 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> lis
     cudnn = plan.cudnn
     gpt2, modern, new = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
     variants = [  # the headline first: the budget may not reach the last ones
-        (gpt2, cudnn, True, k1, True), (modern, cudnn, True, k1, True), (new, cudnn, True, k1, True),
+        (gpt2, cudnn, True, k1, True),
+        (modern, cudnn, True, k1, True),
+        (new, cudnn, True, k1, True),
         (gpt2, cudnn, True, k4, False),
-        (gpt2, "xla", True, k1, False), (gpt2, cudnn, False, k1, False), (modern, cudnn, True, k4, False),
+        (gpt2, "xla", True, k1, False),
+        (gpt2, cudnn, False, k1, False),
+        (modern, cudnn, True, k4, False),
     ]
     # After the three headline rows, each row leaves (b) and (c) the least time they need.
     later = plan.part_seconds["train"] + plan.part_seconds["generate"]
@@ -153,12 +214,31 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> lis
         if clock.left() - reserve < plan.part_seconds["step"]:
             rows.append({"label": label, "run": run, "status": "skipped: time budget spent"})
             continue
-        args = ["train", run, "--steps", str(plan.steps), "--windows", str(plan.windows),
-                "--warmup", "2", "--no-matmul", "--train", f"gradient_accumulation_steps={k}",
-                "--model", f"attention={attention}", "--model", f"scan_layers={str(scan).lower()}",
-                *[f"--model={m}" for m in plan.step_model], *[f"--train={t}" for t in plan.step_train]]
-        row = _bench(args + (["--breakdown"] if breakdown else []), logs, f"step-{len(rows)}",
-                     min(clock.timeout(plan), clock.left() - reserve))
+        args = [
+            "train",
+            run,
+            "--steps",
+            str(plan.steps),
+            "--windows",
+            str(plan.windows),
+            "--warmup",
+            "2",
+            "--no-matmul",
+            "--train",
+            f"gradient_accumulation_steps={k}",
+            "--model",
+            f"attention={attention}",
+            "--model",
+            f"scan_layers={str(scan).lower()}",
+            *[f"--model={m}" for m in plan.step_model],
+            *[f"--train={t}" for t in plan.step_train],
+        ]
+        row = _bench(
+            args + (["--breakdown"] if breakdown else []),
+            logs,
+            f"step-{len(rows)}",
+            min(clock.timeout(plan), clock.left() - reserve),
+        )
         row |= {"label": label, "run": run, "attention": attention, "scan_layers": scan, "k": k}
         if row["status"] == "ok":
             _mfu(row, chip, plan, logs, clock)
@@ -180,8 +260,10 @@ def _mfu(row: dict[str, Any], chip: dict[str, Any], plan: Plan, logs: Path, cloc
 
 
 def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
-    code = ("import json; from bench import train_step; "
-            f"print(json.dumps(train_step.matmul_flops({size}, repeats=10, dtype='bfloat16')))")
+    code = (
+        "import json; from bench import train_step; "
+        f"print(json.dumps(train_step.matmul_flops({size}, repeats=10, dtype='bfloat16')))"
+    )
     rc, last, _ = _run([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
     if rc != 0:
         return {"peak_flops": None, "peak_source": f"measuring failed: {last[-200:]}"}
@@ -231,8 +313,12 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
     head, tail = losses[:10], losses[-10:]
     return result | {
         "status": "ok",
-        "checkpoints_a": sorted(metas_a), "checkpoints_b": sorted(metas_b), "resumed_from": first,
-        "steps": len(losses), "loss_first10": sum(head) / len(head), "loss_last10": sum(tail) / len(tail),
+        "checkpoints_a": sorted(metas_a),
+        "checkpoints_b": sorted(metas_b),
+        "resumed_from": first,
+        "steps": len(losses),
+        "loss_first10": sum(head) / len(head),
+        "loss_last10": sum(tail) / len(tail),
         "loss_falls": sum(tail) < sum(head),
         "val_loss": {s: metas_a[s]["val_loss"] for s in sorted(metas_a)},
         "tokens_per_s": metas_a[max(metas_a)]["throughput_tokens_per_s"],
@@ -264,9 +350,18 @@ def generation(plan: Plan, logs: Path, clock: Clock) -> list[dict[str, Any]]:
         if clock.left() < plan.part_seconds["generate"]:
             rows.append({"batch_size": batch, "status": "skipped: time budget spent"})
             continue
-        args = ["generate", "--single", "--cached-only", "--repeats", "1", "--batch-size", str(batch),
-                "--new-tokens", str(plan.new_tokens),
-                *[f"--model={m}" for m in plan.generate_model]]
+        args = [
+            "generate",
+            "--single",
+            "--cached-only",
+            "--repeats",
+            "1",
+            "--batch-size",
+            str(batch),
+            "--new-tokens",
+            str(plan.new_tokens),
+            *[f"--model={m}" for m in plan.generate_model],
+        ]
         rows.append(_bench(args, logs, f"generate-b{batch}", clock.timeout(plan)) | {"batch_size": batch})
     return rows
 
@@ -290,10 +385,17 @@ def bench_gpu(out: Path, *, cpu_smoke: bool = False, budget_s: float = 480.0, lo
     train = training(plan, work, logs, clock, on_gpu)
     gen = generation(plan, logs, clock)
     shutil.rmtree(work, ignore_errors=True)  # checkpoints and the dataset: the figures are in the JSON
-    result = {"mode": "cpu-smoke" if cpu_smoke else "full", "python": platform.python_version(),
-              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "budget_s": budget_s, "elapsed_s": budget_s - clock.left(), "chip": chip,
-              "train_step": steps, "training": train, "generation": gen}
+    result = {
+        "mode": "cpu-smoke" if cpu_smoke else "full",
+        "python": platform.python_version(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "budget_s": budget_s,
+        "elapsed_s": budget_s - clock.left(),
+        "chip": chip,
+        "train_step": steps,
+        "training": train,
+        "generation": gen,
+    }
     result["versions"] = next((r["versions"] for r in steps if "versions" in r), {})
     Path(f"{out}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     Path(f"{out}.md").write_text(report(result))
@@ -305,47 +407,87 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def report(r: dict[str, Any]) -> str:
+def _step_lines(r: dict[str, Any]) -> list[str]:
+    """The title, the chip line and part (a)'s table: one row per train-step variant."""
     chip = r["chip"]
     peak = chip.get("peak_flops")
-    lines = [f"### Accelerator check ({r['mode']}, {r['time_utc']})", "",
-             f"Device: {chip.get('device_kind', '?')} ({chip.get('platform', '?')}); bf16 dense peak "
-             f"{_num(peak and peak / 1e12, '.4g')} TFLOP/s ({chip.get('peak_source', '-')}); "
-             f"python {r['python']}{''.join(f', {k} {v}' for k, v in r['versions'].items())}; "
-             f"{r['elapsed_s']:.0f} s of a {r['budget_s']:.0f} s budget.", "",
-             f"(a) train step, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M, microbatch 16 x 1024'}, "
-             "bf16 matmuls, full optimiser chain:", "",
-             "| variant | tokens/s | step ms | MFU | TFLOP/s | compile s | peak device GiB | status |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Accelerator check ({r['mode']}, {r['time_utc']})",
+        "",
+        f"Device: {chip.get('device_kind', '?')} ({chip.get('platform', '?')}); bf16 dense peak "
+        f"{_num(peak and peak / 1e12, '.4g')} TFLOP/s ({chip.get('peak_source', '-')}); "
+        f"python {r['python']}{''.join(f', {k} {v}' for k, v in r['versions'].items())}; "
+        f"{r['elapsed_s']:.0f} s of a {r['budget_s']:.0f} s budget.",
+        "",
+        f"(a) train step, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M, microbatch 16 x 1024'}, "
+        "bf16 matmuls, full optimiser chain:",
+        "",
+        "| variant | tokens/s | step ms | MFU | TFLOP/s | compile s | peak device GiB | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in r["train_step"]:
         mem = (row.get("device_memory") or {}).get("peak_bytes_in_use")
-        lines.append(f"| {row['label']} | {_num(row.get('tokens_per_s_median'), ',.0f')} | "
-                     f"{_num(row.get('step_s_median') and 1e3 * row['step_s_median'], '.1f')} | "
-                     f"{_num(row.get('mfu') and 100 * row['mfu'], '.1f')}{'%' if row.get('mfu') else ''} | "
-                     f"{_num(row.get('achieved_tflops'), '.4g')} | {_num(row.get('compile_s'), '.1f')} | "
-                     f"{_num(mem and mem / 2**30, '.1f')} | {row['status']} |")
+        lines.append(
+            f"| {row['label']} | {_num(row.get('tokens_per_s_median'), ',.0f')} | "
+            f"{_num(row.get('step_s_median') and 1e3 * row['step_s_median'], '.1f')} | "
+            f"{_num(row.get('mfu') and 100 * row['mfu'], '.1f')}{'%' if row.get('mfu') else ''} | "
+            f"{_num(row.get('achieved_tflops'), '.4g')} | {_num(row.get('compile_s'), '.1f')} | "
+            f"{_num(mem and mem / 2**30, '.1f')} | {row['status']} |"
+        )
+    return lines
+
+
+def _breakdown_lines(r: dict[str, Any]) -> list[str]:
+    """Part (a)'s where-the-time-goes paragraphs, one for each row that ran with --breakdown."""
+    lines: list[str] = []
     for row in r["train_step"]:  # one row of each recipe: the optimiser update is where Muon's cost shows
         bd = row.get("breakdown")
         if bd:
-            lines += ["", f"Where the time goes ({row['label']}, {row.get('optimizer')}, per microbatch): forward "
-                          f"{bd['forward_ms']:.1f} ms, forward + backward {bd['forward_backward_ms']:.1f} ms, "
-                          f"optimiser update {bd['optimizer_update_ms']:.1f} ms, whole step "
-                          f"{bd['train_step_ms_per_microbatch']:.1f} ms."]
-    t = r["training"]
-    lines += ["", "(b) training run and resume:", ""]
+            lines += [
+                "",
+                f"Where the time goes ({row['label']}, {row.get('optimizer')}, per microbatch): forward "
+                f"{bd['forward_ms']:.1f} ms, forward + backward {bd['forward_backward_ms']:.1f} ms, "
+                f"optimiser update {bd['optimizer_update_ms']:.1f} ms, whole step "
+                f"{bd['train_step_ms_per_microbatch']:.1f} ms.",
+            ]
+    return lines
+
+
+def _training_lines(t: dict[str, Any]) -> list[str]:
+    """Part (b): the training run's loss and the resumed run's bit-identity, or why it did not run."""
+    lines = ["", "(b) training run and resume:", ""]
     if t.get("status") == "ok":
-        lines += [f"- {t['steps']} steps, checkpoints at {t['checkpoints_a']}; loss {t['loss_first10']:.3f} "
-                  f"(first 10 steps) -> {t['loss_last10']:.3f} (last 10): "
-                  f"{'falls' if t['loss_falls'] else 'DOES NOT FALL'}; {t['tokens_per_s']:,.0f} tokens/s",
-                  f"- resumed from step {t['resumed_from']}: {t['resume_steps_compared']} steps compared, "
-                  f"{'bit-identical' if t['resume_bit_identical'] else 'NOT identical'} (max |diff| "
-                  f"{t['resume_max_abs_diff']:.3g}); XLA_FLAGS={t['xla_flags'] or '(none)'}"]
+        lines += [
+            f"- {t['steps']} steps, checkpoints at {t['checkpoints_a']}; loss {t['loss_first10']:.3f} "
+            f"(first 10 steps) -> {t['loss_last10']:.3f} (last 10): "
+            f"{'falls' if t['loss_falls'] else 'DOES NOT FALL'}; {t['tokens_per_s']:,.0f} tokens/s",
+            f"- resumed from step {t['resumed_from']}: {t['resume_steps_compared']} steps compared, "
+            f"{'bit-identical' if t['resume_bit_identical'] else 'NOT identical'} (max |diff| "
+            f"{t['resume_max_abs_diff']:.3g}); XLA_FLAGS={t['xla_flags'] or '(none)'}",
+        ]
     else:
         lines.append(f"- {t.get('status')}")
-    lines += ["", f"(c) KV-cached generation, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M'} "
-              f"(greedy, float32):", "",
-              "| batch | tokens/s | decode compile s | status |", "|---|---|---|---|"]
+    return lines
+
+
+def _generation_lines(r: dict[str, Any]) -> list[str]:
+    """Part (c)'s table: KV-cached decoding tokens/s per batch size."""
+    lines = [
+        "",
+        f"(c) KV-cached generation, {'tiny shapes' if r['mode'] == 'cpu-smoke' else 'GPT-2 124M'} (greedy, float32):",
+        "",
+        "| batch | tokens/s | decode compile s | status |",
+        "|---|---|---|---|",
+    ]
     for row in r["generation"]:
-        lines.append(f"| {row['batch_size']} | {_num(row.get('cached_tok_s'), ',.0f')} | "
-                     f"{_num(row.get('compile_step_s'), '.1f')} | {row['status']} |")
+        lines.append(
+            f"| {row['batch_size']} | {_num(row.get('cached_tok_s'), ',.0f')} | "
+            f"{_num(row.get('compile_step_s'), '.1f')} | {row['status']} |"
+        )
+    return lines
+
+
+def report(r: dict[str, Any]) -> str:
+    """The <out>.md text: the check's figures as markdown, parts (a), (b) and (c) in turn."""
+    lines = _step_lines(r) + _breakdown_lines(r) + _training_lines(r["training"]) + _generation_lines(r)
     return "\n".join(lines) + "\n"

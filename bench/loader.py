@@ -43,8 +43,15 @@ def _synthetic_dataset(folder: Path, tokenizer: str, n_tokens: int) -> Path:
     vocab = _VOCABS[tokenizer]
     tokens = np.random.default_rng(0).integers(0, vocab.n_vocab, n_tokens, dtype=np.int64)
     path = folder / f"synthetic-{tokenizer}"
-    write_dataset(path, source="synthetic", options={}, fingerprint="bench", tokenizer=vocab,
-                  splits={"train": [tokens], "val": [tokens[:1024]]}, shard_tokens=max(1, n_tokens // 4))
+    write_dataset(
+        path,
+        source="synthetic",
+        options={},
+        fingerprint="bench",
+        tokenizer=vocab,
+        splits={"train": [tokens], "val": [tokens[:1024]]},
+        shard_tokens=max(1, n_tokens // 4),
+    )
     return path
 
 
@@ -68,9 +75,17 @@ def _time_steps(sampler: BatchSampler, k: int, seconds: float, min_steps: int) -
     return assemble, put
 
 
-def bench_data(run_dir: Path, *, dataset: Path | None = None, seconds: float = 5.0, min_steps: int = 3,
-               synthetic_tokens: int = 2**24, train_tokens_per_s: float | None = None, matmul_size: int = 2048,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_data(
+    run_dir: Path,
+    *,
+    dataset: Path | None = None,
+    seconds: float = 5.0,
+    min_steps: int = 3,
+    synthetic_tokens: int = 2**24,
+    train_tokens_per_s: float | None = None,
+    matmul_size: int = 2048,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Figures for `uv run -m bench data` (tokens/s counts input tokens, k x B x T per step)."""
     import jax
 
@@ -89,8 +104,13 @@ def bench_data(run_dir: Path, *, dataset: Path | None = None, seconds: float = 5
     per_token = train_flops_per_token(model_cfg, T)
     train_rate = train_tokens_per_s if train_tokens_per_s is not None else flops / per_token
     result = {
-        "run": str(run_dir), "device": str(jax.devices()[0]), "dataset": desc,
-        "microbatch_size": B, "seq_len": T, "accumulation_steps": k, "tokens_per_step": step_tokens,
+        "run": str(run_dir),
+        "device": str(jax.devices()[0]),
+        "dataset": desc,
+        "microbatch_size": B,
+        "seq_len": T,
+        "accumulation_steps": k,
+        "tokens_per_step": step_tokens,
         "steps_timed": len(assemble),
         "assemble_ms_per_step_median": 1e3 * float(np.median(assemble)),
         "device_put_ms_per_step_median": 1e3 * float(np.median(put)),
@@ -100,8 +120,9 @@ def bench_data(run_dir: Path, *, dataset: Path | None = None, seconds: float = 5
         "matmul_gflops": flops / 1e9,
         "train_flops_per_token": per_token,
         "train_tokens_per_s": train_rate,
-        "train_tokens_per_s_source": ("given" if train_tokens_per_s is not None
-                                      else "upper bound: matmul FLOP/s / FLOPs"),
+        "train_tokens_per_s_source": (
+            "given" if train_tokens_per_s is not None else "upper bound: matmul FLOP/s / FLOPs"
+        ),
         "ratio": data_rate / train_rate,
         "target_ratio": TARGET_RATIO,
     }
@@ -111,15 +132,17 @@ def bench_data(run_dir: Path, *, dataset: Path | None = None, seconds: float = 5
 
 
 def _report(r: dict[str, Any]) -> str:
-    return "\n".join([
-        f"data loader for {r['run']} on {r['device']}: k={r['accumulation_steps']} x B={r['microbatch_size']} "
-        f"x T={r['seq_len']} = {r['tokens_per_step']:,} tokens/step, {r['dataset']}, {r['steps_timed']} steps",
-        f"  assemble batch  {r['assemble_ms_per_step_median']:9.2f} ms/step  "
-        f"{r['assemble_tokens_per_s']:15,.0f} tokens/s",
-        f"  device_put      {r['device_put_ms_per_step_median']:9.2f} ms/step  "
-        f"{r['device_put_tokens_per_s']:15,.0f} tokens/s",
-        f"  together                          {r['data_tokens_per_s']:15,.0f} tokens/s",
-        f"  training        {r['train_tokens_per_s']:,.0f} tokens/s ({r['train_tokens_per_s_source']}; "
-        f"{r['matmul_gflops']:.0f} GFLOP/s, {r['train_flops_per_token'] / 1e6:,.0f} MFLOP/token)",
-        f"  ratio {r['ratio']:,.0f}x (target >= {r['target_ratio']}x): {'OK' if r['meets_target'] else 'TOO SLOW'}",
-    ])
+    return "\n".join(
+        [
+            f"data loader for {r['run']} on {r['device']}: k={r['accumulation_steps']} x B={r['microbatch_size']} "
+            f"x T={r['seq_len']} = {r['tokens_per_step']:,} tokens/step, {r['dataset']}, {r['steps_timed']} steps",
+            f"  assemble batch  {r['assemble_ms_per_step_median']:9.2f} ms/step  "
+            f"{r['assemble_tokens_per_s']:15,.0f} tokens/s",
+            f"  device_put      {r['device_put_ms_per_step_median']:9.2f} ms/step  "
+            f"{r['device_put_tokens_per_s']:15,.0f} tokens/s",
+            f"  together                          {r['data_tokens_per_s']:15,.0f} tokens/s",
+            f"  training        {r['train_tokens_per_s']:,.0f} tokens/s ({r['train_tokens_per_s_source']}; "
+            f"{r['matmul_gflops']:.0f} GFLOP/s, {r['train_flops_per_token'] / 1e6:,.0f} MFLOP/token)",
+            f"  ratio {r['ratio']:,.0f}x (target >= {r['target_ratio']}x): {'OK' if r['meets_target'] else 'TOO SLOW'}",
+        ]
+    )

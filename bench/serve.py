@@ -35,8 +35,14 @@ from jaxgpt.config import ModelConfig, load_run_configs, to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUN = ROOT / "runs" / "tiny"
-PROMPTS = ("Every effort moves you", "Once upon a time, there", "The quick brown fox jumps", "In the beginning the",
-           "To be or not to be, that", "It was the best of times")
+PROMPTS = (
+    "Every effort moves you",
+    "Once upon a time, there",
+    "The quick brown fox jumps",
+    "In the beginning the",
+    "To be or not to be, that",
+    "It was the best of times",
+)
 TARGET = 4.0  # tokens/s with 16 clients over tokens/s with 1
 
 
@@ -60,9 +66,24 @@ def start(run: Path, log: Path, max_batch: int, timeout: float = 600) -> tuple[s
     import httpx
 
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), str(run), "--port", "0", "--max-batch",
-                                 str(max_batch), "--max-queue", "256", "--model-name", "bench"],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "serve.py"),
+                str(run),
+                "--port",
+                "0",
+                "--max-batch",
+                str(max_batch),
+                "--max-queue",
+                "256",
+                "--model-name",
+                "bench",
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -81,8 +102,15 @@ def start(run: Path, log: Path, max_batch: int, timeout: float = 600) -> tuple[s
 
 def one_request(client: Any, url: str, prompt: str, max_tokens: int, seed: int) -> tuple[float, float, int]:
     """One streamed completion: (seconds to the first text, seconds in all, tokens generated)."""
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     first, tokens = None, 0
     with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
@@ -122,26 +150,43 @@ def level(url: str, clients: int, requests: int, max_tokens: int) -> dict[str, A
     wall = time.perf_counter() - t0
     ttft = np.array([r[0] for r in results]) * 1e3
     tokens = sum(r[2] for r in results)
-    return {"clients": clients, "requests": len(results), "tokens": tokens, "seconds": wall,
-            "tokens_per_s": tokens / wall, "ttft_p50_ms": float(np.percentile(ttft, 50)),
-            "ttft_p99_ms": float(np.percentile(ttft, 99)),
-            "request_s_median": float(np.median([r[1] for r in results]))}
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_p50_ms": float(np.percentile(ttft, 50)),
+        "ttft_p99_ms": float(np.percentile(ttft, 99)),
+        "request_s_median": float(np.median([r[1] for r in results])),
+    }
 
 
-def bench_serve(cfg: ModelConfig, *, clients: list[int], requests: int = 8, max_tokens: int = 64,
-                max_batch: int = 16, log: Callable[[str], None] = print) -> dict[str, Any]:
+def bench_serve(
+    cfg: ModelConfig,
+    *,
+    clients: list[int],
+    requests: int = 8,
+    max_tokens: int = 64,
+    max_batch: int = 16,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Start serve.py on `cfg` (random weights), warm it, then time each number of clients."""
     from jaxgpt.cpu import kernels as cpu_kernels
 
     longest = max(len(p.encode()) for p in PROMPTS)
     if longest + max_tokens > cfg.context_length:
-        raise BenchError(f"--max-tokens {max_tokens} + the longest prompt ({longest} tokens) exceeds "
-                         f"context_length={cfg.context_length}")
+        raise BenchError(
+            f"--max-tokens {max_tokens} + the longest prompt ({longest} tokens) exceeds "
+            f"context_length={cfg.context_length}"
+        )
     cpu = cpu_kernels.cpu_info()
     log(cpu_line(cpu) + f"; load average now {os.getloadavg()[0]:.2f}")
-    log(f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, context {cfg.context_length}, vocab {cfg.vocab_size} "
+    log(
+        f"model: {cfg.n_layers} layers, {cfg.emb_dim} dims, context {cfg.context_length}, vocab {cfg.vocab_size} "
         f"(random weights); serve.py --max-batch {max_batch}; {requests} streamed request(s) per client, "
-        f"max_tokens {max_tokens}, temperature 1, seeded")
+        f"max_tokens {max_tokens}, temperature 1, seeded"
+    )
     log(HEADER)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         run = write_checkpoint(cfg, Path(tmp))
@@ -157,8 +202,14 @@ def bench_serve(cfg: ModelConfig, *, clients: list[int], requests: int = 8, max_
             code = proc.wait(timeout=120)
     if code != 0:
         raise BenchError(f"serve.py exited with code {code} on SIGTERM (expected 0)")
-    figures = {"cpu": cpu.get("model"), "model": to_dict(cfg), "max_batch": max_batch, "max_tokens": max_tokens,
-               "requests_per_client": requests, "levels": levels}
+    figures = {
+        "cpu": cpu.get("model"),
+        "model": to_dict(cfg),
+        "max_batch": max_batch,
+        "max_tokens": max_tokens,
+        "requests_per_client": requests,
+        "levels": levels,
+    }
     by = {lv["clients"]: lv["tokens_per_s"] for lv in levels}
     if 1 in by and 16 in by:
         figures["ratio_16_over_1"] = by[16] / by[1]
@@ -170,8 +221,10 @@ HEADER = f"{'clients':>7} {'requests':>8} {'tokens':>7} {'seconds':>8} {'tokens/
 
 
 def _row(lv: dict[str, Any]) -> str:
-    return (f"{lv['clients']:>7} {lv['requests']:>8} {lv['tokens']:>7} {lv['seconds']:>8.2f} {lv['tokens_per_s']:>9.1f} "
-            f"{lv['ttft_p50_ms']:>7.1f}ms {lv['ttft_p99_ms']:>7.1f}ms")
+    return (
+        f"{lv['clients']:>7} {lv['requests']:>8} {lv['tokens']:>7} {lv['seconds']:>8.2f} {lv['tokens_per_s']:>9.1f} "
+        f"{lv['ttft_p50_ms']:>7.1f}ms {lv['ttft_p99_ms']:>7.1f}ms"
+    )
 
 
 def load_cfg(run: Path | None) -> ModelConfig:

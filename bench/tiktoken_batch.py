@@ -18,7 +18,7 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("corpus", help="a JSONL file of {\"text\": ...} records")
+    parser.add_argument("corpus", help='a JSONL file of {"text": ...} records')
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="default: os.cpu_count()")
     args = parser.parse_args()
     import tiktoken
@@ -29,8 +29,18 @@ def main() -> None:
     cpu0, t0 = time.process_time(), time.perf_counter()
     ids = enc.encode_ordinary_batch(docs, num_threads=args.threads)
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    print(json.dumps({"seconds": seconds, "cpu_s": cpu_s, "documents": len(docs), "tokens": sum(map(len, ids)),
-                      "threads": args.threads, "tiktoken": tiktoken.__version__}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "cpu_s": cpu_s,
+                "documents": len(docs),
+                "tokens": sum(map(len, ids)),
+                "threads": args.threads,
+                "tiktoken": tiktoken.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

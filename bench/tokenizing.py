@@ -123,13 +123,49 @@ def reference_round(corpus: Path) -> dict[str, Any]:
 def prepare_round(corpus: Path, script: Path) -> dict[str, Any]:
     """Side (ii): the whole download_dataset.py, start to exit, into a fresh data folder."""
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as data_dir:
-        seconds, cpu_s, out = _run([sys.executable, str(script), "text", str(corpus), "--tokenizer", "gpt2",
-                                    "--data-dir", data_dir], script.name)
+        seconds, cpu_s, out = _run(
+            [sys.executable, str(script), "text", str(corpus), "--tokenizer", "gpt2", "--data-dir", data_dir],
+            script.name,
+        )
     return {"seconds": seconds, "cpu_s": cpu_s, "log": out.strip().splitlines()[-1:]}
 
 
-def bench_tokenize(megabytes: float = 100.0, rounds: int = 3, corpus_dir: Path | None = None,
-                   script: Path = DOWNLOAD_DATASET, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _one_round(
+    rnd: int, rounds: int, corpus: Path, script: Path, size_mb: float, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """One round: side (i) then side (ii) on the corpus, their speeds and ratio, logged as it ends."""
+    load = os.getloadavg()[0]  # noted so that a noisy machine shows in the figures
+    ref = reference_round(corpus)
+    ours = prepare_round(corpus, script)
+    run = {
+        "load_avg_at_start": load,
+        "tiktoken_mb_per_s": size_mb / ref["seconds"],
+        "tiktoken_seconds": ref["seconds"],
+        "tiktoken_cpu_s": ref["cpu_s"],
+        "prepare_mb_per_s": size_mb / ours["seconds"],
+        "prepare_seconds": ours["seconds"],
+        "prepare_cpu_s": ours["cpu_s"],
+        "documents": ref["documents"],
+        "tokens": ref["tokens"],
+        "threads": ref["threads"],
+    }
+    run["ratio"] = run["prepare_mb_per_s"] / run["tiktoken_mb_per_s"]
+    log(
+        f"round {rnd + 1}/{rounds} (load {load:.2f}): tiktoken encode_ordinary_batch "
+        f"{run['tiktoken_mb_per_s']:.2f} MB/s ({ref['seconds']:.2f} s, {ref['cpu_s']:.1f} CPU s, "
+        f"{ref['threads']} threads) | download_dataset.py text {run['prepare_mb_per_s']:.2f} MB/s "
+        f"({ours['seconds']:.2f} s, {ours['cpu_s']:.1f} CPU s) | ratio {run['ratio']:.2f}"
+    )
+    return run
+
+
+def bench_tokenize(
+    megabytes: float = 100.0,
+    rounds: int = 3,
+    corpus_dir: Path | None = None,
+    script: Path = DOWNLOAD_DATASET,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """The two sides alternated `rounds` times (see the module docstring); the figures --json writes."""
     if not megabytes > 0 or rounds < 1:
         raise BenchError(f"--megabytes must be > 0 and --rounds >= 1, got {megabytes} and {rounds}")
@@ -142,29 +178,26 @@ def bench_tokenize(megabytes: float = 100.0, rounds: int = 3, corpus_dir: Path |
     corpus = corpus_file(megabytes, Path(corpus_dir), log)
     size_mb = corpus.stat().st_size / 1e6
     log(f"CPU: {cpu_model()} ({os.cpu_count()} CPUs); corpus {corpus} ({size_mb:.1f} MB)")
-    runs: list[dict[str, Any]] = []
-    for rnd in range(rounds):
-        load = os.getloadavg()[0]
-        ref = reference_round(corpus)
-        ours = prepare_round(corpus, Path(script))
-        run = {"load_avg_at_start": load, "tiktoken_mb_per_s": size_mb / ref["seconds"],
-               "tiktoken_seconds": ref["seconds"], "tiktoken_cpu_s": ref["cpu_s"],
-               "prepare_mb_per_s": size_mb / ours["seconds"], "prepare_seconds": ours["seconds"],
-               "prepare_cpu_s": ours["cpu_s"], "documents": ref["documents"], "tokens": ref["tokens"],
-               "threads": ref["threads"]}
-        run["ratio"] = run["prepare_mb_per_s"] / run["tiktoken_mb_per_s"]
-        runs.append(run)
-        log(f"round {rnd + 1}/{rounds} (load {load:.2f}): tiktoken encode_ordinary_batch "
-            f"{run['tiktoken_mb_per_s']:.2f} MB/s ({ref['seconds']:.2f} s, {ref['cpu_s']:.1f} CPU s, "
-            f"{ref['threads']} threads) | download_dataset.py text {run['prepare_mb_per_s']:.2f} MB/s "
-            f"({ours['seconds']:.2f} s, {ours['cpu_s']:.1f} CPU s) | ratio {run['ratio']:.2f}")
+    runs = [_one_round(rnd, rounds, corpus, Path(script), size_mb, log) for rnd in range(rounds)]
     tiktoken = statistics.median(r["tiktoken_mb_per_s"] for r in runs)
     prepare = statistics.median(r["prepare_mb_per_s"] for r in runs)
     ratio = prepare / tiktoken
     tokens_per_s = runs[0]["tokens"] / statistics.median(r["prepare_seconds"] for r in runs)
-    log(f"medians of {rounds} round(s): tiktoken {tiktoken:.2f} MB/s, download_dataset.py {prepare:.2f} MB/s "
-        f"({tokens_per_s / 1e6:.2f}M tokens/s); ratio {ratio:.2f} (target >= {TARGET_RATIO})")
-    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "corpus": str(corpus), "corpus_mb": size_mb,
-            "rounds": rounds, "script": str(script), "tiktoken_mb_per_s": tiktoken, "prepare_mb_per_s": prepare,
-            "prepare_tokens_per_s": tokens_per_s, "ratio": ratio, "meets_target": ratio >= TARGET_RATIO,
-            "runs": runs}
+    log(
+        f"medians of {rounds} round(s): tiktoken {tiktoken:.2f} MB/s, download_dataset.py {prepare:.2f} MB/s "
+        f"({tokens_per_s / 1e6:.2f}M tokens/s); ratio {ratio:.2f} (target >= {TARGET_RATIO})"
+    )
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "corpus": str(corpus),
+        "corpus_mb": size_mb,
+        "rounds": rounds,
+        "script": str(script),
+        "tiktoken_mb_per_s": tiktoken,
+        "prepare_mb_per_s": prepare,
+        "prepare_tokens_per_s": tokens_per_s,
+        "ratio": ratio,
+        "meets_target": ratio >= TARGET_RATIO,
+        "runs": runs,
+    }

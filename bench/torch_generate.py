@@ -49,17 +49,28 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=args.vocab_size, n_positions=args.context_length, n_embd=args.emb_dim,
-                        n_layer=args.n_layers, n_head=args.n_heads)
+    config = GPT2Config(
+        vocab_size=args.vocab_size,
+        n_positions=args.context_length,
+        n_embd=args.emb_dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+    )
     model = GPT2LMHeadModel(config).eval().to(getattr(torch, args.dtype))
     prompts = torch.randint(0, args.vocab_size, (args.batch_size, args.prompt_tokens))
     mask = torch.ones_like(prompts)
 
     def generate() -> float:
         started = time.perf_counter()
-        out = model.generate(prompts, attention_mask=mask, max_new_tokens=args.new_tokens,
-                             min_new_tokens=args.new_tokens, do_sample=False, use_cache=True,
-                             pad_token_id=config.eos_token_id)
+        out = model.generate(
+            prompts,
+            attention_mask=mask,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=config.eos_token_id,
+        )
         seconds = time.perf_counter() - started
         assert out.shape == (args.batch_size, args.prompt_tokens + args.new_tokens), out.shape
         return seconds
@@ -67,16 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     generate()  # first-call allocations and kernel choices, as our side's compile is excluded
     times = [generate() for _ in range(args.repeats)]
     ms = [1e3 * t / args.new_tokens for t in times]
-    figures = {"side": "torch", "torch": torch.__version__, "transformers": transformers.__version__,
-               "threads": torch.get_num_threads(), "dtype": args.dtype, "batch_size": args.batch_size,
-               "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-               "params": sum(p.numel() for p in model.parameters()),
-               "attn_implementation": getattr(model.config, "_attn_implementation", None),
-               "ms_per_token_median": statistics.median(ms), "ms_per_token": ms}
+    figures = {
+        "side": "torch",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "params": sum(p.numel() for p in model.parameters()),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "ms_per_token_median": statistics.median(ms),
+        "ms_per_token": ms,
+    }
     args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}: "
-          f"{args.dtype} batch {args.batch_size}: {figures['ms_per_token_median']:.1f} ms/token "
-          f"(median of {args.repeats}: {', '.join(f'{m:.1f}' for m in ms)})")
+    print(
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}: "
+        f"{args.dtype} batch {args.batch_size}: {figures['ms_per_token_median']:.1f} ms/token "
+        f"(median of {args.repeats}: {', '.join(f'{m:.1f}' for m in ms)})"
+    )
     return 0
 
 

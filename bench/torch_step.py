@@ -65,6 +65,7 @@ def flops_per_token(vocab: int, context: int, layers: int, dims: int) -> int:
 
 def init_params(torch: Any, vocab: int, context: int, layers: int, dims: int) -> dict[str, Any]:
     """Every trainable tensor, by name; linear weights (out, in) as F.linear takes them."""
+
     def normal(*size: int, std: float = 0.02) -> Any:
         return (torch.randn(*size) * std).requires_grad_()
 
@@ -72,20 +73,33 @@ def init_params(torch: Any, vocab: int, context: int, layers: int, dims: int) ->
         return torch.full((size,), value).requires_grad_()
 
     residual_std = 0.02 / math.sqrt(2 * layers)
-    params = {"tok": normal(vocab, dims), "pos": normal(context, dims),
-              "lnf.w": const(1.0, dims), "lnf.b": const(0.0, dims)}
+    params = {
+        "tok": normal(vocab, dims),
+        "pos": normal(context, dims),
+        "lnf.w": const(1.0, dims),
+        "lnf.b": const(0.0, dims),
+    }
     for i in range(layers):
-        params |= {f"{i}.ln1.w": const(1.0, dims), f"{i}.ln1.b": const(0.0, dims),
-                   f"{i}.qkv.w": normal(3 * dims, dims), f"{i}.qkv.b": const(0.0, 3 * dims),
-                   f"{i}.proj.w": normal(dims, dims, std=residual_std), f"{i}.proj.b": const(0.0, dims),
-                   f"{i}.ln2.w": const(1.0, dims), f"{i}.ln2.b": const(0.0, dims),
-                   f"{i}.fc.w": normal(4 * dims, dims), f"{i}.fc.b": const(0.0, 4 * dims),
-                   f"{i}.out.w": normal(dims, 4 * dims, std=residual_std), f"{i}.out.b": const(0.0, dims)}
+        params |= {
+            f"{i}.ln1.w": const(1.0, dims),
+            f"{i}.ln1.b": const(0.0, dims),
+            f"{i}.qkv.w": normal(3 * dims, dims),
+            f"{i}.qkv.b": const(0.0, 3 * dims),
+            f"{i}.proj.w": normal(dims, dims, std=residual_std),
+            f"{i}.proj.b": const(0.0, dims),
+            f"{i}.ln2.w": const(1.0, dims),
+            f"{i}.ln2.b": const(0.0, dims),
+            f"{i}.fc.w": normal(4 * dims, dims),
+            f"{i}.fc.b": const(0.0, 4 * dims),
+            f"{i}.out.w": normal(dims, 4 * dims, std=residual_std),
+            f"{i}.out.b": const(0.0, dims),
+        }
     return params
 
 
 def make_forward(F: Any, layers: int, heads: int) -> Callable[[dict[str, Any], Any], Any]:
     """The forward pass: token ids (B, T) -> logits (B, T, V)."""
+
     def forward(p: dict[str, Any], idx: Any) -> Any:
         B, T = idx.shape
         C = p["tok"].shape[1]
@@ -105,8 +119,9 @@ def make_forward(F: Any, layers: int, heads: int) -> Callable[[dict[str, Any], A
     return forward
 
 
-def measure(torch: Any, name: str, *, windows: int, steps_per_window: int, compile_model: bool,
-            bf16: bool) -> dict[str, Any]:
+def measure(
+    torch: Any, name: str, *, windows: int, steps_per_window: int, compile_model: bool, bf16: bool
+) -> dict[str, Any]:
     """One config's steady-state tokens/s, per timed window."""
     import torch.nn.functional as F
 
@@ -115,8 +130,11 @@ def measure(torch: Any, name: str, *, windows: int, steps_per_window: int, compi
     params = init_params(torch, vocab, context, layers, dims)
     matrices = [t for t in params.values() if t.dim() >= 2]
     others = [t for t in params.values() if t.dim() < 2]
-    opt = torch.optim.AdamW([{"params": matrices, "weight_decay": WEIGHT_DECAY},
-                             {"params": others, "weight_decay": 0.0}], lr=LEARNING_RATE, fused=False)
+    opt = torch.optim.AdamW(
+        [{"params": matrices, "weight_decay": WEIGHT_DECAY}, {"params": others, "weight_decay": 0.0}],
+        lr=LEARNING_RATE,
+        fused=False,
+    )
     forward = make_forward(F, layers, heads)
     if compile_model:
         forward = torch.compile(forward)
@@ -141,10 +159,17 @@ def measure(torch: Any, name: str, *, windows: int, steps_per_window: int, compi
         for _ in range(steps_per_window):
             step()
         rates.append(batch * context * steps_per_window / (time.perf_counter() - started))
-    return {"config": name, "tokens_per_s_median": statistics.median(rates), "tokens_per_s_min": min(rates),
-            "tokens_per_s_max": max(rates), "flops_per_token": flops_per_token(vocab, context, layers, dims),
-            "threads": torch.get_num_threads(), "compiled": compile_model, "autocast_bf16": bf16,
-            "torch": torch.__version__}
+    return {
+        "config": name,
+        "tokens_per_s_median": statistics.median(rates),
+        "tokens_per_s_min": min(rates),
+        "tokens_per_s_max": max(rates),
+        "flops_per_token": flops_per_token(vocab, context, layers, dims),
+        "threads": torch.get_num_threads(),
+        "compiled": compile_model,
+        "autocast_bf16": bf16,
+        "torch": torch.__version__,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,13 +180,23 @@ def main(argv: list[str] | None = None) -> int:
         # Only when asked for another count: a set_num_threads call, even to the current count,
         # changes how OpenMP's threads wait between parallel regions, and can slow every op.
         torch.set_num_threads(args.threads)
-    results = [measure(torch, name, windows=args.windows, steps_per_window=args.steps_per_window,
-                       compile_model=args.compile, bf16=args.bf16)
-               for name in (sorted(CONFIGS) if args.all else [args.config])]
+    results = [
+        measure(
+            torch,
+            name,
+            windows=args.windows,
+            steps_per_window=args.steps_per_window,
+            compile_model=args.compile,
+            bf16=args.bf16,
+        )
+        for name in (sorted(CONFIGS) if args.all else [args.config])
+    ]
     for r in results:
-        print(f"{r['config']:>11}: {r['tokens_per_s_median']:,.0f} tokens/s (min {r['tokens_per_s_min']:,.0f}, "
-              f"max {r['tokens_per_s_max']:,.0f}; torch {r['torch']}, {r['threads']} threads"
-              f"{', autocast bf16' if r['autocast_bf16'] else ''})")
+        print(
+            f"{r['config']:>11}: {r['tokens_per_s_median']:,.0f} tokens/s (min {r['tokens_per_s_min']:,.0f}, "
+            f"max {r['tokens_per_s_max']:,.0f}; torch {r['torch']}, {r['threads']} threads"
+            f"{', autocast bf16' if r['autocast_bf16'] else ''})"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """Which backend JAX will run on, told before JAX starts; what an entry point does about it first.
 
-    backend.prepare_process()   # first thing in train.py, evaluate.py and bench: on the CPU only,
-                                # restarts once with huge-page malloc (jaxgpt/cpu/malloc.py)
+backend.prepare_process()   # first thing in train.py, evaluate.py and bench: on the CPU only,
+                            # restarts once with huge-page malloc (jaxgpt/cpu/malloc.py)
 """
 
 from __future__ import annotations

@@ -80,19 +80,20 @@ class ModelConfig:
         _positive(self, MODEL_FILE, "vocab_size", "context_length", "emb_dim", "n_heads")
         _positive(self, MODEL_FILE, "loss_chunk", optional=True)
         if self.attention == "cudnn" and self.compute_dtype == "float32":
-            raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs compute_dtype='bfloat16' "
-                              f"(or 'auto'; got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel")
+            raise ConfigError(
+                f"{MODEL_FILE}: attention='cudnn' needs compute_dtype='bfloat16' "
+                f"(or 'auto'; got {self.compute_dtype!r}); cuDNN's flash attention has no float32 kernel"
+            )
         if self.architecture == "gpt2":
             _positive(self, MODEL_FILE, "n_layers")
             if self.emb_dim % self.n_heads:
-                raise ConfigError(
-                    f"{MODEL_FILE}: emb_dim={self.emb_dim} does not divide by n_heads={self.n_heads}"
-                )
+                raise ConfigError(f"{MODEL_FILE}: emb_dim={self.emb_dim} does not divide by n_heads={self.n_heads}")
         elif self.n_layers < 0:
             raise ConfigError(f"{MODEL_FILE}: n_layers={self.n_layers} must be >= 0")
         if self.qkv_bias and not self.bias:
-            raise ConfigError(f"{MODEL_FILE}: qkv_bias=true contradicts bias=false (which removes every bias); "
-                              f"set qkv_bias to false")
+            raise ConfigError(
+                f"{MODEL_FILE}: qkv_bias=true contradicts bias=false (which removes every bias); set qkv_bias to false"
+            )
         if not 0.0 <= self.drop_rate < 1.0:
             raise ConfigError(f"{MODEL_FILE}: drop_rate={self.drop_rate} must be in [0, 1)")
         self._check_modern_options()
@@ -102,8 +103,10 @@ class ModelConfig:
         if self.logit_softcap is not None and not self.logit_softcap > 0:
             raise ConfigError(f"{MODEL_FILE}: logit_softcap={self.logit_softcap} must be > 0 (or null: no cap)")
         if self.positions == "learned" and self.rope_base is not None:
-            raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} is the rotary base, but positions='learned' "
-                              f"asks for a learned position table; set positions to 'rotary' or drop rope_base")
+            raise ConfigError(
+                f"{MODEL_FILE}: rope_base={self.rope_base} is the rotary base, but positions='learned' "
+                f"asks for a learned position table; set positions to 'rotary' or drop rope_base"
+            )
         if self.positions == "rotary":
             if self.rope_base is None:
                 object.__setattr__(self, "rope_base", 10000.0)  # the resolved config records the base used
@@ -111,33 +114,46 @@ class ModelConfig:
                 raise ConfigError(f"{MODEL_FILE}: rope_base={self.rope_base} must be > 0")
             head = self.emb_dim // self.n_heads
             if self.architecture == "gpt2" and head % 2:
-                raise ConfigError(f"{MODEL_FILE}: positions='rotary' rotates pairs of dimensions: the head size "
-                                  f"emb_dim / n_heads = {self.emb_dim} / {self.n_heads} = {head} must be even")
+                raise ConfigError(
+                    f"{MODEL_FILE}: positions='rotary' rotates pairs of dimensions: the head size "
+                    f"emb_dim / n_heads = {self.emb_dim} / {self.n_heads} = {head} must be even"
+                )
 
     def _check_2026_options(self) -> None:
         on = [key for key in ("value_embeds", "embed_skips", "unet_skips") if getattr(self, key)]
         on += [key for key in ("window_pattern", "short_window") if getattr(self, key) is not None]
         if self.architecture != "gpt2" and on:
-            raise ConfigError(f"{MODEL_FILE}: {on[0]}={getattr(self, on[0])!r} needs architecture 'gpt2' "
-                              f"(got {self.architecture!r}, which has no transformer blocks)")
+            raise ConfigError(
+                f"{MODEL_FILE}: {on[0]}={getattr(self, on[0])!r} needs architecture 'gpt2' "
+                f"(got {self.architecture!r}, which has no transformer blocks)"
+            )
         _positive(self, MODEL_FILE, "n_kv_heads", optional=True)
         if self.n_heads % self.kv_heads:
-            raise ConfigError(f"{MODEL_FILE}: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
-                              f"(each key/value head serves n_heads / n_kv_heads query heads)")
+            raise ConfigError(
+                f"{MODEL_FILE}: n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} "
+                f"(each key/value head serves n_heads / n_kv_heads query heads)"
+            )
         if self.unet_skips and self.n_layers < 2:
-            raise ConfigError(f"{MODEL_FILE}: unet_skips=true joins the first half of the blocks to the second; "
-                              f"n_layers={self.n_layers} has no halves")
+            raise ConfigError(
+                f"{MODEL_FILE}: unet_skips=true joins the first half of the blocks to the second; "
+                f"n_layers={self.n_layers} has no halves"
+            )
         if self.window_pattern is None:
             if self.short_window is not None:
-                raise ConfigError(f"{MODEL_FILE}: short_window={self.short_window} is the window of the 'S' layers "
-                                  f"of window_pattern, which is null; set window_pattern (e.g. 'SSSL')")
+                raise ConfigError(
+                    f"{MODEL_FILE}: short_window={self.short_window} is the window of the 'S' layers "
+                    f"of window_pattern, which is null; set window_pattern (e.g. 'SSSL')"
+                )
             return
         if not self.window_pattern or set(self.window_pattern) - {"S", "L"}:
-            raise ConfigError(f"{MODEL_FILE}: window_pattern={self.window_pattern!r} must be a string of 'S' "
-                              f"(short window) and 'L' (full context), e.g. 'SSSL'")
+            raise ConfigError(
+                f"{MODEL_FILE}: window_pattern={self.window_pattern!r} must be a string of 'S' "
+                f"(short window) and 'L' (full context), e.g. 'SSSL'"
+            )
         if self.short_window is not None and not 0 < self.short_window <= self.context_length:
-            raise ConfigError(f"{MODEL_FILE}: short_window={self.short_window} must be in 1..context_length="
-                              f"{self.context_length}")
+            raise ConfigError(
+                f"{MODEL_FILE}: short_window={self.short_window} must be in 1..context_length={self.context_length}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -154,8 +170,10 @@ class ModelConfig:
         if self.window_pattern is None:
             return (self.context_length,) * self.n_layers
         short = max(1, self.context_length // 4) if self.short_window is None else self.short_window
-        windows = [short if self.window_pattern[i % len(self.window_pattern)] == "S"
-                   else self.context_length for i in range(self.n_layers)]
+        windows = [
+            short if self.window_pattern[i % len(self.window_pattern)] == "S" else self.context_length
+            for i in range(self.n_layers)
+        ]
         return (*windows[:-1], self.context_length) if windows else ()
 
 
@@ -181,8 +199,8 @@ class MeshConfig:
 @dataclass(frozen=True, slots=True)
 class MuonConfig:
     """train.json "muon": Muon (optax.contrib.scale_by_muon) for the blocks' weight matrices, AdamW for
-    the rest (jaxgpt/training/optimizer.py, muon.py). The matrices' peak rate is train.json learning_rate; each other part
-    has its own peak here, on the same schedule (warm-up, cosine or WSD) as every part."""
+    the rest (jaxgpt/training/optimizer.py, muon.py). The matrices' peak rate is train.json learning_rate;
+    each other part has its own peak here, on the same schedule (warm-up, cosine or WSD) as every part."""
 
     momentum: float = 0.95  # Muon's momentum after the warm-up
     momentum_init: float = 0.85  # ... and at step 0, rising linearly (modded-nanogpt, nanochat)
@@ -206,11 +224,12 @@ class MuonConfig:
     scalar_learning_rate: float = 0.004  # every norm scale and bias (never decayed)
 
     def __post_init__(self) -> None:
-        _positive(self, TRAIN_FILE, "ns_steps", "embed_learning_rate", "head_learning_rate",
-                  "scalar_learning_rate")
+        _positive(self, TRAIN_FILE, "ns_steps", "embed_learning_rate", "head_learning_rate", "scalar_learning_rate")
         if self.coefficients == "polar_express" and self.ns_steps > 5:
-            raise ConfigError(f"{TRAIN_FILE}: ns_steps={self.ns_steps} with coefficients='polar_express', which "
-                              f"has coefficients for 5 iterations; use ns_steps <= 5")
+            raise ConfigError(
+                f"{TRAIN_FILE}: ns_steps={self.ns_steps} with coefficients='polar_express', which "
+                f"has coefficients for 5 iterations; use ns_steps <= 5"
+            )
         for key in ("momentum", "momentum_init", "normuon_beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
@@ -239,8 +258,10 @@ class WandbConfig:
             if value is not None and not value.strip():
                 raise ConfigError(f"{TRAIN_FILE}: {key}={value!r} must not be empty (or null for the default)")
         if set(self.project) & set(_WANDB_FORBIDDEN) or len(self.project) > 128:
-            raise ConfigError(f"{TRAIN_FILE}: project={self.project!r} must be at most 128 characters, none of "
-                              f"{' '.join(_WANDB_FORBIDDEN)} (W&B's rule for project names)")
+            raise ConfigError(
+                f"{TRAIN_FILE}: project={self.project!r} must be at most 128 characters, none of "
+                f"{' '.join(_WANDB_FORBIDDEN)} (W&B's rule for project names)"
+            )
         for tag in self.tags:
             if not 0 < len(tag) <= 64:
                 raise ConfigError(f"{TRAIN_FILE}: tags entry {tag!r} must be 1 to 64 characters (W&B's limit)")
@@ -329,55 +350,83 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._resolve()
-        _positive(self, TRAIN_FILE, "microbatch_size", "gradient_accumulation_steps",
-                  "checkpoint_interval", "keep_last_checkpoints", "max_dropped_steps")
+        self._check_numbers()
+        self._check_length()
+        self._check_schedule()
+        self._check_rows()
+        self._check_names()
+
+    def _check_numbers(self) -> None:
+        """Counts, sizes and rates that must be positive."""
+        _positive(
+            self,
+            TRAIN_FILE,
+            "microbatch_size",
+            "gradient_accumulation_steps",
+            "checkpoint_interval",
+            "keep_last_checkpoints",
+            "max_dropped_steps",
+        )
         if self.validation_batches != "all":
             _positive(self, TRAIN_FILE, "validation_batches")
-        _positive(self, TRAIN_FILE, "sequence_length", "train_steps", "train_tokens", "train_epochs",
-                  "batch_size", "validation_interval", "hellaswag_interval", "hellaswag_examples",
-                  "core_interval", "core_examples", optional=True)
-        _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps",
-                  "lr_init_factor")
+        _positive(
+            self,
+            TRAIN_FILE,
+            "sequence_length",
+            "train_steps",
+            "train_tokens",
+            "train_epochs",
+            "batch_size",
+            "validation_interval",
+            "hellaswag_interval",
+            "hellaswag_examples",
+            "core_interval",
+            "core_examples",
+            optional=True,
+        )
+        _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps", "lr_init_factor")
         _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
+
+    def _check_length(self) -> None:
+        """Exactly one training length, and a batch_size that says what the microbatches make."""
         lengths = {k: getattr(self, k) for k in ("train_steps", "train_tokens", "train_epochs")}
         if sum(v is not None for v in lengths.values()) != 1:
-            raise ConfigError(f"{TRAIN_FILE}: give exactly one of train_steps, train_tokens or train_epochs (got "
-                              f"{', '.join(f'{k}={v}' for k, v in lengths.items())})")
+            raise ConfigError(
+                f"{TRAIN_FILE}: give exactly one of train_steps, train_tokens or train_epochs (got "
+                f"{', '.join(f'{k}={v}' for k, v in lengths.items())})"
+            )
         if self.train_epochs is not None and self.dataset.source in FINEWEB_SOURCES:
-            raise ConfigError(f"{TRAIN_FILE}: train_epochs needs the whole train split, but {self.dataset.source!r} "
-                              f"is fetched for the run's length; give train_steps or train_tokens")
+            raise ConfigError(
+                f"{TRAIN_FILE}: train_epochs needs the whole train split, but {self.dataset.source!r} "
+                f"is fetched for the run's length; give train_steps or train_tokens"
+            )
         if self.batch_size is not None and self.batch_size != self.sequences_per_step:
             raise ConfigError(
                 f"{TRAIN_FILE}: batch_size={self.batch_size} must equal microbatch_size x "
                 f"gradient_accumulation_steps = {self.microbatch_size} x "
                 f"{self.gradient_accumulation_steps} = {self.sequences_per_step}"
             )
+
+    def _check_schedule(self) -> None:
+        """Benchmarks at validations; the schedule's percentages and the optimiser's coefficients."""
         if self.hellaswag_interval is not None and self.hellaswag_interval % self.validation_interval:
-            raise ConfigError(f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
-                              f"validation_interval={self.validation_interval} (HellaSwag runs at validations)")
+            raise ConfigError(
+                f"{TRAIN_FILE}: hellaswag_interval={self.hellaswag_interval} must be a multiple of "
+                f"validation_interval={self.validation_interval} (HellaSwag runs at validations)"
+            )
         if self.core_interval is not None and self.core_interval % self.validation_interval:
-            raise ConfigError(f"{TRAIN_FILE}: core_interval={self.core_interval} must be a multiple of "
-                              f"validation_interval={self.validation_interval} (CORE runs at validations)")
+            raise ConfigError(
+                f"{TRAIN_FILE}: core_interval={self.core_interval} must be a multiple of "
+                f"validation_interval={self.validation_interval} (CORE runs at validations)"
+            )
         for key in ("warmup_percent", "cooldown_percent"):
             if not 0.0 <= (getattr(self, key) or 0.0) <= 100.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 100]")
         if self.schedule == "wsd" and self.warmup_percent + self.cooldown_percent > 100.0:
-            raise ConfigError(f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
-                              f"{self.cooldown_percent} exceed 100 (percent of the steps)")
-        if self.packing in ("documents", "conversations") and self.targets != "next":
-            raise ConfigError(f"{TRAIN_FILE}: packing={self.packing!r} packs {self.packing} for next-token targets "
-                              f"(targets={self.targets!r}); use packing 'windows'")
-        chat = self.dataset.source in CONVERSATION_SOURCES
-        if chat != (self.packing == "conversations"):
-            raise ConfigError(f"{TRAIN_FILE}: packing={self.packing!r} " + (
-                f"cannot read the conversation dataset {self.dataset.source!r}; leave packing out (or 'conversations')"
-                if chat else f"needs a conversation dataset (source {' or '.join(CONVERSATION_SOURCES)}), got source "
-                             f"{self.dataset.source!r}"))
-        if not TOKENIZER_NAME.fullmatch(self.tokenizer):
-            raise ConfigError(f"{TRAIN_FILE}: tokenizer={self.tokenizer!r} must be 'bytes', 'gpt2' or a trained "
-                              f"tokenizer's name (letters, digits, '.', '_' or '-'; download_dataset.py tokenizer)")
-        if self.init_from is not None and not self.init_from.strip():
-            raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
+            raise ConfigError(
+                f"{TRAIN_FILE}: warmup_percent={self.warmup_percent} + cooldown_percent="
+                f"{self.cooldown_percent} exceed 100 (percent of the steps)"
+            )
         for key in ("lr_end_factor", "weight_decay", "seed"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be >= 0")
@@ -385,21 +434,57 @@ class TrainConfig:
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{TRAIN_FILE}: {key}={getattr(self, key)} must be in [0, 1)")
 
+    def _check_rows(self) -> None:
+        """What the training rows are: packing, targets and the dataset's kind agree."""
+        if self.packing in ("documents", "conversations") and self.targets != "next":
+            raise ConfigError(
+                f"{TRAIN_FILE}: packing={self.packing!r} packs {self.packing} for next-token targets "
+                f"(targets={self.targets!r}); use packing 'windows'"
+            )
+        chat = self.dataset.source in CONVERSATION_SOURCES
+        if chat != (self.packing == "conversations"):
+            raise ConfigError(
+                f"{TRAIN_FILE}: packing={self.packing!r} "
+                + (
+                    f"cannot read the conversation dataset {self.dataset.source!r}; leave packing out "
+                    f"(or 'conversations')"
+                    if chat
+                    else f"needs a conversation dataset (source {' or '.join(CONVERSATION_SOURCES)}), got source "
+                    f"{self.dataset.source!r}"
+                )
+            )
+
+    def _check_names(self) -> None:
+        """The tokenizer's name and init_from's checkpoint."""
+        if not TOKENIZER_NAME.fullmatch(self.tokenizer):
+            raise ConfigError(
+                f"{TRAIN_FILE}: tokenizer={self.tokenizer!r} must be 'bytes', 'gpt2' or a trained "
+                f"tokenizer's name (letters, digits, '.', '_' or '-'; download_dataset.py tokenizer)"
+            )
+        if self.init_from is not None and not self.init_from.strip():
+            raise ConfigError(f"{TRAIN_FILE}: init_from={self.init_from!r} must name a checkpoint or be null")
+
     def _resolve(self) -> None:
         """Fill in the defaults that depend on other keys (once: to_dict writes the resolved values)."""
         if self.muon is not None and self.optimizer != "muon":
-            raise ConfigError(f"{TRAIN_FILE}: muon settings given but optimizer={self.optimizer!r}; "
-                              f"set optimizer to 'muon' or remove the muon section")
+            raise ConfigError(
+                f"{TRAIN_FILE}: muon settings given but optimizer={self.optimizer!r}; "
+                f"set optimizer to 'muon' or remove the muon section"
+            )
         if self.cooldown_percent is not None and self.schedule != "wsd":
-            raise ConfigError(f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
-                              f"only (schedule={self.schedule!r})")
-        resolved = {"tokenizer": default_tokenizer(self.dataset.source),
-                    "packing": "conversations" if self.dataset.source in CONVERSATION_SOURCES else "windows",
-                    "learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
-                    "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
-                    "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
-                    "muon": MuonConfig() if self.optimizer == "muon" else None,
-                    "validation_interval": self.checkpoint_interval}
+            raise ConfigError(
+                f"{TRAIN_FILE}: cooldown_percent={self.cooldown_percent} applies to schedule 'wsd' "
+                f"only (schedule={self.schedule!r})"
+            )
+        resolved = {
+            "tokenizer": default_tokenizer(self.dataset.source),
+            "packing": "conversations" if self.dataset.source in CONVERSATION_SOURCES else "windows",
+            "learning_rate": DEFAULT_LEARNING_RATE[self.optimizer],
+            "weight_decay": DEFAULT_WEIGHT_DECAY[self.optimizer],
+            "cooldown_percent": DEFAULT_COOLDOWN_PERCENT if self.schedule == "wsd" else None,
+            "muon": MuonConfig() if self.optimizer == "muon" else None,
+            "validation_interval": self.checkpoint_interval,
+        }
         for key, value in resolved.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)  # frozen: set once, here
@@ -431,19 +516,19 @@ class TrainConfig:
         return None if self.train_epochs is not None else self.total_steps(model) * self.tokens_per_step(model)
 
 
-
 def check_combination(model: ModelConfig, train: TrainConfig) -> None:
     """Cross-file checks that neither file can make alone."""
     seq_len = train.seq_len(model)
     if seq_len > model.context_length:
         raise ConfigError(
-            f"{TRAIN_FILE}: sequence_length={seq_len} exceeds {MODEL_FILE} "
-            f"context_length={model.context_length}"
+            f"{TRAIN_FILE}: sequence_length={seq_len} exceeds {MODEL_FILE} context_length={model.context_length}"
         )
     if train.optimizer == "muon" and (model.architecture != "gpt2" or model.n_layers < 1):
-        raise ConfigError(f"{TRAIN_FILE}: optimizer='muon' has no matrix to train in {MODEL_FILE} "
-                          f"architecture={model.architecture!r} (n_layers={model.n_layers}): Muon trains the "
-                          f"blocks' weight matrices; use optimizer 'adamw'")
+        raise ConfigError(
+            f"{TRAIN_FILE}: optimizer='muon' has no matrix to train in {MODEL_FILE} "
+            f"architecture={model.architecture!r} (n_layers={model.n_layers}): Muon trains the "
+            f"blocks' weight matrices; use optimizer 'adamw'"
+        )
     if train.train_tokens is not None and train.total_steps(model) < 1:
         raise ConfigError(
             f"{TRAIN_FILE}: train_tokens={train.train_tokens} is less than one optimiser step of "

@@ -48,13 +48,11 @@ def from_dict(cls: type, raw: Any, where: str) -> Any:
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(fields))})"
-        )
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(fields))})")
     missing = [
-        name for name, f in fields.items()
-        if name not in raw and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
+        name
+        for name, f in fields.items()
+        if name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:
         raise ConfigError(f"{where}: missing required key {missing[0]!r}")
@@ -67,7 +65,7 @@ def from_dict(cls: type, raw: Any, where: str) -> Any:
         msg = str(e)
         for base in (MODEL_FILE, TRAIN_FILE):
             if msg.startswith(base + ": "):
-                msg = msg[len(base) + 2:]
+                msg = msg[len(base) + 2 :]
         raise ConfigError(f"{where}: {msg}") from None
 
 

@@ -50,8 +50,12 @@ class StopFlag:
         now = self._clock()
         if self._first is None:
             self._first, self.requested = now, True
-            print(f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
-                  f"(Ctrl-C again to abort without saving).", file=sys.stderr, flush=True)
+            print(
+                f"\nStopping ({signal.Signals(signum).name}): finishing this step and writing a checkpoint "
+                f"(Ctrl-C again to abort without saving).",
+                file=sys.stderr,
+                flush=True,
+            )
         elif signum == signal.SIGINT and now - self._first > self._repeat_s:
             self.aborted = True  # whatever becomes of the KeyboardInterrupt in native code on its way up
             raise KeyboardInterrupt

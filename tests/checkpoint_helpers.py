@@ -18,10 +18,10 @@ from jaxgpt.config import ModelConfig, TrainConfig, to_dict
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training.optimizer import make_transform, optimizer_stats
 
-MCFG = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_dim=32, n_heads=2,
-                   n_layers=2, drop_rate=0.1)
-TCFG = TrainConfig(microbatch_size=2, gradient_accumulation_steps=2, train_steps=10, warmup_percent=20.0,
-                   seed=7)
+MCFG = ModelConfig(
+    architecture="gpt2", vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.1
+)
+TCFG = TrainConfig(microbatch_size=2, gradient_accumulation_steps=2, train_steps=10, warmup_percent=20.0, seed=7)
 MICRO = TCFG.gradient_accumulation_steps  # microbatches per train_step call
 TOTAL_STEPS = 10
 CONFIGS = {"model.json": to_dict(MCFG), "train.json": to_dict(TCFG)}
@@ -35,8 +35,7 @@ NAME_RE = re.compile(r"^\d{8}T\d{6}Z-step-\d+$")
 
 def batch(i: int, k: int = MICRO) -> tuple[jax.Array, jax.Array]:
     """A deterministic (k, B, T) next-token batch; i picks it."""
-    x = np.random.default_rng(100 + i).integers(0, MCFG.vocab_size, (k, TCFG.microbatch_size, 16),
-                                                dtype=np.int32)
+    x = np.random.default_rng(100 + i).integers(0, MCFG.vocab_size, (k, TCFG.microbatch_size, 16), dtype=np.int32)
     return jnp.asarray(x), jnp.asarray(np.roll(x, -1, axis=-1))
 
 
@@ -67,8 +66,10 @@ def apply_update(model: nnx.Module, optimizer: nnx.Optimizer, grads: nnx.State) 
 
 def flat(obj) -> dict[str, np.ndarray]:
     """Every leaf of nnx.state(obj) as a host copy (a copy: train_step donates its inputs)."""
-    return {"/".join(map(str, path)): np.array(jax.device_get(var.get_value()))
-            for path, var in nnx.to_flat_state(nnx.state(obj))}
+    return {
+        "/".join(map(str, path)): np.array(jax.device_get(var.get_value()))
+        for path, var in nnx.to_flat_state(nnx.state(obj))
+    }
 
 
 def same_bits(a, b) -> bool:

@@ -44,7 +44,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     sys.dont_write_bytecode = False
     atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
 
-from jaxgpt import caches
+from jaxgpt import caches  # noqa: E402 - after JAXGPT_CACHE_DIR is set: it decides where the cache lives
 
 caches.enable_compile_cache()
 
@@ -74,6 +74,7 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every download fails at once, as on a machine without network: urllib's connection refused."""
+
     def refused(url: object, *args: object, **kwargs: object) -> None:
         raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
 

@@ -28,17 +28,42 @@ V, T_CTX, C, H, L = 61, 16, 32, 4, 2  # tiny, V odd on purpose (no accidental po
 TOL = 1e-4
 
 # Every option of the modern recipe on: what runs/*-modern use (untied head, no biases).
-MODERN = {"positions": "rotary", "rope_base": 100.0, "norm": "rmsnorm", "embed_norm": True, "qk_norm": True,
-          "mlp": "relu2", "zero_init_proj": True, "logit_softcap": 15.0, "tie_embeddings": False, "bias": False,
-          "qkv_bias": False}
+MODERN = {
+    "positions": "rotary",
+    "rope_base": 100.0,
+    "norm": "rmsnorm",
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "zero_init_proj": True,
+    "logit_softcap": 15.0,
+    "tie_embeddings": False,
+    "bias": False,
+    "qkv_bias": False,
+}
 # The 2026 recipe's options on top: grouped-query attention, windows, value embeddings, skips.
-ALL_NEW = {"n_kv_heads": 2, "window_pattern": "SL", "short_window": 5, "value_embeds": True, "embed_skips": True,
-           "unet_skips": True}
+ALL_NEW = {
+    "n_kv_heads": 2,
+    "window_pattern": "SL",
+    "short_window": 5,
+    "value_embeds": True,
+    "embed_skips": True,
+    "unet_skips": True,
+}
 
 
 def gpt_cfg(**kw) -> ModelConfig:
-    base = {"architecture": "gpt2", "vocab_size": V, "context_length": T_CTX, "emb_dim": C, "n_heads": H, "n_layers": L,
-                "qkv_bias": False, "drop_rate": 0.0, "tie_embeddings": False}
+    base = {
+        "architecture": "gpt2",
+        "vocab_size": V,
+        "context_length": T_CTX,
+        "emb_dim": C,
+        "n_heads": H,
+        "n_layers": L,
+        "qkv_bias": False,
+        "drop_rate": 0.0,
+        "tie_embeddings": False,
+    }
     return ModelConfig(**{**base, **kw})
 
 
@@ -79,8 +104,13 @@ def randomise_all(model: nnx.Module, seed: int) -> None:
     without connections ends as randomise() leaves it.)"""
     randomise(model, seed)
     rng = np.random.default_rng(seed + 1)
-    sizes = {"resid_lambdas": (1.0, 0.2), "x0_lambdas": (0.5, 0.3), "skip_weights": (0.6, 0.3),
-             "value_tables": (0.0, 1.0), "value_gates": (0.0, 1.0)}
+    sizes = {
+        "resid_lambdas": (1.0, 0.2),
+        "x0_lambdas": (0.5, 0.3),
+        "skip_weights": (0.6, 0.3),
+        "value_tables": (0.0, 1.0),
+        "value_gates": (0.0, 1.0),
+    }
     new = []
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         if path[0] == "connections":
@@ -133,8 +163,9 @@ def np_gpt2(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np.n
         b = f"blocks.{layer}"
         h = np_layernorm(x, p[f"{b}.ln1.scale"], p[f"{b}.ln1.bias"])
         qkv = np_linear(p, f"{b}.attn.qkv", h)  # (B, T, 3C): q | k | v
-        q, k, v = (qkv[..., i * Cm:(i + 1) * Cm].reshape(B, T, Hm, D).transpose(0, 2, 1, 3)
-                   for i in range(3))  # (B, H, T, D)
+        q, k, v = (
+            qkv[..., i * Cm : (i + 1) * Cm].reshape(B, T, Hm, D).transpose(0, 2, 1, 3) for i in range(3)
+        )  # (B, H, T, D)
         att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D)  # (B, H, T, T)
         att = np_softmax(np.where(mask, att, -np.inf))
         y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, Cm)
@@ -168,7 +199,7 @@ def np_rotary(x: np.ndarray, base: float) -> np.ndarray:
     D = x.shape[-1]
     theta = base ** (-np.arange(D // 2) * 2.0 / D)  # (D/2,)
     t = np.arange(x.shape[2])[:, None]  # (T, 1)
-    z = (x[..., :D // 2] + 1j * x[..., D // 2:]) * np.exp(1j * t * theta)  # (B, H, T, D/2)
+    z = (x[..., : D // 2] + 1j * x[..., D // 2 :]) * np.exp(1j * t * theta)  # (B, H, T, D/2)
     return np.concatenate([z.real, z.imag], axis=-1)
 
 
@@ -204,14 +235,14 @@ def np_modern(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np
         h = np_norm(cfg, p, f"{b}.ln1", x)
         if Kv == Hm:
             qkv = np_linear(p, f"{b}.attn.qkv", h)
-            q, k, v = (qkv[..., i * cfg.emb_dim:(i + 1) * cfg.emb_dim] for i in range(3))
+            q, k, v = (qkv[..., i * cfg.emb_dim : (i + 1) * cfg.emb_dim] for i in range(3))
         else:
             q, kv = np_linear(p, f"{b}.attn.q", h), np_linear(p, f"{b}.attn.kv", h)
-            k, v = kv[..., :Kv * D], kv[..., Kv * D:]
+            k, v = kv[..., : Kv * D], kv[..., Kv * D :]
         if layer in value_layers:  # ResFormer's value residual, gated per key/value head
             j = value_layers.index(layer)
             w = p["connections.value_gates"][j]  # (G, K)
-            gate = 3.0 / (1.0 + np.exp(-(h[..., :w.shape[0]] @ w)))  # (B, T, K)
+            gate = 3.0 / (1.0 + np.exp(-(h[..., : w.shape[0]] @ w)))  # (B, T, K)
             v = v + (gate[..., None] * p["connections.value_tables"][j][idx].reshape(B, T, Kv, D)).reshape(B, T, -1)
         q = q.reshape(B, T, Hm, D).transpose(0, 2, 1, 3)  # (B, H, T, D)
         k, v = (a.reshape(B, T, Kv, D).transpose(0, 2, 1, 3) for a in (k, v))  # (B, K, T, D)

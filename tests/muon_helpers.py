@@ -21,19 +21,35 @@ from jaxgpt.model.gpt import build_model
 from jaxgpt.training import muon
 from jaxgpt.training.optimizer import make_transform
 
-MODEL = ModelConfig(architecture="gpt2", vocab_size=50, context_length=8, emb_dim=16, n_heads=2,
-                    n_layers=2, qkv_bias=True)
+MODEL = ModelConfig(
+    architecture="gpt2", vocab_size=50, context_length=8, emb_dim=16, n_heads=2, n_layers=2, qkv_bias=True
+)
 GQA = replace(MODEL, n_heads=4, n_kv_heads=2, emb_dim=16, qkv_bias=False)
 TOTAL = 10
 # Every part its own rate, so that an update applied with another part's rate shows.
-MUON = MuonConfig(momentum_warmup_steps=4, weight_decay=0.05, embed_learning_rate=0.03,
-                  head_learning_rate=0.005, scalar_learning_rate=0.007)
+MUON = MuonConfig(
+    momentum_warmup_steps=4,
+    weight_decay=0.05,
+    embed_learning_rate=0.03,
+    head_learning_rate=0.005,
+    scalar_learning_rate=0.007,
+)
 
 
 def train_cfg(**kw) -> TrainConfig:
-    base = {"microbatch_size": 2, "gradient_accumulation_steps": 2, "train_steps": TOTAL, "optimizer": "muon",
-                "learning_rate": 0.02, "warmup_percent": 20.0, "lr_init_factor": 0.1, "lr_end_factor": 0.1,
-                "weight_decay": 0.1, "clipping_max_norm": 1e9, "muon": MUON}
+    base = {
+        "microbatch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "train_steps": TOTAL,
+        "optimizer": "muon",
+        "learning_rate": 0.02,
+        "warmup_percent": 20.0,
+        "lr_init_factor": 0.1,
+        "lr_end_factor": 0.1,
+        "weight_decay": 0.1,
+        "clipping_max_norm": 1e9,
+        "muon": MUON,
+    }
     return TrainConfig(**(base | kw))
 
 
@@ -86,5 +102,5 @@ def matrices(name: str, x: np.ndarray) -> list[np.ndarray]:
 def join(name: str, like: np.ndarray, mats: list[np.ndarray]) -> np.ndarray:
     """The inverse of `matrices`."""
     fused = _fused(name)
-    per_layer = [np.concatenate(mats[i:i + fused], axis=-1) for i in range(0, len(mats), fused)]
+    per_layer = [np.concatenate(mats[i : i + fused], axis=-1) for i in range(0, len(mats), fused)]
     return np.stack(per_layer) if like.ndim == 3 else per_layer[0]

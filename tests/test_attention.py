@@ -53,15 +53,26 @@ def test_grouped_heads_are_full_heads_with_each_key_value_head_repeated() -> Non
         k, v = (np.repeat(kv[:, j], 2, axis=1).reshape(C, C) for j in range(2))  # head h <- K-head h // 2
         full[f"blocks.{i}.attn.qkv.kernel"] = np.concatenate([p[f"blocks.{i}.attn.q.kernel"], k, v], axis=1)
     dense = build_model(dataclasses.replace(cfg, n_kv_heads=H), seed=0)
-    nnx.update(dense, nnx.from_flat_state([(path, var.replace(jnp.asarray(full[".".join(map(str, path))], jnp.float32)))
-                                           for path, var in nnx.to_flat_state(nnx.state(dense, nnx.Param))]))
+    nnx.update(
+        dense,
+        nnx.from_flat_state(
+            [
+                (path, var.replace(jnp.asarray(full[".".join(map(str, path))], jnp.float32)))
+                for path, var in nnx.to_flat_state(nnx.state(dense, nnx.Param))
+            ]
+        ),
+    )
     np.testing.assert_allclose(np.asarray(model(idx)), np.asarray(dense(idx)), atol=1e-5)
     assert np.abs(np.asarray(model(idx))).max() > 1.0
 
 
 def test_windows_are_tiled_and_the_last_layer_is_always_full() -> None:
-    for pattern, layers, short, want in (("SSSL", 6, 4, [4, 4, 4, 16, 4, 16]), ("S", 3, 2, [2, 2, 16]),
-                                         ("L", 2, None, [16, 16]), ("SL", 5, 7, [7, 16, 7, 16, 7, 16][:4] + [16])):
+    for pattern, layers, short, want in (
+        ("SSSL", 6, 4, [4, 4, 4, 16, 4, 16]),
+        ("S", 3, 2, [2, 2, 16]),
+        ("L", 2, None, [16, 16]),
+        ("SL", 5, 7, [7, 16, 7, 16, 7, 16][:4] + [16]),
+    ):
         cfg = gpt_cfg(window_pattern=pattern, n_layers=layers, short_window=short)
         assert list(cfg.layer_windows()) == want == np_windows(cfg), (pattern, cfg.layer_windows())
     assert gpt_cfg(window_pattern="SL").layer_windows() == (T_CTX // 4, T_CTX)  # short_window null: a quarter
@@ -79,8 +90,11 @@ def test_a_window_hides_exactly_the_tokens_before_it(kernel: str, traced: bool) 
     T, Hq, Kv, D, w = 8, 4, 2, 8, 3
     q = rng.standard_normal((1, T, Hq, D)).astype(np.float32)
     k, v = (rng.standard_normal((1, T, Kv, D)).astype(np.float32) for _ in range(2))
-    attend = jax.jit(lambda q, k, v, w: ops.attention(q, k, v, window=w)) if traced else \
-        (lambda q, k, v, w: ops.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), window=w))
+    attend = (
+        jax.jit(lambda q, k, v, w: ops.attention(q, k, v, window=w))
+        if traced
+        else (lambda q, k, v, w: ops.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), window=w))
+    )
     got = np.asarray(attend(q, k, v, jnp.int32(w) if traced else w))  # (1, T, H*D)
     t, s = np.arange(T)[:, None], np.arange(T)[None, :]
     kk, vv = k[0][:, np.arange(Hq) // 2].transpose(1, 0, 2), v[0][:, np.arange(Hq) // 2].transpose(1, 0, 2)
@@ -113,7 +127,7 @@ def test_rotary_scores_depend_only_on_the_distance() -> None:
     x = jnp.asarray(rng.standard_normal((3, 1, 2, 16)), jnp.float32)
     rows = rotary(x, jnp.array([[0], [4], [9]]))
     for b, pos in enumerate((0, 4, 9)):
-        full = rotary(jnp.broadcast_to(x[b:b + 1], (1, 10, 2, 16)), jnp.arange(10))
+        full = rotary(jnp.broadcast_to(x[b : b + 1], (1, 10, 2, 16)), jnp.arange(10))
         np.testing.assert_allclose(rows[b, 0], full[0, pos], atol=1e-6)
 
 

@@ -15,31 +15,37 @@ from conftest import SLOW, write_run
 from bench import cli, compare, decode, gemv, loader, tokenizing, torch_generate, torch_step, train_step
 from jaxgpt.config import ModelConfig, load_run_configs
 
-TINY_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 16, "n_heads": 2,
-              "n_layers": 1}
+TINY_MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 16,
+    "n_heads": 2,
+    "n_layers": 1,
+}
 TINY_TRAIN = {"microbatch_size": 2, "gradient_accumulation_steps": 3, "train_steps": 1}
 
 
 def test_bench_data_runs(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", TINY_MODEL, TINY_TRAIN)
     lines: list[str] = []
-    figures = loader.bench_data(run, seconds=0.0, min_steps=2, synthetic_tokens=4096, matmul_size=32,
-                               log=lines.append)
+    figures = loader.bench_data(run, seconds=0.0, min_steps=2, synthetic_tokens=4096, matmul_size=32, log=lines.append)
     assert figures["tokens_per_step"] == 3 * 2 * 32 and figures["steps_timed"] == 2
     assert figures["data_tokens_per_s"] > 0 and figures["ratio"] > 0 and isinstance(figures["meets_target"], bool)
     assert "4 shard(s)" in figures["dataset"] and "ratio" in lines[0]
     json.dumps(figures)  # what --json writes
-    given = loader.bench_data(run, seconds=0.0, min_steps=1, synthetic_tokens=4096, matmul_size=32,
-                             train_tokens_per_s=1.0, log=lines.append)
+    given = loader.bench_data(
+        run, seconds=0.0, min_steps=1, synthetic_tokens=4096, matmul_size=32, train_tokens_per_s=1.0, log=lines.append
+    )
     assert given["train_tokens_per_s"] == 1.0 and given["train_tokens_per_s_source"] == "given"
 
 
 def test_train_flops_per_token() -> None:
-    gpt2 = ModelConfig(architecture="gpt2", vocab_size=50304, context_length=1024, emb_dim=768, n_heads=12,
-                       n_layers=12)
+    gpt2 = ModelConfig(architecture="gpt2", vocab_size=50304, context_length=1024, emb_dim=768, n_heads=12, n_layers=12)
     # 6 x (85M block + 38.6M head matmul parameters) + attention: the usual ~0.85 GFLOP per token.
-    assert train_step.train_flops_per_token(gpt2, 1024) == pytest.approx(6 * (12 * 12 * 768**2 + 50304 * 768)
-                                                                    + 12 * 12 * 1024 * 768)
+    assert train_step.train_flops_per_token(gpt2, 1024) == pytest.approx(
+        6 * (12 * 12 * 768**2 + 50304 * 768) + 12 * 12 * 1024 * 768
+    )
 
 
 def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,13 +93,37 @@ def test_bench_train_runs(tmp_path: Path) -> None:
     """The real train_step on a tiny run for 2 timed steps (and the extras): every figure present and sane."""
     model_cfg, train_cfg = load_run_configs(write_run(tmp_path / "run", TINY_MODEL, TINY_TRAIN))
     lines: list[str] = []
-    r = train_step.bench_train(model_cfg, train_cfg, name="tiny", steps=1, warmup=0, windows=2, matmul_size=32,
-                          xla_memory=True, breakdown=True, log=lines.append)
+    r = train_step.bench_train(
+        model_cfg,
+        train_cfg,
+        name="tiny",
+        steps=1,
+        warmup=0,
+        windows=2,
+        matmul_size=32,
+        xla_memory=True,
+        breakdown=True,
+        log=lines.append,
+    )
     assert r["tokens_per_step"] == 3 * 2 * 32 and r["accumulation_steps"] == 3
     assert len(r["window_tokens_per_s"]) == 2
-    for key in ("first_step_s", "compile_s", "step_s_median", "tokens_per_s_median", "tokens_per_s_min",
-                "tokens_per_s_max", "tokens_per_s_q25", "tokens_per_s_q75", "flops_per_token", "peak_fp32_flops",
-                "peak_bf16_flops", "mfu_fp32", "mfu_bf16", "host_rss_peak_mib", "params"):
+    for key in (
+        "first_step_s",
+        "compile_s",
+        "step_s_median",
+        "tokens_per_s_median",
+        "tokens_per_s_min",
+        "tokens_per_s_max",
+        "tokens_per_s_q25",
+        "tokens_per_s_q75",
+        "flops_per_token",
+        "peak_fp32_flops",
+        "peak_bf16_flops",
+        "mfu_fp32",
+        "mfu_bf16",
+        "host_rss_peak_mib",
+        "params",
+    ):
         assert r[key] >= 0 and math.isfinite(r[key]), key
     assert r["tokens_per_s_min"] <= r["tokens_per_s_median"] <= r["tokens_per_s_max"]
     assert r["first_step_s"] > 0 and r["tokens_per_s_median"] > 0 and r["mfu_fp32"] > 0
@@ -128,8 +158,14 @@ def test_reference_configs_match_torch_step() -> None:
     assert configs == train_step.REFERENCE_CONFIGS and "nano-cpu" in configs
     for name in ("gpt2-vocab", "nano-cpu"):
         model, train = train_step.reference_configs(name)
-        assert (model.vocab_size, model.context_length, model.n_layers, model.n_heads, model.emb_dim,
-                train.microbatch_size) == configs[name]
+        assert (
+            model.vocab_size,
+            model.context_length,
+            model.n_layers,
+            model.n_heads,
+            model.emb_dim,
+            train.microbatch_size,
+        ) == configs[name]
         assert train.seq_len(model) == configs[name][1]
     assert model.tie_embeddings and model.qkv_bias and model.drop_rate == 0.0
     assert train.gradient_accumulation_steps == 1 and train.clipping_max_norm == 1.0
@@ -138,18 +174,34 @@ def test_reference_configs_match_torch_step() -> None:
     for name in configs:  # both sides count the same FLOPs per token
         vocab, context, layers, _, dims, _ = configs[name]
         model, _ = train_step.reference_configs(name)
-        assert torch_step.flops_per_token(vocab, context, layers, dims) == train_step.train_flops_per_token(model, context)
+        assert torch_step.flops_per_token(vocab, context, layers, dims) == train_step.train_flops_per_token(
+            model, context
+        )
     for script in (compare.TORCH_STEP, decode.TORCH_SCRIPT):
-        assert _top_level_imports(script) <= {"__future__", "argparse", "json", "math", "statistics", "time",
-                                              "collections", "pathlib", "typing"}, script
+        assert _top_level_imports(script) <= {
+            "__future__",
+            "argparse",
+            "json",
+            "math",
+            "statistics",
+            "time",
+            "collections",
+            "pathlib",
+            "typing",
+        }, script
 
 
 def _fake_runner(calls: list[tuple[str, str, str]]) -> compare.Runner:
     """Figures as the two sides write them: ours 100 + round tokens/s in float32 and 300 in bfloat16, torch 50 / 100."""
+
     def run(side: str, name: str, dtype: str, out: Path) -> dict:
         calls.append((side, name, dtype))
-        rate = {("ours", "float32"): 100.0, ("ours", "bfloat16"): 300.0,
-                ("torch", "float32"): 50.0, ("torch", "bfloat16"): 100.0}[side, dtype]
+        rate = {
+            ("ours", "float32"): 100.0,
+            ("ours", "bfloat16"): 300.0,
+            ("torch", "float32"): 50.0,
+            ("torch", "bfloat16"): 100.0,
+        }[side, dtype]
         rate += sum(1 for c in calls if c == (side, name, dtype)) - 1  # rounds differ: 100, 101, 102
         figures = {"tokens_per_s_median": rate, "tokens_per_s_min": rate - 1, "tokens_per_s_max": rate + 1}
         if side == "ours":
@@ -164,8 +216,12 @@ def test_compare_pairs_like_with_like() -> None:
     calls: list[tuple[str, str, str]] = []
     lines: list[str] = []
     r = compare.bench_compare(["cpu-small", "nano-cpu"], rounds=3, runner=_fake_runner(calls), log=lines.append)
-    assert calls[:4] == [("ours", "cpu-small", "float32"), ("torch", "cpu-small", "float32"),
-                         ("ours", "cpu-small", "bfloat16"), ("torch", "cpu-small", "bfloat16")]
+    assert calls[:4] == [
+        ("ours", "cpu-small", "float32"),
+        ("torch", "cpu-small", "float32"),
+        ("ours", "cpu-small", "bfloat16"),
+        ("torch", "cpu-small", "bfloat16"),
+    ]
     assert len(calls) == 2 * 3 * 2 * 2 and calls[-1] == ("torch", "nano-cpu", "bfloat16")
     assert [row["config"] for row in r["results"]] == ["cpu-small", "nano-cpu"]
     fp32, bf16 = r["results"][0]["float32"], r["results"][0]["bfloat16"]
@@ -215,9 +271,11 @@ def _fake_interpreter(tmp_path: Path, figures: object) -> tuple[Path, Path]:
     to the path after --json, as bench/torch_step.py and bench/torch_generate.py do."""
     argv_file = tmp_path / "argv.json"
     script = tmp_path / "fake-python"
-    script.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                      f"args = sys.argv[1:]\nopen({str(argv_file)!r}, 'w').write(json.dumps(args))\n"
-                      f"open(args[args.index('--json') + 1], 'w').write(json.dumps({figures!r}))\n")
+    script.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"args = sys.argv[1:]\nopen({str(argv_file)!r}, 'w').write(json.dumps(args))\n"
+        f"open(args[args.index('--json') + 1], 'w').write(json.dumps({figures!r}))\n"
+    )
     script.chmod(0o755)
     return script, argv_file
 
@@ -232,8 +290,13 @@ def test_compare_runs_the_shipped_torch_step_in_the_reference_interpreter(tmp_pa
     script, *args = json.loads(argv_file.read_text())
     assert script == str(compare.TORCH_STEP)
     parsed = torch_step.parser().parse_args(args)
-    assert (parsed.config, parsed.bf16, parsed.windows, parsed.steps_per_window, parsed.all) == ("nano-cpu", True, 2, 3,
-                                                                                                  False)
+    assert (parsed.config, parsed.bf16, parsed.windows, parsed.steps_per_window, parsed.all) == (
+        "nano-cpu",
+        True,
+        2,
+        3,
+        False,
+    )
     assert parsed.json == tmp_path / "out.json" and not parsed.compile and parsed.threads is None
     run("torch", "cpu-small", "float32", tmp_path / "out.json")
     assert not torch_step.parser().parse_args(json.loads(argv_file.read_text())[1:]).bf16
@@ -249,8 +312,24 @@ def test_compare_cli_wiring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(cli, "bench_compare", fake)
     out = tmp_path / "c.json"
-    assert cli.main(["compare", "--configs", "nano-cpu,char-tiny", "--rounds", "3", "--dtypes", "bfloat16",
-                     "--model", "attention=xla", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "compare",
+                "--configs",
+                "nano-cpu,char-tiny",
+                "--rounds",
+                "3",
+                "--dtypes",
+                "bfloat16",
+                "--model",
+                "attention=xla",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert seen["configs"] == ["nano-cpu", "char-tiny"] and seen["rounds"] == 3 and seen["dtypes"] == ["bfloat16"]
     assert seen["model"] == ["attention=xla"] and json.loads(out.read_text())["configs"] == ["nano-cpu", "char-tiny"]
     monkeypatch.delenv(compare.TORCH_PYTHON_ENV, raising=False)
@@ -279,11 +358,30 @@ def test_train_and_compare_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 @SLOW  # a benchmark run end to end
 def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_run(tmp_path / "g", {"architecture": "gpt2", "vocab_size": 61, "context_length": 32, "emb_dim": 32,
-                                     "n_heads": 4, "n_layers": 2}, {"microbatch_size": 2, "train_steps": 1})
+    run = write_run(
+        tmp_path / "g",
+        {"architecture": "gpt2", "vocab_size": 61, "context_length": 32, "emb_dim": 32, "n_heads": 4, "n_layers": 2},
+        {"microbatch_size": 2, "train_steps": 1},
+    )
     out = tmp_path / "gen.json"
-    assert cli.main(["generate", "--single", str(run), "--new-tokens", "6", "--prompt-tokens", "3", "--repeats", "2",
-                     "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--single",
+                str(run),
+                "--new-tokens",
+                "6",
+                "--prompt-tokens",
+                "3",
+                "--repeats",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     figures = json.loads(out.read_text())
     assert figures["cached_tok_s"] > 0 and figures["full_tok_s"] > 0 and figures["speedup"] > 0
     assert "cached:" in capsys.readouterr().out
@@ -297,12 +395,19 @@ def test_generate_benchmark_times_both_paths(tmp_path: Path, capsys: pytest.Capt
 def _fake_decode_runner(calls: list[tuple[str, str, int]]) -> decode.Runner:
     """Figures as the sides write them: ms/token 10 (unrolled fp32), 11 (scanned), 20 (torch); bf16 half that;
     each later round 1 ms more; batch 8 twice batch 1."""
+
     def run(side: str, dtype: str, batch: int, out: Path) -> dict:
         calls.append((side, dtype, batch))
         ms = {"unrolled": 10.0, "scanned": 11.0, "torch": 20.0}[side] * (0.5 if dtype == "bfloat16" else 1.0)
         ms = ms * (2 if batch == 8 else 1) + calls.count((side, dtype, batch)) - 1
-        return {"side": "torch" if side == "torch" else "ours", "ms_per_token_median": ms, "ms_per_token": [ms - 1, ms],
-                "torch": "2.x", "transformers": "5.x", "threads": 2}
+        return {
+            "side": "torch" if side == "torch" else "ours",
+            "ms_per_token_median": ms,
+            "ms_per_token": [ms - 1, ms],
+            "torch": "2.x",
+            "transformers": "5.x",
+            "threads": 2,
+        }
 
     return run
 
@@ -311,14 +416,22 @@ def test_generate_compare_alternates_sides_and_reports_ratios_of_medians() -> No
     calls: list[tuple[str, str, int]] = []
     lines: list[str] = []
     r = decode.bench_generate_compare(rounds=3, runner=_fake_decode_runner(calls), log=lines.append)
-    assert calls[:4] == [("unrolled", "float32", 1), ("scanned", "float32", 1), ("torch", "float32", 1),
-                         ("unrolled", "float32", 8)]
+    assert calls[:4] == [
+        ("unrolled", "float32", 1),
+        ("scanned", "float32", 1),
+        ("torch", "float32", 1),
+        ("unrolled", "float32", 8),
+    ]
     assert len(calls) == 3 * 2 * 2 * 3 and calls[-1] == ("torch", "bfloat16", 8)
     cells = {(c["dtype"], c["batch_size"]): c for c in r["cells"]}
     fp32, bf16 = cells[("float32", 1)], cells[("bfloat16", 1)]
     assert fp32["unrolled"]["ms_per_token"] == 11.0 and fp32["torch"]["ms_per_token"] == 21.0  # median of 10, 11, 12
-    assert fp32["scanned_over_unrolled"] == pytest.approx(12 / 11) and fp32["unrolled_over_torch"] == pytest.approx(11 / 21)
-    assert bf16["unrolled_bf16_over_fp32"] == pytest.approx(6 / 11) and bf16["torch_bf16_over_fp32"] == pytest.approx(11 / 21)
+    assert fp32["scanned_over_unrolled"] == pytest.approx(12 / 11) and fp32["unrolled_over_torch"] == pytest.approx(
+        11 / 21
+    )
+    assert bf16["unrolled_bf16_over_fp32"] == pytest.approx(6 / 11) and bf16["torch_bf16_over_fp32"] == pytest.approx(
+        11 / 21
+    )
     assert fp32["unrolled"]["min"] == 9.0 and fp32["unrolled"]["max"] == 12.0 and len(fp32["torch"]["load_avg"]) == 3
     assert r["transformers"] == "5.x" and r["torch_threads"] == 2 and set(r["cpu"]) >= {"model", "avx512_bf16"}
     report = lines[-1]
@@ -327,27 +440,48 @@ def test_generate_compare_alternates_sides_and_reports_ratios_of_medians() -> No
     assert len(checks) == 2 * 2 + 4 * (1 + 2)  # bf16/fp32 per batch and layout; per cell scan/unroll and ours/torch x 2
     assert checks[("ours/torch <= 1.0", "float32 batch 8 scanned")]["value"] == pytest.approx(23 / 41)
     assert checks[("scanned/unrolled <= 1.1", "float32 batch 1")] == {
-        "target": "scanned/unrolled <= 1.1", "where": "float32 batch 1", "value": pytest.approx(12 / 11), "met": True}
+        "target": "scanned/unrolled <= 1.1",
+        "where": "float32 batch 1",
+        "value": pytest.approx(12 / 11),
+        "met": True,
+    }
     assert "bf16/fp32 <= 0.7 batch 1 unrolled: 0.55 ok" in report
     json.dumps(r)  # what --json writes
-    ours = decode.bench_generate_compare(dtypes=["bfloat16"], batch_sizes=[8], layouts=["scanned"], torch=False,
-                                         runner=_fake_decode_runner([]), log=lines.append)
+    ours = decode.bench_generate_compare(
+        dtypes=["bfloat16"],
+        batch_sizes=[8],
+        layouts=["scanned"],
+        torch=False,
+        runner=_fake_decode_runner([]),
+        log=lines.append,
+    )
     (cell,) = ours["cells"]
     assert set(cell) >= {"scanned"} and "torch" not in cell and cell["scanned_over_torch"] is None
 
 
 def test_generate_cli_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    for bad in (["--dtypes", "float16"], ["--batch-sizes", "0"], ["--layouts", "stacked"], ["--rounds", "0"],
-                ["--model", "compute_dtype=bfloat16"], ["--model", "tie_embeddings=false"],  # GPT2LMHeadModel's is tied
-                ["--torch-python", "/nonexistent/python"]):
+    for bad in (
+        ["--dtypes", "float16"],
+        ["--batch-sizes", "0"],
+        ["--layouts", "stacked"],
+        ["--rounds", "0"],
+        ["--model", "compute_dtype=bfloat16"],
+        ["--model", "tie_embeddings=false"],  # GPT2LMHeadModel's is tied
+        ["--torch-python", "/nonexistent/python"],
+    ):
         assert cli.main(["generate", *bad]) == 2, bad
     err = capsys.readouterr().err
     assert "--dtypes 'float16'" in err and "per column" in err and "no torch twin" in err and "torchref" in err
     assert "/nonexistent/python not found" in err and compare.TORCH_PYTHON_ENV in err
 
 
-TINY_GPT2 = ["--model=vocab_size=257", "--model=context_length=64", "--model=emb_dim=32", "--model=n_heads=2",
-             "--model=n_layers=2"]
+TINY_GPT2 = [
+    "--model=vocab_size=257",
+    "--model=context_length=64",
+    "--model=emb_dim=32",
+    "--model=n_heads=2",
+    "--model=n_layers=2",
+]
 
 
 def test_generate_runs_the_shipped_torch_generate_in_the_reference_interpreter(tmp_path: Path) -> None:
@@ -355,8 +489,16 @@ def test_generate_runs_the_shipped_torch_generate_in_the_reference_interpreter(t
     parser reads as the cell's dtype, batch, lengths and the model's shape."""
     figures = {"side": "torch", "ms_per_token_median": 3.0, "ms_per_token": [3.0]}
     python, argv_file = _fake_interpreter(tmp_path, figures)
-    cfg = ModelConfig(architecture="gpt2", vocab_size=257, context_length=64, emb_dim=32, n_heads=2, n_layers=2,
-                      qkv_bias=True, tie_embeddings=True)
+    cfg = ModelConfig(
+        architecture="gpt2",
+        vocab_size=257,
+        context_length=64,
+        emb_dim=32,
+        n_heads=2,
+        n_layers=2,
+        qkv_bias=True,
+        tie_embeddings=True,
+    )
     run = decode.subprocess_runner(cfg, new_tokens=5, prompt_tokens=3, repeats=2, torch_python=python)
     assert run("torch", "bfloat16", 8, tmp_path / "out.json") == figures
     script, *args = json.loads(argv_file.read_text())
@@ -368,8 +510,9 @@ def test_generate_runs_the_shipped_torch_generate_in_the_reference_interpreter(t
 
 
 @SLOW  # benchmark processes end to end
-def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_compare_runs_both_sides_as_fresh_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Real processes on a tiny GPT-2: ours (both layouts) and, where $JAXGPT_TORCH_PYTHON names a reference
     interpreter, transformers' generate on the same shape (bench/torch_generate.py); without one, the torch side
     is skipped with one line. Figures only, timings never asserted."""
@@ -378,8 +521,22 @@ def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, mon
     if not with_torch:
         monkeypatch.delenv(compare.TORCH_PYTHON_ENV, raising=False)
     out = tmp_path / "gen.json"
-    args = ["generate", *TINY_GPT2, "--dtypes", "bfloat16", "--batch-sizes", "2", "--new-tokens", "5",
-            "--prompt-tokens", "3", "--repeats", "1", "--json", str(out)]
+    args = [
+        "generate",
+        *TINY_GPT2,
+        "--dtypes",
+        "bfloat16",
+        "--batch-sizes",
+        "2",
+        "--new-tokens",
+        "5",
+        "--prompt-tokens",
+        "3",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
     assert cli.main(args) == 0
     skipped = [line for line in capsys.readouterr().out.splitlines() if "torch side skipped" in line]
     assert len(skipped) == (0 if with_torch else 1), skipped
@@ -392,7 +549,10 @@ def test_generate_compare_runs_both_sides_as_fresh_processes(tmp_path: Path, mon
     assert r["model"]["emb_dim"] == 32 and r["cpu"]["model"] == compare.cpu_kernels.cpu_info()["model"]
     if with_torch:
         torch_run = cell["torch"]["runs"][0]
-        assert torch_run["dtype"] == "bfloat16" and torch_run["params"] == 257 * 32 + 64 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+        assert (
+            torch_run["dtype"] == "bfloat16"
+            and torch_run["params"] == 257 * 32 + 64 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+        )
         assert cell["unrolled_over_torch"] > 0 and r["transformers"]
     else:
         assert "torch" not in cell and cell["unrolled_over_torch"] is None
@@ -418,12 +578,30 @@ def test_gemv_forms_compute_the_same_product(tmp_path: Path, capsys: pytest.Capt
 
 
 @SLOW  # a benchmark run end to end: serve.py in a process of its own
-def test_serve_benchmark_streams_every_level_and_stops_the_server(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_benchmark_streams_every_level_and_stops_the_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = write_run(tmp_path / "s", TINY_MODEL, TINY_TRAIN)
     out = tmp_path / "serve.json"
-    assert cli.main(["serve", str(run), "--clients", "1,2", "--requests", "1", "--max-tokens", "4", "--max-batch",
-                     "2", "--json", str(out)]) == 0  # it raises if serve.py does not exit 0 on SIGTERM
+    assert (
+        cli.main(
+            [
+                "serve",
+                str(run),
+                "--clients",
+                "1,2",
+                "--requests",
+                "1",
+                "--max-tokens",
+                "4",
+                "--max-batch",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )  # it raises if serve.py does not exit 0 on SIGTERM
     figures = json.loads(out.read_text())
     assert [(lv["clients"], lv["requests"]) for lv in figures["levels"]] == [(1, 1), (2, 2)]
     for lv in figures["levels"]:

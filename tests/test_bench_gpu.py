@@ -29,8 +29,14 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     steps = r["train_step"]
     gpt2, modern, new = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
     assert [(s["run"], s["attention"], s["scan_layers"], s["k"]) for s in steps] == [
-        (gpt2, "auto", True, 1), (modern, "auto", True, 1), (new, "auto", True, 1), (gpt2, "auto", True, 2),
-        (gpt2, "xla", True, 1), (gpt2, "auto", False, 1), (modern, "auto", True, 2)]
+        (gpt2, "auto", True, 1),
+        (modern, "auto", True, 1),
+        (new, "auto", True, 1),
+        (gpt2, "auto", True, 2),
+        (gpt2, "xla", True, 1),
+        (gpt2, "auto", False, 1),
+        (modern, "auto", True, 2),
+    ]
     for s in steps:
         assert s["status"] == "ok", s["status"]
         assert s["tokens_per_s_median"] > 0 and s["step_s_median"] > 0 and s["compile_s"] >= 0
@@ -51,7 +57,9 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     # (c) cached generation at two batch sizes
     assert [g["batch_size"] for g in r["generation"]] == [1, 8]
     assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 for g in r["generation"])
-    assert md.count("Where the time goes (") == 3 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
+    assert (
+        md.count("Where the time goes (") == 3 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
+    )
     assert "| variant | tokens/s |" in md and "bit-identical" in md and "| batch | tokens/s |" in md
     assert Path(f"{out}.logs/train-b.log").is_file() and not Path(f"{out}.logs/work").exists()
 
@@ -59,10 +67,12 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
 def test_a_failing_part_is_one_row_and_a_spent_budget_skips(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    row = bench_gpu._bench(["train", "runs/gpt2-small", "--model", "attention=cudnn", "--steps", "1"], logs,
-                           "cudnn", timeout=120)
-    assert row["status"].startswith("failed (exit 2): error: runs/gpt2-small attention=cudnn: "
-                                    "model.json: attention='cudnn' needs a GPU"), row["status"]
+    row = bench_gpu._bench(
+        ["train", "runs/gpt2-small", "--model", "attention=cudnn", "--steps", "1"], logs, "cudnn", timeout=120
+    )
+    assert row["status"].startswith(
+        "failed (exit 2): error: runs/gpt2-small attention=cudnn: model.json: attention='cudnn' needs a GPU"
+    ), row["status"]
     r = bench_gpu.bench_gpu(tmp_path / "none", cpu_smoke=True, budget_s=0, log=lambda _: None)
     assert all(s["status"].startswith("skipped") for s in r["train_step"] + r["generation"] + [r["training"]])
     assert "skipped: time budget spent" in Path(f"{tmp_path}/none.md").read_text()

@@ -23,26 +23,39 @@ import download_dataset as dd
 from jaxgpt.data import sources
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import open_dataset
-from jaxgpt.data.tokenizer import (
-    EOT_TEXT,
-    ROLE_TOKENS,
-    TokenizerError,
-    TrainedTokenizer,
-    get_tokenizer,
-    special_tokens,
-)
+from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, TokenizerError, TrainedTokenizer, get_tokenizer, special_tokens
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 VOCAB = 600
-TEXTS = ["Every effort moves you", "héllo wörld — 日本語 🙂\n\ttabs", "", " ", "\x00\x01\x7f\r\n \u200b e\u0301 ﷽",
-         "a" * 300 + " 1234567890 3.14159", "<|endoftext|> is plain text here<|endoftext|>", "👩‍👩‍👧‍👦 𝔘𝔫𝔦"]
+TEXTS = [
+    "Every effort moves you",
+    "héllo wörld — 日本語 🙂\n\ttabs",
+    "",
+    " ",
+    "\x00\x01\x7f\r\n \u200b e\u0301 ﷽",
+    "a" * 300 + " 1234567890 3.14159",
+    "<|endoftext|> is plain text here<|endoftext|>",
+    "👩‍👩‍👧‍👦 𝔘𝔫𝔦",
+]
 
 pytestmark = pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"no Tiny Shakespeare at {SHAKESPEARE}")
 
 
 def train_cli(data_root: Path, name: str = "shakes", *extra: str, vocab: int = VOCAB) -> int:
-    return dd.main(["tokenizer", name, "tinyshakespeare", "--from", str(SHAKESPEARE), "--vocab-size", str(vocab),
-                    "--data-dir", str(data_root), *extra])
+    return dd.main(
+        [
+            "tokenizer",
+            name,
+            "tinyshakespeare",
+            "--from",
+            str(SHAKESPEARE),
+            "--vocab-size",
+            str(vocab),
+            "--data-dir",
+            str(data_root),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +73,17 @@ def tok(trained: Path) -> TrainedTokenizer:
     return t
 
 
-def test_the_asked_vocabulary_then_end_of_text_and_the_role_tokens_last(tok: TrainedTokenizer,
-                                                                         trained: Path) -> None:
+def test_the_asked_vocabulary_then_end_of_text_and_the_role_tokens_last(tok: TrainedTokenizer, trained: Path) -> None:
     first = VOCAB - 1 - len(ROLE_TOKENS)  # end-of-text, then nanochat's four role tokens
     assert (tok.name, tok.n_vocab, tok.eot_id) == ("shakes", VOCAB, first)
     assert special_tokens(tok) == {EOT_TEXT: first, **{t: first + 1 + i for i, t in enumerate(ROLE_TOKENS)}}
     meta = json.loads((trained / "tokenizers" / "shakes" / "meta.json").read_text())
-    assert (meta["n_vocab"], meta["eot_id"], meta["vocab_size"], meta["source"]) == (VOCAB, first, VOCAB,
-                                                                                     "tinyshakespeare")
+    assert (meta["n_vocab"], meta["eot_id"], meta["vocab_size"], meta["source"]) == (
+        VOCAB,
+        first,
+        VOCAB,
+        "tinyshakespeare",
+    )
     assert meta["sha256"] == tok.sha256
     # Learned merges, not just the bytes: a common word is one token.
     assert len(tok.encode(" the")) == 1 and len(tok.encode("zqxj")) > 1
@@ -84,8 +100,8 @@ def test_round_trips_any_text_and_never_forges_end_of_text(tok: TrainedTokenizer
 
 def test_token_bytes_count_each_ids_bytes_exactly(tok: TrainedTokenizer) -> None:
     lengths = tok.token_bytes()
-    assert lengths.shape == (VOCAB,) and (lengths[tok.eot_id:] == 0).all()
-    assert lengths[:tok.eot_id].min() >= 1
+    assert lengths.shape == (VOCAB,) and (lengths[tok.eot_id :] == 0).all()
+    assert lengths[: tok.eot_id].min() >= 1
     for text in TEXTS:
         assert int(lengths[tok.encode(text)].sum()) == len(text.encode("utf-8"))
 
@@ -158,8 +174,10 @@ def test_the_text_source_trains_on_its_train_documents_only(tmp_path: Path) -> N
 
 
 def test_input_errors_are_one_line(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    cases = {("--vocab-size", "260"): "--vocab-size must be a whole number in 261..1048576",
-             ("--vocab-size", "4000000"): "got 4000000"}
+    cases = {
+        ("--vocab-size", "260"): "--vocab-size must be a whole number in 261..1048576",
+        ("--vocab-size", "4000000"): "got 4000000",
+    }
     for (flag, value), message in cases.items():
         assert dd.main(["tokenizer", "x", "builtin", flag, value, "--data-dir", str(tmp_path)]) == 2
         err = capsys.readouterr().err
@@ -182,8 +200,11 @@ def test_input_errors_are_one_line(trained: Path, tmp_path: Path, capsys: pytest
     bad.write_text('{"version": "1.0", "model": ')
     with pytest.raises(TokenizerError, match=r"broken/tokenizer.json: not a tokenizers tokenizer.json \("):
         get_tokenizer("broken", tmp_path)
-    with pytest.raises(TokenizerError, match=r"tokenizer 'nosuch' not found: .*tokenizers/nosuch has no "
-                                             r"tokenizer.json; train it with `download_dataset.py tokenizer nosuch"):
+    with pytest.raises(
+        TokenizerError,
+        match=r"tokenizer 'nosuch' not found: .*tokenizers/nosuch has no "
+        r"tokenizer.json; train it with `download_dataset.py tokenizer nosuch",
+    ):
         get_tokenizer("nosuch", tmp_path)
 
 
@@ -192,9 +213,14 @@ def test_a_retrained_tokenizer_rebuilds_its_datasets(tmp_path: Path, capsys: pyt
     first = prepare_dataset("tinyshakespeare", "shakes", tmp_path, log=lambda _: None)
     ds = open_dataset(first)
     sha = get_tokenizer("shakes", tmp_path).sha256
-    assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["tokenizer_sha256"]) == ("shakes", 300, 300 - 1 - len(ROLE_TOKENS), sha)
+    assert (ds.tokenizer, ds.vocab_size, ds.eot_id, ds.manifest["tokenizer_sha256"]) == (
+        "shakes",
+        300,
+        300 - 1 - len(ROLE_TOKENS),
+        sha,
+    )
     want = get_tokenizer("shakes", tmp_path).encode(SHAKESPEARE.read_text()[:2000])
-    assert ds.train.shards[0][:len(want)].tolist() == want
+    assert ds.train.shards[0][: len(want)].tolist() == want
     assert train_cli(tmp_path, "shakes", "--force", vocab=320) == 0
     log: list[str] = []
     prepare_dataset("tinyshakespeare", "shakes", tmp_path, log=log.append)
@@ -209,10 +235,15 @@ def test_a_retrained_tokenizer_rebuilds_its_datasets(tmp_path: Path, capsys: pyt
 
 # ----------------------------------------------------------------------------- end to end
 
-MODEL = {"architecture": "gpt2", "vocab_size": VOCAB, "context_length": 32, "emb_dim": 32, "n_heads": 2,
-         "n_layers": 1}
-TRAIN = {"dataset": {"source": "tinyshakespeare"}, "tokenizer": "shakes", "microbatch_size": 4, "train_steps": 4,
-         "checkpoint_interval": 2, "validation_batches": 1}
+MODEL = {"architecture": "gpt2", "vocab_size": VOCAB, "context_length": 32, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
+TRAIN = {
+    "dataset": {"source": "tinyshakespeare"},
+    "tokenizer": "shakes",
+    "microbatch_size": 4,
+    "train_steps": 4,
+    "checkpoint_interval": 2,
+    "validation_batches": 1,
+}
 
 
 def test_train_json_errors_before_any_compile(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -242,8 +273,9 @@ def test_end_to_end_prepare_train_sample_evaluate(tmp_path: Path, capsys: pytest
 
     data = tmp_path / "data"
     assert train_cli(data) == 0
-    assert dd.main(["tinyshakespeare", "--from", str(SHAKESPEARE), "--tokenizer", "shakes", "--data-dir",
-                    str(data)]) == 0
+    assert (
+        dd.main(["tinyshakespeare", "--from", str(SHAKESPEARE), "--tokenizer", "shakes", "--data-dir", str(data)]) == 0
+    )
     jsonl = data / "downloads" / "hellaswag_val.jsonl"  # HellaSwag during training reads it offline from here
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in fixture_records()))
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "hellaswag_interval": 4})

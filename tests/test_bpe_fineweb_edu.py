@@ -76,9 +76,24 @@ def src(tmp_path: Path) -> Path:
 
 
 def train(root: Path, src: Path, name: str = "edu", *extra: str, limit: int | None = None) -> int:
-    return dd.main(["tokenizer", name, "fineweb-edu", "--from", str(src), "--vocab-size", str(VOCAB),
-                    "--max-chars", str(limit or max_chars()), "--doc-cap", str(DOC_CAP), "--data-dir", str(root),
-                    *extra])
+    return dd.main(
+        [
+            "tokenizer",
+            name,
+            "fineweb-edu",
+            "--from",
+            str(src),
+            "--vocab-size",
+            str(VOCAB),
+            "--max-chars",
+            str(limit or max_chars()),
+            "--doc-cap",
+            str(DOC_CAP),
+            "--data-dir",
+            str(root),
+            *extra,
+        ]
+    )
 
 
 def test_trains_on_the_needed_train_shards_only(src: Path, tmp_path: Path) -> None:
@@ -87,7 +102,12 @@ def test_trains_on_the_needed_train_shards_only(src: Path, tmp_path: Path) -> No
     folder = root / "tokenizers" / "edu"
     meta = json.loads((folder / "meta.json").read_text())
     tok = get_tokenizer("edu", root)
-    assert (tok.n_vocab, tok.eot_id, meta["n_vocab"], meta["source"]) == (VOCAB, VOCAB - 1 - len(ROLE_TOKENS), VOCAB, "fineweb-edu")
+    assert (tok.n_vocab, tok.eot_id, meta["n_vocab"], meta["source"]) == (
+        VOCAB,
+        VOCAB - 1 - len(ROLE_TOKENS),
+        VOCAB,
+        "fineweb-edu",
+    )
     assert meta["options"] == {"max_chars": max_chars(), "doc_cap": DOC_CAP}
     assert meta["fingerprint"] == " ".join(f"{n}:{(src / n).stat().st_size}" for n in (shard_file(0), shard_file(1)))
     expected = nanochat_documents(max_chars())
@@ -111,8 +131,16 @@ def test_the_validation_text_would_be_learned_if_trained_on(tmp_path: Path) -> N
 def test_compression_on_the_validation_shard(src: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
     limit = sum(map(len, VAL_DOCS[:10]))  # the first 10 documents hold exactly the cap
-    folder = bpe.train_tokenizer("edu", "fineweb-edu", root, vocab_size=VOCAB, from_path=src, log=lambda _m: None,
-                                 options={"max_chars": max_chars(), "doc_cap": DOC_CAP}, edu_val_chars=limit)
+    folder = bpe.train_tokenizer(
+        "edu",
+        "fineweb-edu",
+        root,
+        vocab_size=VOCAB,
+        from_path=src,
+        log=lambda _m: None,
+        options={"max_chars": max_chars(), "doc_cap": DOC_CAP},
+        edu_val_chars=limit,
+    )
     assert folder == root / "tokenizers" / "edu"
     meta = json.loads((root / "tokenizers" / "edu" / "meta.json").read_text())
     hf = HFTokenizer.from_file(str(root / "tokenizers" / "edu" / "tokenizer.json"))
@@ -147,8 +175,12 @@ def test_deterministic_reused_and_refused(src: Path, tmp_path: Path, capsys: pyt
 def test_a_dataset_prepared_with_it(src: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
     assert train(root, src) == 0
-    assert dd.main(["fineweb-edu", "--from", str(src), "--tokenizer", "edu", "--train-shards", "1",
-                    "--data-dir", str(root)]) == 0
+    assert (
+        dd.main(
+            ["fineweb-edu", "--from", str(src), "--tokenizer", "edu", "--train-shards", "1", "--data-dir", str(root)]
+        )
+        == 0
+    )
     ds = open_dataset(root / "fineweb-edu-edu", verify=True)
     tok = get_tokenizer("edu", root)
 
@@ -162,8 +194,22 @@ def test_a_dataset_prepared_with_it(src: Path, tmp_path: Path) -> None:
 
 def test_errors_are_one_line(src: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     root = tmp_path / "data"
-    assert dd.main(["tokenizer", "edu", "fineweb-edu", "--from", str(tmp_path / "nowhere"), "--vocab-size", "300",
-                    "--data-dir", str(root)]) == 2
+    assert (
+        dd.main(
+            [
+                "tokenizer",
+                "edu",
+                "fineweb-edu",
+                "--from",
+                str(tmp_path / "nowhere"),
+                "--vocab-size",
+                "300",
+                "--data-dir",
+                str(root),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere: --from folder not found" in err
     with pytest.raises(DataError, match=r"^fineweb-edu: --doc-cap must be a positive whole number, got 0$"):
@@ -181,12 +227,30 @@ def test_errors_are_one_line(src: Path, tmp_path: Path, capsys: pytest.CaptureFi
 def test_offline_without_from_is_one_line(tmp_path: Path) -> None:
     # A fresh process, as a user would run it: HF_HUB_OFFLINE is read when huggingface_hub loads.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run([sys.executable, str(ROOT / "download_dataset.py"), "tokenizer", "edu", "fineweb-edu",
-                           "--vocab-size", "300", "--data-dir", str(tmp_path / "data")],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "download_dataset.py"),
+            "tokenizer",
+            "edu",
+            "fineweb-edu",
+            "--vocab-size",
+            "300",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith(f"error: cannot fetch {shard_file(0)} from "
-                                  "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle (offline")
+    assert done.stderr.startswith(
+        f"error: cannot fetch {shard_file(0)} from "
+        "https://huggingface.co/datasets/karpathy/fineweb-edu-100b-shuffle (offline"
+    )
     assert "--from <folder with the .parquet files>" in done.stderr
     assert not (tmp_path / "data" / "tokenizers" / "edu").exists()

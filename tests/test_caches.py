@@ -18,8 +18,14 @@ TRAIN = A_TO_A_TRAIN | {"train_steps": 20, "checkpoint_interval": 10}
 
 
 def train(run: Path, data_root: Path, env: dict[str, str]) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -51,7 +57,11 @@ def test_the_users_settings_win(tmp_path: Path, data_root: Path) -> None:
     train(write_run(tmp_path / "off", A_TO_A_MODEL, TRAIN), data_root, env | {"JAX_ENABLE_COMPILATION_CACHE": "false"})
     assert not (tmp_path / "c" / "xla").exists()
     elsewhere = tmp_path / "mine"
-    train(write_run(tmp_path / "mine-run", A_TO_A_MODEL, TRAIN), data_root, env | {"JAX_COMPILATION_CACHE_DIR": str(elsewhere)})
+    train(
+        write_run(tmp_path / "mine-run", A_TO_A_MODEL, TRAIN),
+        data_root,
+        env | {"JAX_COMPILATION_CACHE_DIR": str(elsewhere)},
+    )
     assert entries(elsewhere) and not (tmp_path / "c" / "xla").exists()
 
 
@@ -76,9 +86,17 @@ def test_remember_and_recall(tmp_path: Path, monkeypatch) -> None:
 def test_an_unwritable_cache_folder_means_no_compile_cache(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     env = without_jax_settings()
-    code = ("from jaxgpt import caches; import jax, jax.numpy as jnp; print(caches.enable_compile_cache()); "
-            "print(jax.jit(lambda x: x + 1)(jnp.ones(2)).tolist())")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=env | {"JAXGPT_CACHE_DIR": str(tmp_path / "a-file" / "c")})
+    code = (
+        "from jaxgpt import caches; import jax, jax.numpy as jnp; print(caches.enable_compile_cache()); "
+        "print(jax.jit(lambda x: x + 1)(jnp.ones(2)).tolist())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env | {"JAXGPT_CACHE_DIR": str(tmp_path / "a-file" / "c")},
+    )
     assert done.returncode == 0 and done.stdout.split("\n")[:2] == ["None", "[2.0, 2.0]"], done.stderr
     assert "Traceback" not in done.stderr and "arning" not in done.stderr, done.stderr  # quietly

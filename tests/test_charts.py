@@ -32,6 +32,7 @@ T0 = 1_767_225_600.0  # the fixtures' clock: each line's "time" is T0 + its step
 
 # ----------------------------------------------------------------------------- writing a record
 
+
 def scalars(step: int, values: dict[str, float | None]) -> dict:
     """The line RunLog.scalars writes: step, time, then the values, a non-finite one as null."""
     finite = {k: v if v is None or math.isfinite(v) else None for k, v in values.items()}
@@ -45,23 +46,50 @@ def event(step: int, **fields) -> dict:
 
 def configs(step: int, clip: float | None = 1.0, **train) -> dict:
     """The configs line a session starting at `step` writes."""
-    return event(step, configs={"model.json": {"architecture": "gpt2", "emb_dim": 16},
-                                "train.json": {"clipping_max_norm": clip, "train_steps": 30} | train})
+    return event(
+        step,
+        configs={
+            "model.json": {"architecture": "gpt2", "emb_dim": 16},
+            "train.json": {"clipping_max_norm": clip, "train_steps": 30} | train,
+        },
+    )
 
 
 def checkpoint(step: int) -> dict:
     return event(step, checkpoint=f"20260101T{step:06d}Z-step-{step}")
 
 
-def train_step(step: int, loss: float, *, lo: float | None = None, hi: float | None = None, tokens: float,
-               lr: float = 1e-3, grad_norm: float | None = 0.5, clip: float = 1.0, dropped: bool = False,
-               tokens_per_s: float = 1000.0, mfu: float = 0.1) -> dict:
+def train_step(
+    step: int,
+    loss: float,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    tokens: float,
+    lr: float = 1e-3,
+    grad_norm: float | None = 0.5,
+    clip: float = 1.0,
+    dropped: bool = False,
+    tokens_per_s: float = 1000.0,
+    mfu: float = 0.1,
+) -> dict:
     """The per-step line the loop writes (progress.Progress.record) (grad_norm None: the step was dropped)."""
-    return scalars(step, {
-        "train/loss": loss, "train/loss_min": loss if lo is None else lo, "train/loss_max": loss if hi is None else hi,
-        "train/tokens": tokens, "optim/lr": lr, "optim/grad_norm": grad_norm,
-        "optim/clipped": float(grad_norm is not None and grad_norm > clip), "optim/skipped": float(dropped),
-        "perf/step_time_s": tokens / step / tokens_per_s, "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu})
+    return scalars(
+        step,
+        {
+            "train/loss": loss,
+            "train/loss_min": loss if lo is None else lo,
+            "train/loss_max": loss if hi is None else hi,
+            "train/tokens": tokens,
+            "optim/lr": lr,
+            "optim/grad_norm": grad_norm,
+            "optim/clipped": float(grad_norm is not None and grad_norm > clip),
+            "optim/skipped": float(dropped),
+            "perf/step_time_s": tokens / step / tokens_per_s,
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": mfu,
+        },
+    )
 
 
 def validation(step: int, loss: float | None) -> dict:
@@ -110,13 +138,27 @@ def demo_step(step: int, mfu_scale: float = 1e-4, tokens_per_s: float | None = N
     nan = float("nan")
     loss, lo, hi = (nan, nan, nan) if step == 25 else (7.0 / step, 5.0 / step, 9.0 / step)
     rate = 1000.0 + step if tokens_per_s is None else tokens_per_s
-    return train_step(step, loss, lo=lo, hi=hi, tokens=step * 1024,
-                      lr=lr_at(step), grad_norm=norm_at(step), dropped=step in DROPPED,
-                      tokens_per_s=rate, mfu=mfu_scale * rate)
+    return train_step(
+        step,
+        loss,
+        lo=lo,
+        hi=hi,
+        tokens=step * 1024,
+        lr=lr_at(step),
+        grad_norm=norm_at(step),
+        dropped=step in DROPPED,
+        tokens_per_s=rate,
+        mfu=mfu_scale * rate,
+    )
 
 
-def demo_lines(*, second_clip: float = 1.0, second_mfu: float = 1e-4, extra: dict[int, list[dict]] | None = None,
-               rates: dict[int, float] | None = None) -> list[dict]:
+def demo_lines(
+    *,
+    second_clip: float = 1.0,
+    second_mfu: float = 1e-4,
+    extra: dict[int, list[dict]] | None = None,
+    rates: dict[int, float] | None = None,
+) -> list[dict]:
     """The demo run's record, line by line as the trainer writes it: a step's line, then (at an
     evaluation) its HellaSwag and validation lines, then its checkpoint's."""
     extra, rates = extra or {}, rates or {}
@@ -155,8 +197,9 @@ def legend_inside(fig: plt.Figure, ax: plt.Axes) -> bool:
     """The axes' legend lies within the axes (not over the tick labels), and the figure has no other."""
     fig.canvas.draw()
     box, legend = ax.get_window_extent(), ax.get_legend().get_window_extent()
-    return (not fig.legends and box.x0 <= legend.x0 and legend.x1 <= box.x1
-            and box.y0 <= legend.y0 and legend.y1 <= box.y1)
+    return (
+        not fig.legends and box.x0 <= legend.x0 and legend.x1 <= box.x1 and box.y0 <= legend.y0 and legend.y1 <= box.y1
+    )
 
 
 def legend_texts(ax: plt.Axes) -> list[str]:
@@ -165,12 +208,13 @@ def legend_texts(ax: plt.Axes) -> list[str]:
 
 def trailing_median(values: list[float], i: int, window: int) -> float:
     """The reference: the median of the `window` values up to index i, sorted by hand."""
-    part = sorted(values[max(0, i + 1 - window):i + 1])
+    part = sorted(values[max(0, i + 1 - window) : i + 1])
     mid = len(part) // 2
     return part[mid] if len(part) % 2 else (part[mid - 1] + part[mid]) / 2
 
 
 # ----------------------------------------------------------------------------- draw_charts
+
 
 def test_draw_charts_writes_four_valid_pngs(run_dir: Path) -> None:
     paths = drawing.draw_charts(run_dir)
@@ -179,8 +223,12 @@ def test_draw_charts_writes_four_valid_pngs(run_dir: Path) -> None:
         assert path.parent == run_dir / "charts"
         assert_png(path)
     # Atomic writes must not leave temp files behind; no HellaSwag chart for a run without scores.
-    assert sorted(p.name for p in (run_dir / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
-                                                                     "throughput.png"]
+    assert sorted(p.name for p in (run_dir / "charts").iterdir()) == [
+        "grad_norm.png",
+        "loss.png",
+        "lr.png",
+        "throughput.png",
+    ]
 
 
 def test_draw_charts_adds_hellaswag_png_once_the_run_has_scores(tmp_path: Path) -> None:
@@ -193,6 +241,7 @@ def test_draw_charts_adds_hellaswag_png_once_the_run_has_scores(tmp_path: Path) 
 
 # ----------------------------------------------------------------------------- loss.png
 
+
 def test_loss_chart_bands_span_their_windows(run_dir: Path) -> None:
     fig = drawing._loss_chart(record_of(run_dir), "demo", False)
     ax = fig.axes[0]
@@ -201,8 +250,7 @@ def test_loss_chart_bands_span_their_windows(run_dir: Path) -> None:
     assert [(b.x0, b.x1) for b in bands] == [(0, 10), (10, 20), (20, 30)]
     # The lowest microbatch loss of the window (its last step's) to the highest (its first's);
     # step 25 (null) is in no band.
-    assert [v for b in bands for v in (b.y0, b.y1)] == pytest.approx(
-        [5 / 10, 9 / 1, 5 / 20, 9 / 11, 5 / 30, 9 / 21])
+    assert [v for b in bands for v in (b.y0, b.y1)] == pytest.approx([5 / 10, 9 / 1, 5 / 20, 9 / 11, 5 / 30, 9 / 21])
     raw, smoothed, val = ax.get_lines()
     assert list(raw.get_xdata()) == list(smoothed.get_xdata()) == LOSS_STEPS  # step 25's null skipped
     assert list(raw.get_ydata()) == [7.0 / s for s in LOSS_STEPS]
@@ -234,8 +282,11 @@ def test_loss_chart_smooths_a_long_run_and_bands_only_checkpointed_steps(tmp_pat
     assert run_history.smoothing_span(160) == 3
     assert list(smoothed.get_ydata()) == run_history.smooth(losses, 3) != losses
     assert smoothed.get_label() == "train, smoothed (3-step EMA)"
-    assert legend_texts(ax) == ["train min-max of each checkpoint window", "train, each step",
-                                "train, smoothed (3-step EMA)"]
+    assert legend_texts(ax) == [
+        "train min-max of each checkpoint window",
+        "train, each step",
+        "train, smoothed (3-step EMA)",
+    ]
     plt.close("all")
 
 
@@ -251,6 +302,7 @@ def test_log_y_changes_loss_chart_only(run_dir: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- throughput.png
+
 
 def test_throughput_draws_one_line_and_its_median_with_mfu_as_the_scale(run_dir: Path) -> None:
     record = record_of(run_dir)
@@ -307,6 +359,7 @@ def test_throughput_of_a_run_whose_peak_changed_draws_mfu_on_its_own_panel(tmp_p
 
 # ----------------------------------------------------------------------------- lr.png
 
+
 def test_lr_chart_draws_every_step_with_its_peak_and_last(run_dir: Path) -> None:
     fig = drawing._lr_chart(record_of(run_dir), "demo")
     ax = fig.axes[0]
@@ -322,6 +375,7 @@ def test_lr_chart_draws_every_step_with_its_peak_and_last(run_dir: Path) -> None
 
 # ----------------------------------------------------------------------------- grad_norm.png
 
+
 def test_grad_norm_chart_is_log_scaled_with_clip_count_and_dropped_steps(run_dir: Path) -> None:
     fig = drawing._grad_norm_chart(record_of(run_dir), "demo")
     ax = fig.axes[0]
@@ -336,8 +390,12 @@ def test_grad_norm_chart_is_log_scaled_with_clip_count_and_dropped_steps(run_dir
     # Step 20's 2.0 alone is above the clip.
     assert clip.get_label() == f"clip at 1: 1 of {len(norms)} steps above" == "clip at 1: 1 of 28 steps above"
     assert [line.get_xdata()[0] for line in dropped] == list(DROPPED)  # optim/skipped
-    assert legend_texts(ax) == ["pre-clip norm, each step", f"median of the last {window} steps",
-                                "clip at 1: 1 of 28 steps above", "dropped step (non-finite gradient): 2"]
+    assert legend_texts(ax) == [
+        "pre-clip norm, each step",
+        f"median of the last {window} steps",
+        "clip at 1: 1 of 28 steps above",
+        "dropped step (non-finite gradient): 2",
+    ]
     assert legend_inside(fig, ax)
     plt.close("all")
 
@@ -367,8 +425,10 @@ def test_grad_norm_chart_without_a_clip_threshold_has_no_clip_line(tmp_path: Pat
 
 def test_the_clip_line_is_inside_the_log_axis(tmp_path: Path) -> None:
     # Every norm far below the threshold: the axis still reaches up to the clip line.
-    write_record(tmp_path / "low", [configs(0, clip=1.0)] +
-                 [train_step(s, 3.0, tokens=64 * s, grad_norm=0.01 * s) for s in range(1, 6)])
+    write_record(
+        tmp_path / "low",
+        [configs(0, clip=1.0)] + [train_step(s, 3.0, tokens=64 * s, grad_norm=0.01 * s) for s in range(1, 6)],
+    )
     fig = drawing._grad_norm_chart(record_of(tmp_path / "low"), "low")
     ax = fig.axes[0]
     low, high = ax.get_ylim()
@@ -378,6 +438,7 @@ def test_the_clip_line_is_inside_the_log_axis(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- hellaswag.png
+
 
 def test_hellaswag_chart(tmp_path: Path) -> None:
     scores = {10: [hellaswag(10, 0.26, 0.27)], 30: [hellaswag(30, 0.3, 0.32)]}
@@ -396,6 +457,7 @@ def test_hellaswag_chart(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- core.png
+
 
 def test_draw_charts_adds_core_png_once_the_run_has_scores(tmp_path: Path) -> None:
     run = tmp_path / "scored"
@@ -422,11 +484,16 @@ def test_core_chart(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- small and broken records
 
-@pytest.mark.parametrize("lines", [
-    [configs(0)],  # a session that wrote its configs and was stopped before its first step
-    [configs(0), train_step(1, 5.5, tokens=64, grad_norm=None, dropped=True)],  # one step, dropped
-    [train_step(1, 5.5, lo=5.0, hi=6.0, tokens=64), checkpoint(1)],  # one step, no configs line
-], ids=["no steps", "one dropped step", "one step"])
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [configs(0)],  # a session that wrote its configs and was stopped before its first step
+        [configs(0), train_step(1, 5.5, tokens=64, grad_norm=None, dropped=True)],  # one step, dropped
+        [train_step(1, 5.5, lo=5.0, hi=6.0, tokens=64), checkpoint(1)],  # one step, no configs line
+    ],
+    ids=["no steps", "one dropped step", "one step"],
+)
 def test_a_tiny_record_still_draws_every_chart(tmp_path: Path, lines: list[dict]) -> None:
     write_record(tmp_path / "tiny", lines)
     for path in drawing.draw_charts(tmp_path / "tiny", log_y=True):
@@ -455,17 +522,24 @@ def test_no_record_is_a_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "untrained" / "charts").exists() and not (tmp_path / "nope").exists()
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    (b"{broken\n", "malformed record"),
-    (b"[1, 2]\n", "line 3 has no integer step"),
-    (b'{"step": "7", "train/loss": 1.0}\n', "line 3 has no integer step"),
-    (b'{"step": true, "train/loss": 1.0}\n', "line 3 has no integer step"),
-    (b'{"time": 1.0, "train/loss": 1.0}\n', "line 3 has no integer step"),
-    (b'{"step": 7, "train/loss": "\xff"}\n', "malformed record"),  # not UTF-8
-], ids=["not json", "not an object", "string step", "bool step", "no step", "not utf-8"])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (b"{broken\n", "malformed record"),
+        (b"[1, 2]\n", "line 3 has no integer step"),
+        (b'{"step": "7", "train/loss": 1.0}\n', "line 3 has no integer step"),
+        (b'{"step": true, "train/loss": 1.0}\n', "line 3 has no integer step"),
+        (b'{"time": 1.0, "train/loss": 1.0}\n', "line 3 has no integer step"),
+        (b'{"step": 7, "train/loss": "\xff"}\n', "malformed record"),  # not UTF-8
+    ],
+    ids=["not json", "not an object", "string step", "bool step", "no step", "not utf-8"],
+)
 def test_a_malformed_line_is_a_one_line_error_naming_the_file(tmp_path: Path, bad: bytes, message: str) -> None:
-    path = write_record(tmp_path / "bad", [configs(0), train_step(1, 5.0, tokens=64)],
-                        tail=bad + (json.dumps(train_step(2, 4.0, tokens=128)) + "\n").encode())
+    path = write_record(
+        tmp_path / "bad",
+        [configs(0), train_step(1, 5.0, tokens=64)],
+        tail=bad + (json.dumps(train_step(2, 4.0, tokens=128)) + "\n").encode(),
+    )
     with pytest.raises(ValueError, match=message) as err:
         drawing.draw_charts(tmp_path / "bad")
     assert str(path) in str(err.value) and "\n" not in str(err.value)
@@ -474,11 +548,13 @@ def test_a_malformed_line_is_a_one_line_error_naming_the_file(tmp_path: Path, ba
 
 # ----------------------------------------------------------------------------- the CLI
 
+
 def test_main_return_codes(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert charts.main([str(run_dir), "--log-y"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines() == [str(run_dir / "charts" / name)
-                                for name in ("loss.png", "lr.png", "grad_norm.png", "throughput.png")]
+    assert out.splitlines() == [
+        str(run_dir / "charts" / name) for name in ("loss.png", "lr.png", "grad_norm.png", "throughput.png")
+    ]
     assert_png(run_dir / "charts" / "grad_norm.png")
 
     assert charts.main([str(tmp_path / "missing")]) == 2

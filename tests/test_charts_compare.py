@@ -10,8 +10,16 @@ import matplotlib.colors
 import matplotlib.pyplot as plt
 import pytest
 from conftest import SLOW, write_run
-from test_charts import (assert_png, checkpoint, configs, legend_inside, legend_texts, train_step, validation,
-                         write_record)
+from test_charts import (
+    assert_png,
+    checkpoint,
+    configs,
+    legend_inside,
+    legend_texts,
+    train_step,
+    validation,
+    write_record,
+)
 
 import charts
 import train
@@ -22,8 +30,9 @@ from jaxgpt.tracking import history as rh
 from jaxgpt.tracking import metrics
 
 
-def fake_run(root: Path, name: str, tokens_per_step: int, vals: dict[int, float | None], *,
-             tokens: bool = True) -> Path:
+def fake_run(
+    root: Path, name: str, tokens_per_step: int, vals: dict[int, float | None], *, tokens: bool = True
+) -> Path:
     """A run whose record has steps 1 to the last validation (loss 10 / step, tokens_per_step a
     step), its validations and a checkpoint every 10 steps, as RunLog writes them. tokens=False:
     a record written before train/tokens existed."""
@@ -42,8 +51,10 @@ def fake_run(root: Path, name: str, tokens_per_step: int, vals: dict[int, float 
 @pytest.fixture
 def runs(tmp_path: Path) -> list[Path]:
     # "small" sees 100 tokens a step, "big" 300: at equal steps big is 3x further along the x axis.
-    return [fake_run(tmp_path, "small", 100, {5: 3.0, 10: 2.5, 15: 2.2, 20: 2.0}),
-            fake_run(tmp_path, "big", 300, {5: 2.8, 10: 2.1, 15: 1.9, 20: 1.8})]
+    return [
+        fake_run(tmp_path, "small", 100, {5: 3.0, 10: 2.5, 15: 2.2, 20: 2.0}),
+        fake_run(tmp_path, "big", 300, {5: 2.8, 10: 2.1, 15: 1.9, 20: 1.8}),
+    ]
 
 
 def test_each_run_is_drawn_against_its_tokens_in_one_colour(runs: list[Path]) -> None:
@@ -93,12 +104,18 @@ def test_draw_compare_writes_the_file_and_names_runs_that_share_a_name(runs: lis
     assert cc._names([runs[0], twin, runs[1]]) == [str(runs[0]), str(twin), "big"]
 
 
-@pytest.mark.parametrize(("out", "target", "message"), [
-    ("compare.txt", None, "not '.txt'"), ("compare", None, "not 'a file without a suffix'"),
-    ("compare.png", float("nan"), "--target nan: a target loss is a positive number"),
-    ("compare.png", -1.0, "--target -1.0"),
-])
-def test_bad_arguments_fail_before_any_run_is_read(tmp_path: Path, out: str, target: float | None, message: str) -> None:
+@pytest.mark.parametrize(
+    ("out", "target", "message"),
+    [
+        ("compare.txt", None, "not '.txt'"),
+        ("compare", None, "not 'a file without a suffix'"),
+        ("compare.png", float("nan"), "--target nan: a target loss is a positive number"),
+        ("compare.png", -1.0, "--target -1.0"),
+    ],
+)
+def test_bad_arguments_fail_before_any_run_is_read(
+    tmp_path: Path, out: str, target: float | None, message: str
+) -> None:
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")) as err:
         cc.draw_compare([tmp_path / "not-a-run"], tmp_path / out, target=target)
     assert "\n" not in str(err.value) and not list(tmp_path.iterdir())
@@ -130,8 +147,9 @@ def test_run_curves_are_the_records_losses_against_its_tokens(tmp_path: Path) ->
     assert cc.first_below(curve, 2.2) == 700.0 and cc.first_below(curve, 1.0) is None
 
 
-def test_a_record_without_train_tokens_cannot_be_compared(runs: list[Path], tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_record_without_train_tokens_cannot_be_compared(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     old = fake_run(tmp_path, "old", 100, {5: 3.0, 10: 2.5}, tokens=False)
     with pytest.raises(ValueError, match="no train/tokens at step 1") as err:
         cc.run_curves(old, "old")
@@ -148,8 +166,9 @@ def test_a_record_without_train_tokens_cannot_be_compared(runs: list[Path], tmp_
     assert charts.main([str(old)]) == 0 and (old / "charts" / "loss.png").is_file()
 
 
-def test_a_malformed_record_fails_the_comparison_naming_the_file(runs: list[Path], tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_malformed_record_fails_the_comparison_naming_the_file(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = runs[1] / "metrics.jsonl"
     path.write_text(path.read_text().replace('"step": 7,', '"step": "7",', 1))
     out = tmp_path / "c.png"
@@ -162,9 +181,18 @@ def test_a_malformed_record_fails_the_comparison_naming_the_file(runs: list[Path
 # ----------------------------------------------------------------------------- two real runs
 
 MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 32, "emb_dim": 16}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same", "train_steps": 8,
-         "learning_rate": 0.02, "weight_decay": 0.0, "checkpoint_interval": 4, "validation_interval": 2,
-         "validation_batches": 1, "keep_last_checkpoints": 1}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "targets": "same",
+    "train_steps": 8,
+    "learning_rate": 0.02,
+    "weight_decay": 0.0,
+    "checkpoint_interval": 4,
+    "validation_interval": 2,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 1,
+}
 
 
 @SLOW  # two trainings end to end
@@ -172,8 +200,10 @@ def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
     """Two trained runs with different tokens per step (4 x 32 and 2 x 2 x 16 = 128 vs 64): every
     validation of the record lands at step x tokens per step; the loss chart's bands span the
     checkpoint windows, the pruned checkpoint's included; the grad-norm chart clips at train.json's."""
-    settings = {"narrow": {"microbatch_size": 4}, "accum": {"microbatch_size": 2, "gradient_accumulation_steps": 2,
-                                                            "sequence_length": 16}}
+    settings = {
+        "narrow": {"microbatch_size": 4},
+        "accum": {"microbatch_size": 2, "gradient_accumulation_steps": 2, "sequence_length": 16},
+    }
     runs = []
     for name, extra in settings.items():
         run = write_run(tmp_path / name, MODEL, TRAIN | extra)
@@ -184,8 +214,9 @@ def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
     assert_png(out)
     curves = [cc.run_curves(run, run.name) for run in runs]
     for curve in curves:
-        validations = [line["step"] for line in metrics.read_metrics(tmp_path / curve.name / "metrics.jsonl")
-                       if "val/loss" in line]
+        validations = [
+            line["step"] for line in metrics.read_metrics(tmp_path / curve.name / "metrics.jsonl") if "val/loss" in line
+        ]
         assert validations == [2, 4, 6, 8]  # 2 and 6 were not checkpoints
         assert curve.val_tokens == [s * per_step[curve.name] for s in validations]
         assert curve.train_tokens == [s * per_step[curve.name] for s in range(1, 9)]
@@ -207,8 +238,14 @@ def test_two_real_runs_on_one_chart(tmp_path: Path, data_root: Path) -> None:
         assert list(raw.get_xdata()) == list(range(1, 9)) and list(val.get_xdata()) == [2, 4, 6, 8]
         fig = drawing._grad_norm_chart(record, run.name)
         norms = record.series("optim/grad_norm")[1]
-        assert len(norms) == 8 and any(label.startswith(f"clip at 1: {sum(n > 1 for n in norms)} of 8 steps")
-                                       for label in legend_texts(fig.axes[0]))
+        assert len(norms) == 8 and any(
+            label.startswith(f"clip at 1: {sum(n > 1 for n in norms)} of 8 steps")
+            for label in legend_texts(fig.axes[0])
+        )
         plt.close("all")
-        assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
-                                                                     "throughput.png"]  # drawn by train.py
+        assert sorted(p.name for p in (run / "charts").iterdir()) == [
+            "grad_norm.png",
+            "loss.png",
+            "lr.png",
+            "throughput.png",
+        ]  # drawn by train.py

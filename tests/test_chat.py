@@ -21,10 +21,15 @@ from jaxgpt.data.tokenizer import get_tokenizer
 
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
-TRAIN = {"dataset": {"source": "instructions", "options": {"examples": 200, "validation_examples": 20,
-                                                           "template": SHORT}},
-         "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 6, "learning_rate": 0.003,
-         "checkpoint_interval": 6, "validation_batches": 1}
+TRAIN = {
+    "dataset": {"source": "instructions", "options": {"examples": 200, "validation_examples": 20, "template": SHORT}},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "train_steps": 6,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 6,
+    "validation_batches": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +63,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
     """A base model: trained on plain text, no chat template."""
-    run = write_run(tmp_path_factory.mktemp("base") / "run", MODEL,
-                    {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 2,
-                     "checkpoint_interval": 2, "validation_batches": 1})
+    run = write_run(
+        tmp_path_factory.mktemp("base") / "run",
+        MODEL,
+        {
+            "dataset": {"source": "builtin"},
+            "tokenizer": "bytes",
+            "microbatch_size": 4,
+            "train_steps": 2,
+            "checkpoint_interval": 2,
+            "validation_batches": 1,
+        },
+    )
     assert train.main([str(run), "--data-dir", str(data_root)]) == 0
     return run
 
@@ -93,8 +107,9 @@ def test_a_multi_token_end_is_cut_from_the_answer(built) -> None:
     bot2 = Assistant(bot.model, bot.tok, ChatTemplate.from_dict({**SHORT, "end": end}))
     tok = get_tokenizer("bytes")
     assert bot2.end == tok.encode(end) and bot2._cut(tok.encode("xyzabq")) == tok.encode("xyz")
-    text = "".join(bot2.stream([{"role": "user", "content": "hi"}], Sampling(max_new_tokens=40, temperature=2.0,
-                                                                             seed=1)))
+    text = "".join(
+        bot2.stream([{"role": "user", "content": "hi"}], Sampling(max_new_tokens=40, temperature=2.0, seed=1))
+    )
     assert end not in text
 
 
@@ -102,8 +117,15 @@ def test_a_multi_token_end_is_cut_from_the_answer(built) -> None:
 def test_interactive_conversation_streams_and_clears(tuned) -> None:
     run, _ = tuned
     script = "Reverse the letters: abc\nAdd 1 and 2.\n/clear\nSpell the word: ab\n/quit\n"
-    done = subprocess.run([sys.executable, str(ROOT / "chat.py"), str(run), "--max-new-tokens", "8", "--seed", "2"],
-                          input=script, capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "chat.py"), str(run), "--max-new-tokens", "8", "--seed", "2"],
+        input=script,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Assistant: ") == 3 and "(a new conversation)" in done.stdout
     assert "template 'short'" in done.stdout

@@ -23,9 +23,13 @@ from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, get_tokenizer, special_
 
 ALPACA = BUILTIN["alpaca"]
 NANOCHAT = BUILTIN["nanochat"]
-CHAT = [{"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "5"},
-        {"role": "user", "content": "And 4 and 4?"}, {"role": "assistant", "content": "8"}]
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Add 2 and 3."},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "And 4 and 4?"},
+    {"role": "assistant", "content": "8"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,9 @@ def roles_tok(tmp_path_factory: pytest.TempPathFactory):
     if not src.is_file():
         pytest.skip(f"no Tiny Shakespeare at {src}")
     root = tmp_path_factory.mktemp("roles")
-    train_tokenizer("roles", "tinyshakespeare", root, vocab_size=300, from_path=src, log=lambda _m: None,
-                    progress=False)
+    train_tokenizer(
+        "roles", "tinyshakespeare", root, vocab_size=300, from_path=src, log=lambda _m: None, progress=False
+    )
     return get_tokenizer("roles", root)
 
 
@@ -62,12 +67,16 @@ def trained_text(tok, ids: list[int], mask: list[int]) -> str:
 
 
 def test_alpaca_is_the_books_prompt_text_for_text(gpt2) -> None:
-    record = [{"role": "user", "content": "Rewrite the sentence.", "input": "The cake was eaten."},
-              {"role": "assistant", "content": "Someone ate the cake."}]
+    record = [
+        {"role": "user", "content": "Rewrite the sentence.", "input": "The cake was eaten."},
+        {"role": "assistant", "content": "Someone ate the cake."},
+    ]
     ids, mask = ALPACA.render(gpt2, record)
     # Raschka, chapter 7: format_input(entry) + f"\n\n### Response:\n{output}", then <|endoftext|>.
-    book = (f"{ALPACA_SYSTEM}\n\n### Instruction:\nRewrite the sentence.\n\n### Input:\nThe cake was eaten."
-            f"\n\n### Response:\nSomeone ate the cake.{EOT_TEXT}")
+    book = (
+        f"{ALPACA_SYSTEM}\n\n### Instruction:\nRewrite the sentence.\n\n### Input:\nThe cake was eaten."
+        f"\n\n### Response:\nSomeone ate the cake.{EOT_TEXT}"
+    )
     assert gpt2.decode(ids) == book
     assert trained_text(gpt2, ids, mask) == f"Someone ate the cake.{EOT_TEXT}|"
     assert ids[-1] == gpt2.eot_id and mask[-1] == 1 and len(ids) == len(mask)
@@ -79,8 +88,10 @@ def test_alpaca_is_the_books_prompt_text_for_text(gpt2) -> None:
 def test_the_mask_covers_every_answer_and_its_end_and_nothing_else() -> None:
     tok = get_tokenizer("bytes")
     ids, mask = ALPACA.render(tok, CHAT)
-    assert tok.decode(ids) == ("Be brief.\n\n### Instruction:\nAdd 2 and 3.\n\n### Response:\n5"
-                               "### Instruction:\nAnd 4 and 4?\n\n### Response:\n8")  # bytes drops end-of-text
+    assert tok.decode(ids) == (
+        "Be brief.\n\n### Instruction:\nAdd 2 and 3.\n\n### Response:\n5"
+        "### Instruction:\nAnd 4 and 4?\n\n### Response:\n8"
+    )  # bytes drops end-of-text
     assert trained_text(tok, ids, mask) == "5|8|"
     assert [i for i, m in zip(ids, mask) if m] == [ord("5"), tok.eot_id, ord("8"), tok.eot_id]
     # weight 0 (OpenAI's fine-tuning format): rendered, not trained on.
@@ -89,12 +100,14 @@ def test_the_mask_covers_every_answer_and_its_end_and_nothing_else() -> None:
 
 
 def test_the_prompt_is_the_start_of_the_training_ids_turn_by_turn(gpt2) -> None:
-    for template in (ALPACA, ChatTemplate.from_dict({"user": "Q: {content}\n", "assistant": "A: {content}",
-                                                     "end": "\n\n"})):
+    for template in (
+        ALPACA,
+        ChatTemplate.from_dict({"user": "Q: {content}\n", "assistant": "A: {content}", "end": "\n\n"}),
+    ):
         ids, mask = template.render(gpt2, CHAT)
         for upto in (2, 4):
             prompt = template.prompt(gpt2, CHAT[:upto])
-            assert ids[:len(prompt)] == prompt  # token for token: the model answers from what it trained on
+            assert ids[: len(prompt)] == prompt  # token for token: the model answers from what it trained on
             assert mask[len(prompt)] == 1  # and the first answer token is the first trained one after it
 
 
@@ -104,7 +117,7 @@ def test_nanochat_template_uses_the_role_tokens(roles_tok) -> None:
     ids, mask = NANOCHAT.render(roles_tok, CHAT)
     us, ue, as_, ae = (specials[t] for t in ROLE_TOKENS)
     assert ids[0] == roles_tok.eot_id and ids[1] == us  # <|bos|> (our end-of-text), then the first user turn
-    assert roles_tok.decode(ids[2:ids.index(ue)]) == "Be brief.\n\nAdd 2 and 3."  # nanochat merges the system text
+    assert roles_tok.decode(ids[2 : ids.index(ue)]) == "Be brief.\n\nAdd 2 and 3."  # nanochat merges the system text
     assert trained_text(roles_tok, ids, mask) == "5<|assistant_end|>|8<|assistant_end|>|"
     assert ids.count(as_) == 2 and mask[ids.index(as_)] == 0
     assert NANOCHAT.stop_ids(roles_tok) == sorted({roles_tok.eot_id, ae})
@@ -125,14 +138,20 @@ def test_a_template_naming_tokens_the_tokenizer_lacks_is_one_line() -> None:
     assert default_template(get_tokenizer("bytes")) == "alpaca"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"user": "{content}", "assistant": "{content}"}, "missing key(s) ['end']"),
-    ({"user": "no slot", "assistant": "{content}", "end": "x"}, "user='no slot' must be a string holding {content}"),
-    ({"user": "{content}{content}", "assistant": "{content}", "end": "x"}, "exactly once"),
-    ({"user": "{content}", "assistant": "{content}", "end": ""}, "end='' must be a non-empty string"),
-    ({"user": "{content}", "assistant": "{content}", "end": "x", "colour": "red"}, "unknown key(s) ['colour']"),
-    ("chatml", "unknown template 'chatml'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"user": "{content}", "assistant": "{content}"}, "missing key(s) ['end']"),
+        (
+            {"user": "no slot", "assistant": "{content}", "end": "x"},
+            "user='no slot' must be a string holding {content}",
+        ),
+        ({"user": "{content}{content}", "assistant": "{content}", "end": "x"}, "exactly once"),
+        ({"user": "{content}", "assistant": "{content}", "end": ""}, "end='' must be a non-empty string"),
+        ({"user": "{content}", "assistant": "{content}", "end": "x", "colour": "red"}, "unknown key(s) ['colour']"),
+        ("chatml", "unknown template 'chatml'"),
+    ],
+)
 def test_bad_templates_are_one_line(spec: object, message: str) -> None:
     with pytest.raises(TemplateError) as e:
         template_named(spec, "data.json: option 'template'")
@@ -140,16 +159,22 @@ def test_bad_templates_are_one_line(spec: object, message: str) -> None:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("messages, message", [
-    ([], "non-empty list"),
-    ([{"role": "user", "content": "a"}], "must end with an assistant message"),
-    ([{"role": "assistant", "content": "a"}], "message 0: expected a user message"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "message 1: expected a assistant"),
-    ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "message 1: expected a assistant"),
-    ([{"role": "bot", "content": "a"}], "message 0: needs a role"),
-    ([{"role": "user", "content": 3}], "content must be a string"),
-    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 2}], "weight must be 0 or 1"),
-])
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        ([], "non-empty list"),
+        ([{"role": "user", "content": "a"}], "must end with an assistant message"),
+        ([{"role": "assistant", "content": "a"}], "message 0: expected a user message"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "message 1: expected a assistant"),
+        ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "message 1: expected a assistant"),
+        ([{"role": "bot", "content": "a"}], "message 0: needs a role"),
+        ([{"role": "user", "content": 3}], "content must be a string"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 2}],
+            "weight must be 0 or 1",
+        ),
+    ],
+)
 def test_conversations_out_of_turn_are_one_line(messages: list, message: str) -> None:
     with pytest.raises(TemplateError) as e:
         check_messages(messages)

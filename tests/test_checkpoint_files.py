@@ -102,16 +102,18 @@ def test_move_aside_keeps_everything(run: Path, ckpt: Path) -> None:
     fake_ckpt(run, ".tmp-20260102T000000Z-step-3", step=3)
     (root / "history").mkdir()
     (root / "history" / "old.json").write_text("{}")
-    snapshot = {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else
-                                           p.read_bytes() if p.is_file() else None)
-                for p in root.rglob("*")}
+    snapshot = {
+        str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+        for p in root.rglob("*")
+    }
     target = cf.archive_checkpoints(run)
     assert target is not None and target.parent == run
     assert re.fullmatch(r"checkpoints\.old-\d{8}T\d{6}Z", target.name)
     assert not root.exists()
-    moved = {str(p.relative_to(target)): (os.readlink(p) if p.is_symlink() else
-                                          p.read_bytes() if p.is_file() else None)
-             for p in target.rglob("*")}
+    moved = {
+        str(p.relative_to(target)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+        for p in target.rglob("*")
+    }
     assert moved == snapshot
     assert cf.list_checkpoints(run) == []
     assert cf.latest_checkpoint(run) is None

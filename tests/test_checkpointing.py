@@ -71,14 +71,25 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path: Pa
     assert without_files(ck.read_meta(path)) == meta
     # meta.json records every other file of the checkpoint, as it is on disk.
     files = loaded_meta["files"]
-    assert {"model.safetensors", "model.json", "train.json"} <= set(files) and any(f.startswith("optimizer/") for f in files)
-    assert files == {str(p.relative_to(path)): {"size": p.stat().st_size, "sha256": ck.file_records(path)[str(p.relative_to(path))]["sha256"]}
-                     for p in path.rglob("*") if p.is_file() and p.name != "meta.json"}
+    assert {"model.safetensors", "model.json", "train.json"} <= set(files) and any(
+        f.startswith("optimizer/") for f in files
+    )
+    assert files == {
+        str(p.relative_to(path)): {
+            "size": p.stat().st_size,
+            "sha256": ck.file_records(path)[str(p.relative_to(path))]["sha256"],
+        }
+        for p in path.rglob("*")
+        if p.is_file() and p.name != "meta.json"
+    }
     assert ck.verify_checkpoint(path) is None
     assert ck.read_configs(path) == CONFIGS
     restored = ck.read_meta(path)
     assert (restored["step"], restored["data_position"], restored["rng"]) == (
-        meta["step"], meta["data_position"], meta["rng"])
+        meta["step"],
+        meta["data_position"],
+        meta["rng"],
+    )
 
     assert_identical(flat(model), flat(model2))
     assert_identical(opt_leaves, flat(optimizer2))
@@ -119,9 +130,23 @@ def test_weights_only_load_leaves_optimizer_alone(ckpt: Path, trained) -> None:
 def test_safetensors_file_has_dotted_keys(ckpt: Path, trained) -> None:
     model, _, _ = trained
     tensors = load_file(str(ckpt / "model.safetensors"))
-    expected = {f"blocks.{i}.{name}" for i in range(MCFG.n_layers) for name in (
-        "ln1.scale", "ln1.bias", "attn.qkv.kernel", "attn.proj.kernel", "attn.proj.bias",
-        "ln2.scale", "ln2.bias", "mlp.fc.kernel", "mlp.fc.bias", "mlp.out.kernel", "mlp.out.bias")}
+    expected = {
+        f"blocks.{i}.{name}"
+        for i in range(MCFG.n_layers)
+        for name in (
+            "ln1.scale",
+            "ln1.bias",
+            "attn.qkv.kernel",
+            "attn.proj.kernel",
+            "attn.proj.bias",
+            "ln2.scale",
+            "ln2.bias",
+            "mlp.fc.kernel",
+            "mlp.fc.bias",
+            "mlp.out.kernel",
+            "mlp.out.bias",
+        )
+    }
     expected |= {"tok_emb.embedding", "pos_emb.embedding", "ln_f.scale", "ln_f.bias", "head.kernel"}
     assert set(tensors) == expected
     C, V = MCFG.emb_dim, MCFG.vocab_size
@@ -161,13 +186,15 @@ def test_layout_and_links(tmp_path: Path, trained) -> None:
         assert (root / link).resolve() == first.resolve()
 
     # Not best: latest moves, best stays.
-    second = ck.save_checkpoint(run, model, optimizer, make_meta(20), CONFIGS, keep_last=5,
-                                now=T0 + dt.timedelta(minutes=1))
+    second = ck.save_checkpoint(
+        run, model, optimizer, make_meta(20), CONFIGS, keep_last=5, now=T0 + dt.timedelta(minutes=1)
+    )
     assert os.readlink(root / "latest") == second.name
     assert os.readlink(root / "best") == first.name
     # is_best: both move.
-    third = ck.save_checkpoint(run, model, optimizer, make_meta(30, is_best=True), CONFIGS, keep_last=5,
-                               now=T0 + dt.timedelta(minutes=2))
+    third = ck.save_checkpoint(
+        run, model, optimizer, make_meta(30, is_best=True), CONFIGS, keep_last=5, now=T0 + dt.timedelta(minutes=2)
+    )
     assert os.readlink(root / "latest") == os.readlink(root / "best") == third.name
     # Default `now`: a real UTC stamp in the name.
     fourth = ck.save_checkpoint(run, model, optimizer, make_meta(40), CONFIGS, keep_last=5)
@@ -200,8 +227,9 @@ def test_prune_keeps_last_k_and_best_and_nothing_else(tmp_path: Path, trained) -
     metas, paths = {}, {}
     for i, step in enumerate((1, 2, 3, 4, 5)):
         metas[step] = make_meta(step, is_best=step <= 2, val_loss=10.0 - step)
-        paths[step] = ck.save_checkpoint(run, model, optimizer, metas[step], CONFIGS, keep_last=2,
-                                         now=T0 + dt.timedelta(minutes=i))
+        paths[step] = ck.save_checkpoint(
+            run, model, optimizer, metas[step], CONFIGS, keep_last=2, now=T0 + dt.timedelta(minutes=i)
+        )
         if step == 3:
             assert ck.list_checkpoints(run) == [paths[2], paths[3]]  # 1 pruned; 2 is newest-but-one and best
     assert ck.list_checkpoints(run) == [paths[2], paths[4], paths[5]]
@@ -221,8 +249,7 @@ def test_prune_keeps_last_k_and_best_and_nothing_else(tmp_path: Path, trained) -
 # ----------------------------------------------------------------------------- atomicity
 
 
-def test_killed_save_leaves_previous_checkpoint_latest_and_next_save_cleans_up(run: Path, ckpt: Path,
-                                                                            trained) -> None:
+def test_killed_save_leaves_previous_checkpoint_latest_and_next_save_cleans_up(run: Path, ckpt: Path, trained) -> None:
     root = run / "checkpoints"
     # A save killed mid-write: partial weights, no meta.json ...
     partial = root / f".tmp-{ckpt_name(3, T0 + dt.timedelta(minutes=1))}"
@@ -243,34 +270,36 @@ def test_killed_save_leaves_previous_checkpoint_latest_and_next_save_cleans_up(r
     assert ck.latest_checkpoint(run) == ckpt
 
     model, optimizer, _ = trained
-    new = ck.save_checkpoint(run, model, optimizer, make_meta(5), CONFIGS, keep_last=3,
-                             now=T0 + dt.timedelta(minutes=3))
+    new = ck.save_checkpoint(
+        run, model, optimizer, make_meta(5), CONFIGS, keep_last=3, now=T0 + dt.timedelta(minutes=3)
+    )
     assert entries(root) == {ckpt.name, new.name, "latest", "best"}
     assert os.readlink(root / "latest") == new.name
     assert os.readlink(root / "best") == ckpt.name
 
 
 @pytest.mark.parametrize("failure", ["weights", "meta"])
-def test_failed_save_raises_and_keeps_previous_latest(run: Path, ckpt: Path, trained, monkeypatch,
-                                                       failure: str) -> None:
+def test_failed_save_raises_and_keeps_previous_latest(
+    run: Path, ckpt: Path, trained, monkeypatch, failure: str
+) -> None:
     model, optimizer, _ = trained
     root = run / "checkpoints"
     before = entries(root)
     meta = make_meta(3)
     if failure == "weights":
+
         def boom(*_args, **_kwargs):
             raise RuntimeError("disk full (simulated)")
+
         # save_file is the module's own name for the safetensors writer, whichever helper calls it.
         monkeypatch.setattr(ck, "save_file", boom)
         with pytest.raises(RuntimeError, match="disk full"):
-            ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3,
-                               now=T0 + dt.timedelta(minutes=1))
+            ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3, now=T0 + dt.timedelta(minutes=1))
     else:
         # Fails at the very end: weights and Orbax state are written, meta.json cannot be.
         meta["unserialisable"] = object()
         with pytest.raises(TypeError):
-            ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3,
-                               now=T0 + dt.timedelta(minutes=1))
+            ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3, now=T0 + dt.timedelta(minutes=1))
     assert os.readlink(root / "latest") == ckpt.name
     assert ck.latest_checkpoint(run) == ckpt.resolve()
     assert ck.list_checkpoints(run) == [ckpt]
@@ -281,8 +310,9 @@ def test_failed_save_raises_and_keeps_previous_latest(run: Path, ckpt: Path, tra
     assert not any((root / name / "meta.json").exists() for name in left)
 
     monkeypatch.undo()
-    new = ck.save_checkpoint(run, model, optimizer, make_meta(3), CONFIGS, keep_last=3,
-                             now=T0 + dt.timedelta(minutes=2))
+    new = ck.save_checkpoint(
+        run, model, optimizer, make_meta(3), CONFIGS, keep_last=3, now=T0 + dt.timedelta(minutes=2)
+    )
     assert entries(root) == before | {new.name}
     assert ck.latest_checkpoint(run) == new.resolve()
 
@@ -290,8 +320,9 @@ def test_failed_save_raises_and_keeps_previous_latest(run: Path, ckpt: Path, tra
 # ----------------------------------------------------------------------------- damaged checkpoints
 
 
-@pytest.mark.parametrize("content", ["{\"step\": 2, \"is_", "", "[1, 2]", "{\"loss\": 1.0}",
-                                     "{\"step\": \"2\"}", "{\"step\": 2.5}"])
+@pytest.mark.parametrize(
+    "content", ['{"step": 2, "is_', "", "[1, 2]", '{"loss": 1.0}', '{"step": "2"}', '{"step": 2.5}']
+)
 def test_corrupt_meta_json(ckpt: Path, content: str) -> None:
     (ckpt / "meta.json").write_text(content)
     with pytest.raises(CheckpointError) as err:
@@ -346,13 +377,16 @@ def test_damaged_weights_file(ckpt: Path, damage: str) -> None:
     assert_identical(before, flat(model))  # nothing half-loaded
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"vocab_size": 65}, "has shape"),
-    ({"n_layers": 3}, "missing"),
-    ({"n_layers": 1}, "unexpected"),
-    ({"tie_embeddings": True}, "unexpected"),
-    ({"qkv_bias": True}, "missing"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"vocab_size": 65}, "has shape"),
+        ({"n_layers": 3}, "missing"),
+        ({"n_layers": 1}, "unexpected"),
+        ({"tie_embeddings": True}, "unexpected"),
+        ({"qkv_bias": True}, "missing"),
+    ],
+)
 def test_weights_do_not_match_changed_model_json(ckpt: Path, change: dict, match: str) -> None:
     cfg = ModelConfig(**{**CONFIGS["model.json"], **change})
     model, optimizer = fresh(cfg=cfg)

@@ -21,8 +21,15 @@ from jaxgpt.data.prepare import dataset_dir
 from jaxgpt.data.shards import open_dataset
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2, "n_layers": 2}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 4,
-         "checkpoint_interval": 2, "validation_batches": 1, "keep_last_checkpoints": 5}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "train_steps": 4,
+    "checkpoint_interval": 2,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +71,11 @@ def test_model_counts_grouped_heads_and_windows_in_flops_and_the_kv_cache(tmp_pa
     """Grouped-query attention: 2 C K D key/value weights a layer and K heads of cache; a window of w
     tokens: 12 w C attention FLOPs for that layer instead of 12 T C (nanochat's count)."""
     C, L, V, T, K, w = MODEL["emb_dim"], MODEL["n_layers"], MODEL["vocab_size"], MODEL["context_length"], 1, 8
-    run_dir = write_run(tmp_path / "gqa", {**MODEL, "n_kv_heads": K, "window_pattern": "S", "short_window": w,
-                                           "value_embeds": True}, TRAIN)
+    run_dir = write_run(
+        tmp_path / "gqa",
+        {**MODEL, "n_kv_heads": K, "window_pattern": "S", "short_window": w, "value_embeds": True},
+        TRAIN,
+    )
     d = model.describe(run_dir)
     D = C // MODEL["n_heads"]
     assert d["flops_per_token"] == 6 * (V * C + L * (10 * C * C + 2 * C * K * D)) + 12 * (w + T) * C  # layer 1: full

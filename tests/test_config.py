@@ -22,8 +22,7 @@ from jaxgpt.config import (
     to_dict,
 )
 
-MODEL = {"architecture": "gpt2", "vocab_size": 64, "context_length": 16, "emb_dim": 32,
-         "n_heads": 4, "n_layers": 2}
+MODEL = {"architecture": "gpt2", "vocab_size": 64, "context_length": 16, "emb_dim": 32, "n_heads": 4, "n_layers": 2}
 TRAIN = {"microbatch_size": 4, "gradient_accumulation_steps": 2, "train_steps": 10}
 # one optimiser step = 4 x 2 x 16 = 128 tokens
 
@@ -82,14 +81,22 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("true-for-int", m(n_layers=True), "model.json", ["n_layers", "True", "integer"]),
     ("float-for-int", m(vocab_size=2.5), "model.json", ["vocab_size", "2.5", "integer"]),
     ("null-for-int", t(microbatch_size=None), "train.json", ["microbatch_size", "None"]),
-    ("infinity-for-int", {"train": json.dumps(TRAIN)[:-1] + ', "train_tokens": Infinity}'}, "train.json",
-     ["train_tokens", "inf"]),
+    (
+        "infinity-for-int",
+        {"train": json.dumps(TRAIN)[:-1] + ', "train_tokens": Infinity}'},
+        "train.json",
+        ["train_tokens", "inf"],
+    ),
     ("float-for-bool", m(qkv_bias=1.0), "model.json", ["qkv_bias", "1.0", "true or false"]),
     ("int-for-bool", t(charts_log_y=1), "train.json", ["charts_log_y", "1", "true or false"]),
     ("string-for-float", t(learning_rate="1e-3"), "train.json", ["learning_rate", "'1e-3'"]),
     ("bool-for-float", m(drop_rate=False), "model.json", ["drop_rate", "False"]),
-    ("nan-for-float", {"train": json.dumps(TRAIN)[:-1] + ', "learning_rate": NaN}'}, "train.json",
-     ["learning_rate", "nan"]),
+    (
+        "nan-for-float",
+        {"train": json.dumps(TRAIN)[:-1] + ', "learning_rate": NaN}'},
+        "train.json",
+        ["learning_rate", "nan"],
+    ),
     ("int-for-string", t(dataset={"source": 3}), "train.json", ["dataset", "source", "3"]),
     ("string-for-dict", t(dataset={"options": "x"}), "train.json", ["options", "'x'"]),
     # --- choices
@@ -134,27 +141,50 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("muon-momentum-one", t(optimizer="muon", muon={"momentum": 1.0}), "train.json", ["muon", "momentum=1.0"]),
     ("muon-unknown-key", t(optimizer="muon", muon={"lr": 0.1}), "train.json", ["muon", "unknown key", "'lr'"]),
     ("muon-zero-ns-steps", t(optimizer="muon", muon={"ns_steps": 0}), "train.json", ["muon", "ns_steps=0"]),
-    ("muon-zero-embed-lr", t(optimizer="muon", muon={"embed_learning_rate": 0}), "train.json",
-     ["muon", "embed_learning_rate=0"]),
-    ("muon-negative-warmup", t(optimizer="muon", muon={"momentum_warmup_steps": -1}), "train.json",
-     ["muon", "momentum_warmup_steps=-1"]),
-    ("muon-negative-decay", t(optimizer="muon", muon={"weight_decay": -0.1}), "train.json", ["muon", "weight_decay=-0.1"]),
+    (
+        "muon-zero-embed-lr",
+        t(optimizer="muon", muon={"embed_learning_rate": 0}),
+        "train.json",
+        ["muon", "embed_learning_rate=0"],
+    ),
+    (
+        "muon-negative-warmup",
+        t(optimizer="muon", muon={"momentum_warmup_steps": -1}),
+        "train.json",
+        ["muon", "momentum_warmup_steps=-1"],
+    ),
+    (
+        "muon-negative-decay",
+        t(optimizer="muon", muon={"weight_decay": -0.1}),
+        "train.json",
+        ["muon", "weight_decay=-0.1"],
+    ),
     ("unknown-schedule", t(schedule="linear"), "train.json", ["schedule", "'linear'", "'wsd'"]),
-    ("wsd-over-100-percent", t(schedule="wsd", warmup_percent=30, cooldown_percent=80), "train.json",
-     ["warmup_percent=30", "cooldown_percent=80", "100"]),
-    ("wsd-default-cooldown-over-100", t(schedule="wsd", warmup_percent=90), "train.json",
-     ["warmup_percent=90", "cooldown_percent=20"]),
+    (
+        "wsd-over-100-percent",
+        t(schedule="wsd", warmup_percent=30, cooldown_percent=80),
+        "train.json",
+        ["warmup_percent=30", "cooldown_percent=80", "100"],
+    ),
+    (
+        "wsd-default-cooldown-over-100",
+        t(schedule="wsd", warmup_percent=90),
+        "train.json",
+        ["warmup_percent=90", "cooldown_percent=20"],
+    ),
     ("cooldown-for-cosine", t(cooldown_percent=10), "train.json", ["cooldown_percent=10", "'wsd'"]),
     ("cooldown-negative", t(schedule="wsd", cooldown_percent=-5), "train.json", ["cooldown_percent=-5"]),
     ("zero-target", t(target_val_loss=0), "train.json", ["target_val_loss=0"]),
     ("string-target", t(target_val_loss="low"), "train.json", ["target_val_loss", "'low'"]),
     # --- across the two files
-    ("muon-without-matrices", {"model": edit(MODEL, architecture="a-to-a", n_layers=0), "train": edit(TRAIN, optimizer="muon")},
-     "train.json", ["optimizer='muon'", "a-to-a", "adamw"]),
-    ("train-tokens-below-one-step", t(train_steps=DROP, train_tokens=100), "train.json",
-     ["train_tokens=100", "128"]),
-    ("sequence-longer-than-context", t(sequence_length=32), "train.json",
-     ["sequence_length=32", "context_length=16"]),
+    (
+        "muon-without-matrices",
+        {"model": edit(MODEL, architecture="a-to-a", n_layers=0), "train": edit(TRAIN, optimizer="muon")},
+        "train.json",
+        ["optimizer='muon'", "a-to-a", "adamw"],
+    ),
+    ("train-tokens-below-one-step", t(train_steps=DROP, train_tokens=100), "train.json", ["train_tokens=100", "128"]),
+    ("sequence-longer-than-context", t(sequence_length=32), "train.json", ["sequence_length=32", "context_length=16"]),
 ]
 
 
@@ -224,41 +254,71 @@ def test_nested_value_error_names_the_file_once(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the architecture options
 
-ARCH = {"architecture": "gpt2", "vocab_size": 61, "context_length": 16, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
-        "qkv_bias": False, "drop_rate": 0.0, "tie_embeddings": False}
+ARCH = {
+    "architecture": "gpt2",
+    "vocab_size": 61,
+    "context_length": 16,
+    "emb_dim": 32,
+    "n_heads": 4,
+    "n_layers": 2,
+    "qkv_bias": False,
+    "drop_rate": 0.0,
+    "tie_embeddings": False,
+}
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"logit_softcap": 0.0}, r"^model.json: logit_softcap=0.0 must be > 0"),
-    ({"logit_softcap": -3.0}, r"^model.json: logit_softcap=-3.0 must be > 0"),
-    ({"rope_base": 500.0}, (r"^model.json: rope_base=500.0 is the rotary base, but positions='learned' asks for a "
-                            r"learned position table")),
-    ({"positions": "rotary", "rope_base": 0.0}, r"rope_base=0.0 must be > 0"),
-    ({"positions": "rotary", "emb_dim": 36, "n_heads": 4}, r"head size emb_dim / n_heads = 36 / 4 = 9 must be even"),
-    ({"n_kv_heads": 3}, r"^model.json: n_kv_heads=3 must divide n_heads=4"),
-    ({"n_kv_heads": 0}, r"^model.json: n_kv_heads=0 must be > 0"),
-    ({"window_pattern": "SXL"}, r"^model.json: window_pattern='SXL' must be a string of 'S'"),
-    ({"window_pattern": ""}, r"^model.json: window_pattern='' must be a string of 'S'"),
-    ({"short_window": 4}, (r"^model.json: short_window=4 is the window of the 'S' layers of window_pattern, which is "
-                           r"null; set window_pattern")),
-    ({"window_pattern": "SL", "short_window": 17}, r"^model.json: short_window=17 must be in 1..context_length=16"),
-    ({"unet_skips": True, "n_layers": 1}, r"^model.json: unet_skips=true joins the first half .* n_layers=1"),
-    ({"architecture": "a-to-a", "value_embeds": True}, r"^model.json: value_embeds=True needs architecture 'gpt2'"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"logit_softcap": 0.0}, r"^model.json: logit_softcap=0.0 must be > 0"),
+        ({"logit_softcap": -3.0}, r"^model.json: logit_softcap=-3.0 must be > 0"),
+        (
+            {"rope_base": 500.0},
+            (
+                r"^model.json: rope_base=500.0 is the rotary base, but positions='learned' asks for a "
+                r"learned position table"
+            ),
+        ),
+        ({"positions": "rotary", "rope_base": 0.0}, r"rope_base=0.0 must be > 0"),
+        (
+            {"positions": "rotary", "emb_dim": 36, "n_heads": 4},
+            r"head size emb_dim / n_heads = 36 / 4 = 9 must be even",
+        ),
+        ({"n_kv_heads": 3}, r"^model.json: n_kv_heads=3 must divide n_heads=4"),
+        ({"n_kv_heads": 0}, r"^model.json: n_kv_heads=0 must be > 0"),
+        ({"window_pattern": "SXL"}, r"^model.json: window_pattern='SXL' must be a string of 'S'"),
+        ({"window_pattern": ""}, r"^model.json: window_pattern='' must be a string of 'S'"),
+        (
+            {"short_window": 4},
+            (
+                r"^model.json: short_window=4 is the window of the 'S' layers of window_pattern, which is "
+                r"null; set window_pattern"
+            ),
+        ),
+        ({"window_pattern": "SL", "short_window": 17}, r"^model.json: short_window=17 must be in 1..context_length=16"),
+        ({"unet_skips": True, "n_layers": 1}, r"^model.json: unet_skips=true joins the first half .* n_layers=1"),
+        ({"architecture": "a-to-a", "value_embeds": True}, r"^model.json: value_embeds=True needs architecture 'gpt2'"),
+    ],
+)
 def test_bad_architecture_options_are_one_line_errors(kw: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as e:
         ModelConfig(**{**ARCH, **kw})
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"n_layers": 1, "logit_softcap": 0}, "logit_softcap=0.0 must be > 0"),
-    ({"n_layers": 2, "n_kv_heads": 3}, "n_kv_heads=3 must divide n_heads=4"),
-], ids=["softcap", "kv-heads"])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"n_layers": 1, "logit_softcap": 0}, "logit_softcap=0.0 must be > 0"),
+        ({"n_layers": 2, "n_kv_heads": 3}, "n_kv_heads=3 must divide n_heads=4"),
+    ],
+    ids=["softcap", "kv-heads"],
+)
 def test_a_bad_architecture_option_in_a_file_names_the_file(tmp_path: Path, kw: dict, match: str) -> None:
     path = tmp_path / "model.json"
-    path.write_text(json.dumps({"architecture": "gpt2", "vocab_size": 61, "context_length": 16, "emb_dim": 32,
-                                "n_heads": 4, **kw}))
+    path.write_text(
+        json.dumps({"architecture": "gpt2", "vocab_size": 61, "context_length": 16, "emb_dim": 32, "n_heads": 4, **kw})
+    )
     with pytest.raises(ConfigError, match=rf"^{path}: {match}"):
         from_json(ModelConfig, path)
 
@@ -271,15 +331,35 @@ def test_defaults_resolved(tmp_path: Path) -> None:
     md, td = to_dict(model), to_dict(train)
     assert set(md) == {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(td) == {f.name for f in dataclasses.fields(TrainConfig)}
-    assert md == {**MODEL, "qkv_bias": False, "bias": True, "drop_rate": 0.0, "tie_embeddings": False, "compute_dtype": "float32",
-                  "attention": "auto", "remat": False, "scan_layers": False, "loss_chunk": None,
-                  # the modern recipe's options, off: GPT-2's layout
-                  "positions": "learned", "rope_base": None, "norm": "layernorm", "norm_scale": True,
-                  "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
-                  "logit_softcap": None,
-                  # the 2026 recipe's, off: every head its own keys and values, no windows
-                  "n_kv_heads": None, "value_embeds": False, "embed_skips": False, "unet_skips": False,
-                  "window_pattern": None, "short_window": None}
+    assert md == {
+        **MODEL,
+        "qkv_bias": False,
+        "bias": True,
+        "drop_rate": 0.0,
+        "tie_embeddings": False,
+        "compute_dtype": "float32",
+        "attention": "auto",
+        "remat": False,
+        "scan_layers": False,
+        "loss_chunk": None,
+        # the modern recipe's options, off: GPT-2's layout
+        "positions": "learned",
+        "rope_base": None,
+        "norm": "layernorm",
+        "norm_scale": True,
+        "embed_norm": False,
+        "qk_norm": False,
+        "mlp": "gelu",
+        "zero_init_proj": False,
+        "logit_softcap": None,
+        # the 2026 recipe's, off: every head its own keys and values, no windows
+        "n_kv_heads": None,
+        "value_embeds": False,
+        "embed_skips": False,
+        "unet_skips": False,
+        "window_pattern": None,
+        "short_window": None,
+    }
     assert td["packing"] == "windows"
     assert td["dataset"] == {"source": "builtin", "options": {}}
     assert isinstance(train.dataset, DatasetConfig)
@@ -301,8 +381,9 @@ def test_defaults_depend_on_the_optimizer_and_schedule(tmp_path: Path) -> None:
     _, muon = load_run_configs(write_run(tmp_path / "m", **t(optimizer="muon", schedule="wsd")))
     assert (muon.learning_rate, muon.weight_decay, muon.cooldown_percent) == (0.02, 0.0, 20.0)
     assert muon.muon == MuonConfig() and to_dict(muon)["muon"] == dataclasses.asdict(MuonConfig())
-    _, given = load_run_configs(write_run(tmp_path / "g", **t(optimizer="muon", learning_rate=0.05, weight_decay=0.01,
-                                                              muon={"momentum": 0.9})))
+    _, given = load_run_configs(
+        write_run(tmp_path / "g", **t(optimizer="muon", learning_rate=0.05, weight_decay=0.01, muon={"momentum": 0.9}))
+    )
     assert (given.learning_rate, given.weight_decay, given.muon.momentum, given.muon.ns_steps) == (0.05, 0.01, 0.9, 5)
     for cfg, name in ((muon, "m2"), (given, "g2")):
         again = load_run_configs(write_run(tmp_path / name, train=to_dict(cfg)))[1]
@@ -316,9 +397,13 @@ def test_resolved_dict_round_trips(tmp_path: Path) -> None:
 
 
 def test_integral_float_accepted_for_int(tmp_path: Path) -> None:
-    model, train = load_run_configs(write_run(
-        tmp_path, model=edit(MODEL, vocab_size=64.0),
-        train=edit(TRAIN, train_steps=DROP, train_tokens=1e6, learning_rate=1, sequence_length=8.0)))
+    model, train = load_run_configs(
+        write_run(
+            tmp_path,
+            model=edit(MODEL, vocab_size=64.0),
+            train=edit(TRAIN, train_steps=DROP, train_tokens=1e6, learning_rate=1, sequence_length=8.0),
+        )
+    )
     assert train.train_tokens == 1_000_000 and type(train.train_tokens) is int
     assert model.vocab_size == 64 and type(model.vocab_size) is int
     assert train.learning_rate == 1.0 and type(train.learning_rate) is float
@@ -335,10 +420,23 @@ def test_total_steps_from_train_tokens_rounds_down(tmp_path: Path) -> None:
 
 
 def test_optional_fields_accept_null_and_valid_values(tmp_path: Path) -> None:
-    model, train = load_run_configs(write_run(
-        tmp_path, model=edit(MODEL, architecture="a-to-a", n_layers=0, emb_dim=30, drop_rate=0.5),
-        train=edit(TRAIN, sequence_length=None, batch_size=8, validation_interval=5, warmup_percent=100,
-                   targets="same", tokenizer="gpt2", lr_end_factor=0, weight_decay=0)))
+    model, train = load_run_configs(
+        write_run(
+            tmp_path,
+            model=edit(MODEL, architecture="a-to-a", n_layers=0, emb_dim=30, drop_rate=0.5),
+            train=edit(
+                TRAIN,
+                sequence_length=None,
+                batch_size=8,
+                validation_interval=5,
+                warmup_percent=100,
+                targets="same",
+                tokenizer="gpt2",
+                lr_end_factor=0,
+                weight_decay=0,
+            ),
+        )
+    )
     assert model.architecture == "a-to-a" and model.n_layers == 0  # no n_layers/divisibility rule
     assert train.sequence_length is None and train.batch_size == 8 and train.validation_interval == 5
     assert (train.targets, train.tokenizer, train.warmup_percent) == ("same", "gpt2", 100.0)
@@ -350,8 +448,9 @@ def test_the_tokenizer_default_is_download_datasets_for_the_source() -> None:
     from jaxgpt.config import TrainConfig, from_dict
 
     def tokenizer(source: str, **given: str) -> str:
-        return from_dict(TrainConfig, {"microbatch_size": 1, "train_steps": 1, "dataset": {"source": source},
-                                       **given}, "train.json").tokenizer
+        return from_dict(
+            TrainConfig, {"microbatch_size": 1, "train_steps": 1, "dataset": {"source": source}, **given}, "train.json"
+        ).tokenizer
 
     assert tokenizer("fineweb-edu") == tokenizer("fineweb10B-gpt2") == "gpt2"
     assert tokenizer("builtin") == tokenizer("tinyshakespeare") == tokenizer("instructions") == "bytes"

@@ -30,8 +30,9 @@ def test_a_model_with_connections_starts_from_the_same_shared_weights() -> None:
     """Connections are built last: the ablations compare models that share every other initial weight."""
     plain = flat_params(build_model(gpt_cfg(**MODERN), seed=4))
     more = flat_params(build_model(gpt_cfg(**MODERN, value_embeds=True, embed_skips=True, unet_skips=True), seed=4))
-    assert set(more) - set(plain) == {f"connections.{n}" for n in
-                                      ("value_tables", "value_gates", "resid_lambdas", "x0_lambdas", "skip_weights")}
+    assert set(more) - set(plain) == {
+        f"connections.{n}" for n in ("value_tables", "value_gates", "resid_lambdas", "x0_lambdas", "skip_weights")
+    }
     for key, value in plain.items():
         np.testing.assert_array_equal(more[key], value, err_msg=key)
 
@@ -44,9 +45,17 @@ def test_zero_value_tables_and_neutral_lambdas_compute_the_plain_model() -> None
     more = build_model(gpt_cfg(**kw, value_embeds=True, embed_skips=True, unet_skips=True), seed=2)
     neutral = {"value_tables": 0.0, "resid_lambdas": 1.0, "x0_lambdas": 0.0, "skip_weights": 0.0}
     weights = dict(nnx.to_flat_state(nnx.state(plain, nnx.Param)))
-    new = [(path, var.replace(weights[path].get_value() if path in weights else
-                              jnp.full_like(var.get_value(), neutral.get(path[-1], 0.5))))
-           for path, var in nnx.to_flat_state(nnx.state(more, nnx.Param))]
+    new = [
+        (
+            path,
+            var.replace(
+                weights[path].get_value()
+                if path in weights
+                else jnp.full_like(var.get_value(), neutral.get(path[-1], 0.5))
+            ),
+        )
+        for path, var in nnx.to_flat_state(nnx.state(more, nnx.Param))
+    ]
     nnx.update(more, nnx.from_flat_state(new))
     idx = tokens(3)
     np.testing.assert_allclose(np.asarray(more(idx)), np.asarray(plain(idx)), atol=1e-6)

@@ -21,11 +21,22 @@ from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import get_tokenizer
 
-ALPACA = [{"instruction": f"Say the number {i}.", "input": "" if i % 3 else f"n={i}", "output": f"It is {i}."}
-          for i in range(40)]
-CHATS = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Hi {i}"},
-                       {"role": "assistant", "content": f"Hello {i}."}, {"role": "user", "content": "Again"},
-                       {"role": "assistant", "content": f"Hello again {i}."}]} for i in range(40)]
+ALPACA = [
+    {"instruction": f"Say the number {i}.", "input": "" if i % 3 else f"n={i}", "output": f"It is {i}."}
+    for i in range(40)
+]
+CHATS = [
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": f"Hi {i}"},
+            {"role": "assistant", "content": f"Hello {i}."},
+            {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": f"Hello again {i}."},
+        ]
+    }
+    for i in range(40)
+]
 
 
 def conversations_of(split, tok) -> list[tuple[str, str]]:
@@ -40,8 +51,13 @@ def conversations_of(split, tok) -> list[tuple[str, str]]:
 
 
 def prepare(tmp_path: Path, paths: list[Path], tokenizer: str = "bytes", **options) -> Path:
-    return prepare_dataset("conversations", tokenizer, tmp_path / "data", log=lambda _m: None,
-                           options={"paths": [str(p) for p in paths], **options})
+    return prepare_dataset(
+        "conversations",
+        tokenizer,
+        tmp_path / "data",
+        log=lambda _m: None,
+        options={"paths": [str(p) for p in paths], **options},
+    )
 
 
 def test_alpaca_json_and_chat_jsonl_prepare_with_masks_on_the_answers(tmp_path: Path) -> None:
@@ -73,13 +89,19 @@ def test_alpaca_json_and_chat_jsonl_prepare_with_masks_on_the_answers(tmp_path: 
 
 
 def test_parquet_chat_and_alpaca_columns(tmp_path: Path) -> None:
-    pq.write_table(pa.table({"messages": [c["messages"] for c in CHATS], "source": ["x"] * 40}), tmp_path / "s.parquet",
-                   row_group_size=7)  # smoltalk's layout: a list of structs per row, several row groups
-    pq.write_table(pa.table({k: [r[k] for r in ALPACA] for k in ("instruction", "input", "output")}),
-                   tmp_path / "a.parquet")
+    pq.write_table(
+        pa.table({"messages": [c["messages"] for c in CHATS], "source": ["x"] * 40}),
+        tmp_path / "s.parquet",
+        row_group_size=7,
+    )  # smoltalk's layout: a list of structs per row, several row groups
+    pq.write_table(
+        pa.table({k: [r[k] for r in ALPACA] for k in ("instruction", "input", "output")}), tmp_path / "a.parquet"
+    )
     ds = open_dataset(prepare(tmp_path, [tmp_path], validation_fraction=0.1))
-    assert ds.manifest["conversations"]["train"]["conversations"] + ds.manifest["conversations"]["val"][
-        "conversations"] == 80
+    assert (
+        ds.manifest["conversations"]["train"]["conversations"] + ds.manifest["conversations"]["val"]["conversations"]
+        == 80
+    )
 
 
 def test_a_gpt2_dataset_masks_the_end_token_too(tmp_path: Path) -> None:
@@ -99,16 +121,24 @@ def test_a_users_template_from_the_options(tmp_path: Path) -> None:
     assert ds.manifest["template"]["name"] == "qa"
 
 
-@pytest.mark.parametrize("lines, message", [
-    (['{"instruction": "a", "input": ""}'], "a.jsonl:1: Alpaca record needs a string 'output'"),
-    (['{"instruction": "a", "output": "b"}', '{"instruction": "a", "output": "  "}'],
-     "a.jsonl:2: message 1 is an empty answer"),
-    (['{"messages": [{"role": "assistant", "content": "b"}]}'], "a.jsonl:1: message 0: expected a user message"),
-    (['{"messages": [{"role": "user", "content": "b"}]}'], "a.jsonl:1: the conversation must end with an assistant"),
-    (['{"instruction": "a", "output": "b"}', '{"instruction": "a", '], "a.jsonl:2: malformed JSON"),
-    (['{"text": "plain"}'], "a.jsonl:1: neither an Alpaca record"),
-    (['[1, 2]'], "a.jsonl:1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"instruction": "a", "input": ""}'], "a.jsonl:1: Alpaca record needs a string 'output'"),
+        (
+            ['{"instruction": "a", "output": "b"}', '{"instruction": "a", "output": "  "}'],
+            "a.jsonl:2: message 1 is an empty answer",
+        ),
+        (['{"messages": [{"role": "assistant", "content": "b"}]}'], "a.jsonl:1: message 0: expected a user message"),
+        (
+            ['{"messages": [{"role": "user", "content": "b"}]}'],
+            "a.jsonl:1: the conversation must end with an assistant",
+        ),
+        (['{"instruction": "a", "output": "b"}', '{"instruction": "a", '], "a.jsonl:2: malformed JSON"),
+        (['{"text": "plain"}'], "a.jsonl:1: neither an Alpaca record"),
+        (["[1, 2]"], "a.jsonl:1: expected a JSON object"),
+    ],
+)
 def test_bad_records_name_the_file_and_line_in_one_line(tmp_path: Path, lines: list[str], message: str) -> None:
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError) as e:
@@ -119,29 +149,50 @@ def test_bad_records_name_the_file_and_line_in_one_line(tmp_path: Path, lines: l
 
 def test_bad_options_and_files_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("x")
-    for options, message in [({"paths": [str(tmp_path / "a.txt")]}, "unsupported file type '.txt'"),
-                             ({"paths": [str(tmp_path / "none.json")]}, "none.json: no such file"),
-                             ({"paths": ["x.json"], "too_long": "wrap"}, "option 'too_long' must be one of"),
-                             ({"paths": ["x.json"], "template": "chatml"}, "unknown template 'chatml'")]:
+    for options, message in [
+        ({"paths": [str(tmp_path / "a.txt")]}, "unsupported file type '.txt'"),
+        ({"paths": [str(tmp_path / "none.json")]}, "none.json: no such file"),
+        ({"paths": ["x.json"], "too_long": "wrap"}, "option 'too_long' must be one of"),
+        ({"paths": ["x.json"], "template": "chatml"}, "unknown template 'chatml'"),
+    ]:
         with pytest.raises(DataError) as e:
             prepare_dataset("conversations", "bytes", tmp_path / "data", options=options, log=lambda _m: None)
         assert message in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(DataError, match="nanochat.*uses the special token <\\|user_start\\|>, which the bytes"):
-        prepare_dataset("instructions", "bytes", tmp_path / "data", options={"template": "nanochat"},
-                        log=lambda _m: None)
+        prepare_dataset(
+            "instructions", "bytes", tmp_path / "data", options={"template": "nanochat"}, log=lambda _m: None
+        )
 
 
 def test_a_prepared_conversation_dataset_is_reused_and_rebuilt_when_its_template_changes(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in ALPACA))
     lines: list[str] = []
-    path = prepare_dataset("conversations", "bytes", tmp_path / "data", log=lines.append,
-                           options={"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1})
-    prepare_dataset("conversations", "bytes", tmp_path / "data", log=lines.append,
-                    options={"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1})
+    path = prepare_dataset(
+        "conversations",
+        "bytes",
+        tmp_path / "data",
+        log=lines.append,
+        options={"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1},
+    )
+    prepare_dataset(
+        "conversations",
+        "bytes",
+        tmp_path / "data",
+        log=lines.append,
+        options={"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1},
+    )
     assert lines[-1].startswith("reusing dataset")
-    prepare_dataset("conversations", "bytes", tmp_path / "data", log=lines.append,
-                    options={"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1,
-                             "template": {"user": "Q {content}", "assistant": "A {content}", "end": "<|endoftext|>"}})
+    prepare_dataset(
+        "conversations",
+        "bytes",
+        tmp_path / "data",
+        log=lines.append,
+        options={
+            "paths": [str(tmp_path / "a.jsonl")],
+            "validation_fraction": 0.1,
+            "template": {"user": "Q {content}", "assistant": "A {content}", "end": "<|endoftext|>"},
+        },
+    )
     assert any(line.startswith(f"preparing dataset {path}: options changed") for line in lines)
 
 
@@ -166,7 +217,8 @@ def test_the_instruction_set_is_deterministic_and_never_asks_a_validation_questi
 
 
 def test_download_dataset_prepares_the_instruction_set(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert dd.main(["instructions", "--examples", "300", "--validation-examples", "20", "--data-dir",
-                    str(tmp_path)]) == 0
+    assert (
+        dd.main(["instructions", "--examples", "300", "--validation-examples", "20", "--data-dir", str(tmp_path)]) == 0
+    )
     ds = open_dataset(tmp_path / "instructions-bytes")
     assert ds.manifest["conversations"]["val"]["conversations"] == 20 and "template 'alpaca'" in capsys.readouterr().out

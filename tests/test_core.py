@@ -30,8 +30,24 @@ from jaxgpt.evaluation import core, core_bundle, scoring
 from jaxgpt.model.gpt import build_model
 from jaxgpt.tracking import metrics
 
-WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "over", "under", "bright", "red", "blue", "quick",
-         "slow"]
+WORDS = [
+    "the",
+    "cat",
+    "dog",
+    "sat",
+    "ran",
+    "on",
+    "a",
+    "mat",
+    "hill",
+    "over",
+    "under",
+    "bright",
+    "red",
+    "blue",
+    "quick",
+    "slow",
+]
 
 # core.yaml in the bundle's form: a task of each kind, few-shot > 0 on two of them, a delimiter of
 # its own on the language-modeling one (nanochat's jeopardy-like "\nAnswer: ").
@@ -54,10 +70,12 @@ icl_tasks:
   icl_task_type: language_modeling
   continuation_delimiter: "\\nAnswer: "
 """
-META_CSV = ("Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline,Centered Metric?,Description\n"
-            "mc_task,commonsense reasoning,multiple choice,2,9,25,,\"Four choices, a comma in here\"\n"
-            "schema_task,language understanding,schema,0,8,50,,Two options\n"
-            "lm_task,world knowledge,language modeling,1,7,0,,Exact continuation\n")
+META_CSV = (
+    "Eval Task,Task Category,Task Type,#shots,#datapoints,Random baseline,Centered Metric?,Description\n"
+    'mc_task,commonsense reasoning,multiple choice,2,9,25,,"Four choices, a comma in here"\n'
+    "schema_task,language understanding,schema,0,8,50,,Two options\n"
+    "lm_task,world knowledge,language modeling,1,7,0,,Exact continuation\n"
+)
 
 
 def words(rng: np.random.Generator, n: int) -> str:
@@ -67,18 +85,33 @@ def words(rng: np.random.Generator, n: int) -> str:
 def fixture_data() -> dict[str, list[dict]]:
     """Examples of each kind, of varied lengths (several padded row lengths, some over a 96-token context)."""
     rng = np.random.default_rng(3)
-    mc = [{"query": f"Question: {words(rng, 2 + 3 * i)}?", "choices": [words(rng, int(rng.integers(1, 5)))
-                                                                     for _ in range(2 + i % 3)],
-           "gold": int(i % (2 + i % 3))} for i in range(9)]
-    schema = [{"context_options": [f"The {words(rng, 2 + i)} because it", f"The {words(rng, 1 + i)} since"],
-               "continuation": words(rng, 3 + i % 4) + ".", "gold": i % 2} for i in range(8)]
+    mc = [
+        {
+            "query": f"Question: {words(rng, 2 + 3 * i)}?",
+            "choices": [words(rng, int(rng.integers(1, 5))) for _ in range(2 + i % 3)],
+            "gold": int(i % (2 + i % 3)),
+        }
+        for i in range(9)
+    ]
+    schema = [
+        {
+            "context_options": [f"The {words(rng, 2 + i)} because it", f"The {words(rng, 1 + i)} since"],
+            "continuation": words(rng, 3 + i % 4) + ".",
+            "gold": i % 2,
+        }
+        for i in range(8)
+    ]
     lm = [{"context": f"  {words(rng, 4 + 5 * i)}.  ", "continuation": words(rng, 1 + i % 3)} for i in range(7)]
-    return {"commonsense_reasoning/mc_task.jsonl": mc, "language_understanding/schema_task.jsonl": schema,
-            "world_knowledge/lm_task.jsonl": lm}
+    return {
+        "commonsense_reasoning/mc_task.jsonl": mc,
+        "language_understanding/schema_task.jsonl": schema,
+        "world_knowledge/lm_task.jsonl": lm,
+    }
 
 
-def write_bundle(root: Path, *, yaml_text: str = CORE_YAML, csv_text: str = META_CSV,
-                 data: dict[str, list | str] | None = None) -> Path:
+def write_bundle(
+    root: Path, *, yaml_text: str = CORE_YAML, csv_text: str = META_CSV, data: dict[str, list | str] | None = None
+) -> Path:
     """The bundle as the zip unpacks: root/eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/...};
     a data file given as a str is written as those exact characters (UTF-8), a list as JSON lines."""
     bundle = root / "eval_bundle"
@@ -111,15 +144,21 @@ def test_prompts_are_nanochats() -> None:
     """The strings nanochat's jinja templates render (core_eval.render_prompts_*), written out."""
     mc = [{"query": "Q1", "choices": ["a", "b"], "gold": 1}, {"query": "Q2", "choices": ["c", "d"], "gold": 0}]
     assert core.render_mc({"query": "Q3", "choices": ["x", "y z"], "gold": 0}, " ", mc) == [
-        "Q1 b\n\nQ2 c\n\nQ3 x", "Q1 b\n\nQ2 c\n\nQ3 y z"]
+        "Q1 b\n\nQ2 c\n\nQ3 x",
+        "Q1 b\n\nQ2 c\n\nQ3 y z",
+    ]
     assert core.render_mc({"query": "Q", "choices": ["x"], "gold": 0}, ": ", []) == ["Q: x"]
     schema = [{"context_options": ["He", "She"], "continuation": "ran.", "gold": 1}]
     assert core.render_schema({"context_options": ["A", "B"], "continuation": "sat.", "gold": 0}, " ", schema) == [
-        "She ran.\n\nA sat.", "She ran.\n\nB sat."]
+        "She ran.\n\nA sat.",
+        "She ran.\n\nB sat.",
+    ]
     lm = [{"context": " one two \n", "continuation": "three"}]
     # Contexts trimmed; the prompt without the continuation stripped whole (its delimiter's space too).
     assert core.render_lm({"context": "\tfour five ", "continuation": "six"}, "\nAnswer: ", lm) == [
-        "one two\nAnswer: three\n\nfour five\nAnswer:", "one two\nAnswer: three\n\nfour five\nAnswer: six"]
+        "one two\nAnswer: three\n\nfour five\nAnswer:",
+        "one two\nAnswer: three\n\nfour five\nAnswer: six",
+    ]
     assert core.render_lm({"context": "a b ", "continuation": "c"}, " ", []) == ["a b", "a b c"]
 
 
@@ -173,14 +212,14 @@ def np_core(tasks: list[core_bundle.Task], encode, logits_of, context: int, eot:
             toks = [[eot, *encode(p)] for p in core.prompts(t, i)]
             if t.kind == "multiple_choice":
                 n = min(map(len, toks))
-                start = next((k for k in range(n) if len({tuple(x[:k + 1]) for x in toks}) > 1), n)
+                start = next((k for k in range(n) if len({tuple(x[: k + 1]) for x in toks}) > 1), n)
                 spans = [(x, start, len(x)) for x in toks]
             elif t.kind == "schema":
                 n = min(map(len, toks))
-                suffix = next((k for k in range(n) if len({tuple(x[len(x) - k - 1:]) for x in toks}) > 1), n)
+                suffix = next((k for k in range(n) if len({tuple(x[len(x) - k - 1 :]) for x in toks}) > 1), n)
                 spans = [(x, len(x) - suffix, len(x)) for x in toks]
             else:
-                assert toks[1][:len(toks[0])] == toks[0]  # nanochat's assertion (true of both tokenizers here)
+                assert toks[1][: len(toks[0])] == toks[0]  # nanochat's assertion (true of both tokenizers here)
                 spans = [(toks[1], len(toks[0]), len(toks[1]))]
             means, all_hit = [], True
             for x, s, e in spans:
@@ -190,10 +229,10 @@ def np_core(tasks: list[core_bundle.Task], encode, logits_of, context: int, eot:
                 logp = logits - logits.max(-1, keepdims=True)
                 logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
                 nll = -logp[np.arange(len(ids) - 1), ids[1:]]  # nll[k]: predicting ids[k + 1]
-                hits = logits.argmax(-1)[s - 1:e - 1] == ids[s:e]
-                means.append(nll[s - 1:e - 1].mean())
+                hits = logits.argmax(-1)[s - 1 : e - 1] == ids[s:e]
+                means.append(nll[s - 1 : e - 1].mean())
                 all_hit &= bool(hits.all())
-                rows["sums"].append(nll[s - 1:e - 1].sum())
+                rows["sums"].append(nll[s - 1 : e - 1].sum())
                 rows["counts"].append(e - s)
                 rows["hits"].append(int(hits.sum()))
             if t.kind != "language_modeling" and len(means) > 1:
@@ -201,19 +240,32 @@ def np_core(tasks: list[core_bundle.Task], encode, logits_of, context: int, eot:
             right.append(all_hit if t.kind == "language_modeling" else int(np.argmin(means)) == item["gold"])
         acc = float(np.mean(right))
         out[t.label] = {"accuracy": acc, "centered": (acc - t.baseline / 100) / (1 - t.baseline / 100)}
-    return {"tasks": out, "core": float(np.mean([v["centered"] for v in out.values()])), "gaps": np.array(gaps),
-            **{k: np.array(v) for k, v in rows.items()}}
+    return {
+        "tasks": out,
+        "core": float(np.mean([v["centered"] for v in out.values()])),
+        "gaps": np.array(gaps),
+        **{k: np.array(v) for k, v in rows.items()},
+    }
 
 
-@pytest.mark.parametrize("tok_name,context", [pytest.param("bytes", 96, id="bytes"),
-                                              pytest.param("gpt2", 40, id="gpt2", marks=SLOW)])
+@pytest.mark.parametrize(
+    "tok_name,context", [pytest.param("bytes", 96, id="bytes"), pytest.param("gpt2", 40, id="gpt2", marks=SLOW)]
+)
 def test_scores_match_the_numpy_scorer(bundle: Path, tok_name: str, context: int) -> None:
     """A random GPT-2 (bytes, 96-token context; GPT-2's BPE, 40 tokens): rows of several padded
     lengths, the few-shot ones cut from the left; every row's summed loss, token count and argmax
     hits, every task's accuracy and centred accuracy and CORE as the numpy reference computes them."""
     tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
-    cfg = ModelConfig(architecture="gpt2", vocab_size=tok.n_vocab, context_length=context, emb_dim=32, n_heads=4,
-                      n_layers=2, qkv_bias=True, tie_embeddings=False)
+    cfg = ModelConfig(
+        architecture="gpt2",
+        vocab_size=tok.n_vocab,
+        context_length=context,
+        emb_dim=32,
+        n_heads=4,
+        n_layers=2,
+        qkv_bias=True,
+        tie_embeddings=False,
+    )
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every choice alike
     # A frequent token (a space; GPT-2's " the") the argmax at many positions, so that some scored
@@ -229,12 +281,14 @@ def test_scores_match_the_numpy_scorer(bundle: Path, tok_name: str, context: int
 
     def logits_of(ids: np.ndarray) -> np.ndarray:  # one row, at the full context: one compiled shape
         padded = np.zeros((1, context), np.int32)
-        padded[0, :len(ids)] = ids
-        return np.asarray(forward(model, jnp.asarray(padded)))[0, :len(ids)]
+        padded[0, : len(ids)] = ids
+        return np.asarray(forward(model, jnp.asarray(padded)))[0, : len(ids)]
 
     want = np_core(tasks, tok.encode, logits_of, context, tok.eot_id)
-    assert got["calls"] > 3 and len({t.shape[1] for _c, t, _m in core.Calls(prepared, context_length=context,
-                                                                         rows_per_call=8)}) >= 2
+    assert (
+        got["calls"] > 3
+        and len({t.shape[1] for _c, t, _m in core.Calls(prepared, context_length=context, rows_per_call=8)}) >= 2
+    )
     assert got["tasks"]["mc_task"]["truncated"] > 0 and not got["capped"]
     np.testing.assert_array_equal(got["counts"], want["counts"])
     np.testing.assert_array_equal(got["hits"], want["hits"])
@@ -305,15 +359,19 @@ icl_tasks:
 EDGE_CSV = "Eval Task,Random baseline\nmc_edge,25\nschema_edge,50\nlm_edge,0\n"
 LM_ROWS = [{"context": "a b", "continuation": "c"}]  # model-decided: out of the hand counts below
 # (example, right by nanochat's rules): delimiter " ", so "Q b" is a byte prefix of "Q b c".
-MC_PREFIX_ROWS = [({"query": "Q", "choices": ["b", "b c"], "gold": 0}, True),  # choice 0 NaN and first: wins
-                  ({"query": "Q", "choices": ["b", "b c"], "gold": 1}, False),
-                  ({"query": "Q", "choices": ["b c", "b"], "gold": 1}, False),  # a later NaN never wins
-                  ({"query": "Q", "choices": ["b c", "b", "b d"], "gold": 1}, False),
-                  ({"query": "Q", "choices": ["x", "x"], "gold": 1}, False),  # every row NaN: the first
-                  ({"query": "Q", "choices": ["only"], "gold": 0}, True)]  # one choice, inside its own prefix
-SCHEMA_EMPTY_ROWS = [({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 0}, True),
-                     ({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 1}, False),
-                     ({"context_options": ["same", "same"], "continuation": " end", "gold": 1}, False)]
+MC_PREFIX_ROWS = [
+    ({"query": "Q", "choices": ["b", "b c"], "gold": 0}, True),  # choice 0 NaN and first: wins
+    ({"query": "Q", "choices": ["b", "b c"], "gold": 1}, False),
+    ({"query": "Q", "choices": ["b c", "b"], "gold": 1}, False),  # a later NaN never wins
+    ({"query": "Q", "choices": ["b c", "b", "b d"], "gold": 1}, False),
+    ({"query": "Q", "choices": ["x", "x"], "gold": 1}, False),  # every row NaN: the first
+    ({"query": "Q", "choices": ["only"], "gold": 0}, True),
+]  # one choice, inside its own prefix
+SCHEMA_EMPTY_ROWS = [
+    ({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 0}, True),
+    ({"context_options": ["he ran", "she sat"], "continuation": "", "gold": 1}, False),
+    ({"context_options": ["same", "same"], "continuation": " end", "gold": 1}, False),
+]
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +379,16 @@ def tiny_model() -> nnx.Module:
     return build_model(ModelConfig(**MODEL), seed=0)  # random: the edge tasks' accuracies do not depend on it
 
 
-def score_edges(root: Path, model: nnx.Module, mc: list | str, schema: list | str, lm: list = LM_ROWS, *,
-                yaml_text: str = EDGE_YAML, csv_text: str = EDGE_CSV) -> tuple[list[core.PreparedTask], dict]:
+def score_edges(
+    root: Path,
+    model: nnx.Module,
+    mc: list | str,
+    schema: list | str,
+    lm: list = LM_ROWS,
+    *,
+    yaml_text: str = EDGE_YAML,
+    csv_text: str = EDGE_CSV,
+) -> tuple[list[core.PreparedTask], dict]:
     """The edge tasks (examples, or a file's exact text) through read_tasks, prepare and core_score:
     rows of at most 32 bytes, 4 a call, so every test here runs the one compiled program."""
     data = {"edge/mc.jsonl": mc, "edge/schema.jsonl": schema, "edge/lm.jsonl": lm}
@@ -334,18 +400,25 @@ def score_edges(root: Path, model: nnx.Module, mc: list | str, schema: list | st
 
 def empty_rows(p: core.PreparedTask) -> dict[str, list[int]]:
     """Per example (its JSON), the rows left with nothing to score."""
-    return {json.dumps(ex): [k for k in range(p.first_row[e + 1] - p.first_row[e])
-                             if p.starts[p.first_row[e] + k] == p.ends[p.first_row[e] + k]]
-            for e, ex in enumerate(p.task.examples)}
+    return {
+        json.dumps(ex): [
+            k
+            for k in range(p.first_row[e + 1] - p.first_row[e])
+            if p.starts[p.first_row[e] + k] == p.ends[p.first_row[e] + k]
+        ]
+        for e, ex in enumerate(p.task.examples)
+    }
 
 
 def test_a_choice_inside_the_common_prefix_scores_nan(tmp_path: Path, tiny_model: nnx.Module) -> None:
     """piqa's rows where one choice's tokens are a prefix of another's (once a CoreError that stopped
     the run): that choice scores nothing, its mean is NaN, and nanochat's pick decides the example."""
-    prepared, r = score_edges(tmp_path, tiny_model, [ex for ex, _ in MC_PREFIX_ROWS],
-                              [ex for ex, _ in SCHEMA_EMPTY_ROWS])
-    assert empty_rows(prepared[0]) == {json.dumps(MC_PREFIX_ROWS[i][0]): rows for i, rows in
-                                       enumerate([[0], [0], [1], [1], [0, 1], [0]])}
+    prepared, r = score_edges(
+        tmp_path, tiny_model, [ex for ex, _ in MC_PREFIX_ROWS], [ex for ex, _ in SCHEMA_EMPTY_ROWS]
+    )
+    assert empty_rows(prepared[0]) == {
+        json.dumps(MC_PREFIX_ROWS[i][0]): rows for i, rows in enumerate([[0], [0], [1], [1], [0, 1], [0]])
+    }
     assert r["tasks"]["mc_edge"]["accuracy"] == 2 / 6 == np.mean([right for _, right in MC_PREFIX_ROWS])
     assert r["tasks"]["mc_edge"]["centered"] == pytest.approx((2 / 6 - 0.25) / 0.75)
     lm = r["tasks"]["lm_edge"]["accuracy"]  # the one model-decided example (baseline 0: centred = accuracy)
@@ -365,10 +438,14 @@ def test_schema_rows_with_no_common_suffix_score_nan(tmp_path: Path, tiny_model:
 def test_empty_strings_are_read_and_scored(tmp_path: Path, tiny_model: nnx.Module) -> None:
     """An empty query, choice, context option, continuation or context (once refused as "non-empty
     string" fields): read, and scored as nanochat renders them."""
-    mc = [{"query": "", "choices": ["", "z"], "gold": 0},  # rows " " and " z": choice 0 NaN and first, right
-          {"query": "", "choices": ["", "z"], "gold": 1}]
-    schema = [{"context_options": ["", "a"], "continuation": "", "gold": 0},  # rows [eot] and [eot, a]: both NaN
-              {"context_options": ["a", ""], "continuation": "", "gold": 0}]
+    mc = [
+        {"query": "", "choices": ["", "z"], "gold": 0},  # rows " " and " z": choice 0 NaN and first, right
+        {"query": "", "choices": ["", "z"], "gold": 1},
+    ]
+    schema = [
+        {"context_options": ["", "a"], "continuation": "", "gold": 0},  # rows [eot] and [eot, a]: both NaN
+        {"context_options": ["a", ""], "continuation": "", "gold": 0},
+    ]
     lm = [{"context": "", "continuation": "x"}]  # prompts "" and " x": the row [eot, " ", "x"] scores 2
     prepared, r = score_edges(tmp_path, tiny_model, mc, schema, lm)
     assert [ex["query"] for ex in prepared[0].task.examples] == ["", ""]
@@ -381,14 +458,21 @@ def test_jsonl_lines_are_read_as_nanochat_reads_them(tmp_path: Path, tiny_model:
     U+2029 and U+0085 inside a JSON string (where str.splitlines() cut the line: malformed JSON) are
     text; json.loads(line.strip()): trailing form feeds and the like go; blank lines and a leading
     BOM (which would stop nanochat) are skipped."""
+
     def line(query: str, choices: list[str], gold: int) -> str:
         return json.dumps({"query": query, "choices": choices, "gold": gold}, ensure_ascii=False)
 
-    mc = ("\ufeff" + line("Q\u2028a", ["b", "b c"], 0) + "\r\n"  # right (choice 0 NaN, first)
-          + "\n \t\n\u2028\n"
-          + line("Q\u2029\x85", ["b", "b c"], 1) + "\x0c\x0b\x1c \n"  # wrong
-          + line("Q", ["b c\u2028", "b c"], 0) + "\r"  # right (choice 1 NaN, never picked)
-          + line("Q", ["b", "b c"], 0))  # right; no newline at the end
+    mc = (
+        "\ufeff"
+        + line("Q\u2028a", ["b", "b c"], 0)
+        + "\r\n"  # right (choice 0 NaN, first)
+        + "\n \t\n\u2028\n"
+        + line("Q\u2029\x85", ["b", "b c"], 1)
+        + "\x0c\x0b\x1c \n"  # wrong
+        + line("Q", ["b c\u2028", "b c"], 0)
+        + "\r"  # right (choice 1 NaN, never picked)
+        + line("Q", ["b", "b c"], 0)
+    )  # right; no newline at the end
     prepared, r = score_edges(tmp_path, tiny_model, mc, [ex for ex, _ in SCHEMA_EMPTY_ROWS])
     assert sorted(ex["query"] for ex in prepared[0].task.examples) == ["Q", "Q", "Q\u2028a", "Q\u2029\x85"]
     assert r["tasks"]["mc_edge"]["accuracy"] == 3 / 4 and r["tasks"]["mc_edge"]["of"] == 4
@@ -399,10 +483,17 @@ def test_baselines_and_shots_are_read_as_base_eval_reads_them(tmp_path: Path, ti
     row its baseline (.values[0]), rows of tasks core.yaml does not list never read; num_fewshot's
     first value the shots."""
     csv_text = "\ufeffEval Task,Random baseline\nmc_edge,25\nmc_edge,50\nunlisted,n/a\nschema_edge,50\nlm_edge,0\n"
-    yaml_text = EDGE_YAML.replace("num_fewshot: [0], icl_task_type: multiple_choice",
-                                  "num_fewshot: [0, many], icl_task_type: multiple_choice")
-    prepared, r = score_edges(tmp_path, tiny_model, [ex for ex, _ in MC_PREFIX_ROWS],
-                              [ex for ex, _ in SCHEMA_EMPTY_ROWS], yaml_text=yaml_text, csv_text=csv_text)
+    yaml_text = EDGE_YAML.replace(
+        "num_fewshot: [0], icl_task_type: multiple_choice", "num_fewshot: [0, many], icl_task_type: multiple_choice"
+    )
+    prepared, r = score_edges(
+        tmp_path,
+        tiny_model,
+        [ex for ex, _ in MC_PREFIX_ROWS],
+        [ex for ex, _ in SCHEMA_EMPTY_ROWS],
+        yaml_text=yaml_text,
+        csv_text=csv_text,
+    )
     assert prepared[0].task.baseline == 25.0 and prepared[0].task.shots == 0
     assert r["tasks"]["mc_edge"]["centered"] == pytest.approx((2 / 6 - 0.25) / 0.75)
 
@@ -410,13 +501,20 @@ def test_baselines_and_shots_are_read_as_base_eval_reads_them(tmp_path: Path, ti
 def test_a_language_modeling_row_with_nothing_to_score_is_one_line(tmp_path: Path) -> None:
     """nanochat asserts the continuation leaves a token (start_idx < end_idx) and stops there: so does
     this, in one line (a delimiter ending in whitespace, as all of the real bundle's do, always leaves one)."""
-    yaml_text = EDGE_YAML.replace("icl_task_type: language_modeling}",
-                                  "icl_task_type: language_modeling, continuation_delimiter: \"\"}")
-    data = {"edge/mc.jsonl": [MC_PREFIX_ROWS[0][0]], "edge/schema.jsonl": [SCHEMA_EMPTY_ROWS[0][0]],
-            "edge/lm.jsonl": [{"context": "a b", "continuation": ""}]}  # prompts "a b" twice
+    yaml_text = EDGE_YAML.replace(
+        "icl_task_type: language_modeling}", 'icl_task_type: language_modeling, continuation_delimiter: ""}'
+    )
+    data = {
+        "edge/mc.jsonl": [MC_PREFIX_ROWS[0][0]],
+        "edge/schema.jsonl": [SCHEMA_EMPTY_ROWS[0][0]],
+        "edge/lm.jsonl": [{"context": "a b", "continuation": ""}],
+    }  # prompts "a b" twice
     tasks = core_bundle.read_tasks(write_bundle(tmp_path, yaml_text=yaml_text, csv_text=EDGE_CSV, data=data))
-    with pytest.raises(core_bundle.CoreError, match=r"^CORE task lm_edge, example 0: nothing to score \(the bytes "
-                                                    r"tokenization leaves the continuation empty; nanochat's assert"):
+    with pytest.raises(
+        core_bundle.CoreError,
+        match=r"^CORE task lm_edge, example 0: nothing to score \(the bytes "
+        r"tokenization leaves the continuation empty; nanochat's assert",
+    ):
         core.prepare(tasks, BytesTokenizer(), context_length=64, vocab_size=257)
 
 
@@ -428,35 +526,64 @@ def test_a_zip_reads_as_its_folder(tmp_path: Path, bundle: Path) -> None:
     from_zip, from_dir, from_parent = (core_bundle.read_tasks(p) for p in (z, bundle, bundle.parent))
     assert from_zip == from_dir == from_parent and [t.label for t in from_zip] == ["mc_task", "schema_task", "lm_task"]
     assert [(t.kind, t.shots, t.delimiter, t.baseline) for t in from_zip] == [
-        ("multiple_choice", 2, " ", 25.0), ("schema", 0, " ", 50.0), ("language_modeling", 1, "\nAnswer: ", 0.0)]
+        ("multiple_choice", 2, " ", 25.0),
+        ("schema", 0, " ", 50.0),
+        ("language_modeling", 1, "\nAnswer: ", 0.0),
+    ]
 
 
 BAD_CASES = {
     "no core.yaml": (lambda b: (b / "core.yaml").unlink(), "core.yaml: not in the eval bundle"),
     "yaml": (lambda b: (b / "core.yaml").write_text("icl_tasks: [\n"), "core.yaml: malformed YAML"),
-    "kind": (lambda b: (b / "core.yaml").write_text(CORE_YAML.replace("icl_task_type: schema", "icl_task_type: qa")),
-             "icl_tasks[1] (schema_task): icl_task_type='qa' is not one of"),
+    "kind": (
+        lambda b: (b / "core.yaml").write_text(CORE_YAML.replace("icl_task_type: schema", "icl_task_type: qa")),
+        "icl_tasks[1] (schema_task): icl_task_type='qa' is not one of",
+    ),
     "shots": (lambda b: (b / "core.yaml").write_text(CORE_YAML.replace("[2]", "two")), "num_fewshot='two'"),
-    "baseline row": (lambda b: (b / "eval_meta_data.csv").write_text(META_CSV.replace("lm_task,", "other,")),
-                     "eval_meta_data.csv: no row for task 'lm_task'"),
-    "baseline value": (lambda b: (b / "eval_meta_data.csv").write_text(META_CSV.replace(",50,", ",fifty,")),
-                       "eval_meta_data.csv:3: Random baseline 'fifty' is not a number"),
-    "json": (lambda b: _edit_line(b / "eval_data/world_knowledge/lm_task.jsonl", 3, "{oops"),
-             "lm_task.jsonl:3: malformed JSON"),
-    "gold": (lambda b: _edit_line(b / "eval_data/language_understanding/schema_task.jsonl", 2,
-                                  json.dumps({"context_options": ["a", "b"], "continuation": "c", "gold": 2})),
-             "schema_task.jsonl:2: 'gold' must be an index into the 2 options, got 2"),
-    "field": (lambda b: _edit_line(b / "eval_data/commonsense_reasoning/mc_task.jsonl", 1,
-                                   json.dumps({"question": "q", "choices": ["a"], "gold": 0})),
-              "mc_task.jsonl:1: multiple_choice example has no 'query' (its keys: ['question', "),
-    "type": (lambda b: _edit_line(b / "eval_data/world_knowledge/lm_task.jsonl", 2,
-                                  json.dumps({"context": ["a"], "continuation": "b"})),
-             "lm_task.jsonl:2: language_modeling needs a string 'context', got ['a']"),
-    "no options": (lambda b: _edit_line(b / "eval_data/commonsense_reasoning/mc_task.jsonl", 4,
-                                        json.dumps({"query": "q", "choices": [], "gold": 0})),
-                   "mc_task.jsonl:4: multiple_choice needs 'choices' as a non-empty list of strings, got []"),
-    "no data": (lambda b: (b / "eval_data/world_knowledge/lm_task.jsonl").unlink(),
-                "eval_data/world_knowledge/lm_task.jsonl: not in the eval bundle"),
+    "baseline row": (
+        lambda b: (b / "eval_meta_data.csv").write_text(META_CSV.replace("lm_task,", "other,")),
+        "eval_meta_data.csv: no row for task 'lm_task'",
+    ),
+    "baseline value": (
+        lambda b: (b / "eval_meta_data.csv").write_text(META_CSV.replace(",50,", ",fifty,")),
+        "eval_meta_data.csv:3: Random baseline 'fifty' is not a number",
+    ),
+    "json": (
+        lambda b: _edit_line(b / "eval_data/world_knowledge/lm_task.jsonl", 3, "{oops"),
+        "lm_task.jsonl:3: malformed JSON",
+    ),
+    "gold": (
+        lambda b: _edit_line(
+            b / "eval_data/language_understanding/schema_task.jsonl",
+            2,
+            json.dumps({"context_options": ["a", "b"], "continuation": "c", "gold": 2}),
+        ),
+        "schema_task.jsonl:2: 'gold' must be an index into the 2 options, got 2",
+    ),
+    "field": (
+        lambda b: _edit_line(
+            b / "eval_data/commonsense_reasoning/mc_task.jsonl",
+            1,
+            json.dumps({"question": "q", "choices": ["a"], "gold": 0}),
+        ),
+        "mc_task.jsonl:1: multiple_choice example has no 'query' (its keys: ['question', ",
+    ),
+    "type": (
+        lambda b: _edit_line(
+            b / "eval_data/world_knowledge/lm_task.jsonl", 2, json.dumps({"context": ["a"], "continuation": "b"})
+        ),
+        "lm_task.jsonl:2: language_modeling needs a string 'context', got ['a']",
+    ),
+    "no options": (
+        lambda b: _edit_line(
+            b / "eval_data/commonsense_reasoning/mc_task.jsonl", 4, json.dumps({"query": "q", "choices": [], "gold": 0})
+        ),
+        "mc_task.jsonl:4: multiple_choice needs 'choices' as a non-empty list of strings, got []",
+    ),
+    "no data": (
+        lambda b: (b / "eval_data/world_knowledge/lm_task.jsonl").unlink(),
+        "eval_data/world_knowledge/lm_task.jsonl: not in the eval bundle",
+    ),
 }
 
 
@@ -478,8 +605,11 @@ def test_a_bad_bundle_is_one_line_naming_the_file(tmp_path: Path, case: str) -> 
 
 
 def test_caps_model_limits_and_missing_paths_are_one_line(tmp_path: Path, bundle: Path) -> None:
-    with pytest.raises(core_bundle.CoreError, match=r"task mc_task has 2 examples \(capped to 2\), but "
-                                                    r"num_fewshot=2 needs at least 3"):
+    with pytest.raises(
+        core_bundle.CoreError,
+        match=r"task mc_task has 2 examples \(capped to 2\), but "
+        r"num_fewshot=2 needs at least 3",
+    ):
         core_bundle.read_tasks(bundle, limit=2)
     with pytest.raises(core_bundle.CoreError, match="eval bundle not found"):
         core_bundle.read_tasks(tmp_path / "none.zip")
@@ -487,16 +617,22 @@ def test_caps_model_limits_and_missing_paths_are_one_line(tmp_path: Path, bundle
     with pytest.raises(core_bundle.CoreError, match="junk.zip: not a readable zip file"):
         core_bundle.read_tasks(tmp_path / "junk.zip")
     tasks = core_bundle.read_tasks(bundle)
-    with pytest.raises(core_bundle.CoreError, match=r"the bytes tokenizer's end-of-text id 256 is out of range for the "
-                                                    r"model's vocab_size=100"):
+    with pytest.raises(
+        core_bundle.CoreError,
+        match=r"the bytes tokenizer's end-of-text id 256 is out of range for the "
+        r"model's vocab_size=100",
+    ):
         core.prepare(tasks, BytesTokenizer(), context_length=64, vocab_size=100)
 
 
 def test_download_once_checked_and_offline_one_line(tmp_path: Path, bundle: Path) -> None:
     downloads = tmp_path / "downloads"
     zipped = zip_bundle(bundle, tmp_path / "upstream.zip")
-    with pytest.raises(core_bundle.CoreError, match=r"cannot download http://127.0.0.1:9/eval_bundle.zip .*"
-                                                    r"put it at .*eval_bundle.zip, or pass --core-from"):
+    with pytest.raises(
+        core_bundle.CoreError,
+        match=r"cannot download http://127.0.0.1:9/eval_bundle.zip .*"
+        r"put it at .*eval_bundle.zip, or pass --core-from",
+    ):
         core_bundle.fetch_bundle(downloads, log=lambda _m: None, url="http://127.0.0.1:9/eval_bundle.zip")  # closed
     assert list(downloads.iterdir()) == []
     path = core_bundle.fetch_bundle(downloads, log=lambda _m: None, url=zipped.as_uri())  # file://, through urllib
@@ -526,12 +662,14 @@ def data_dir_with(tmp_path: Path, data_root: Path, bundle_zip: Path | None) -> P
     return root
 
 
-def test_training_checks_the_bundle_before_compiling(tmp_path: Path, data_root: Path, no_network: None,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_training_checks_the_bundle_before_compiling(
+    tmp_path: Path, data_root: Path, no_network: None, capsys: pytest.CaptureFixture
+) -> None:
     import train
 
-    run = write_run(tmp_path / "run", MODEL, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2,
-                                               "core_interval": 2})
+    run = write_run(
+        tmp_path / "run", MODEL, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2, "core_interval": 2}
+    )
     assert train.main([str(run), "--data-dir", str(data_dir_with(tmp_path, data_root, None))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot download {core_bundle.BUNDLE_URL} (" in err
@@ -543,17 +681,28 @@ def test_training_checks_the_bundle_before_compiling(tmp_path: Path, data_root: 
 
 
 @SLOW  # a short training run, then evaluate.py on its checkpoint
-def test_training_with_core_interval_then_evaluate(tmp_path: Path, data_root: Path, bundle: Path,
-                                                   capsys: pytest.CaptureFixture) -> None:
+def test_training_with_core_interval_then_evaluate(
+    tmp_path: Path, data_root: Path, bundle: Path, capsys: pytest.CaptureFixture
+) -> None:
     """core_interval: CORE and each task's centred accuracy at steps 2 and 4 in meta.json, in
     TensorBoard (read back with its own reader) and charts/core.png; evaluate.py --core on the last checkpoint prints
     the same figures, per task and CORE, and --limit says the figure is capped."""
     import train
 
     data = data_dir_with(tmp_path, data_root, bundle)
-    run = write_run(tmp_path / "run", MODEL, {"microbatch_size": 4, "train_steps": 4, "checkpoint_interval": 2,
-                                               "validation_batches": 1, "learning_rate": 0.01, "core_interval": 2,
-                                               "core_examples": 5})
+    run = write_run(
+        tmp_path / "run",
+        MODEL,
+        {
+            "microbatch_size": 4,
+            "train_steps": 4,
+            "checkpoint_interval": 2,
+            "validation_batches": 1,
+            "learning_rate": 0.01,
+            "core_interval": 2,
+            "core_examples": 5,
+        },
+    )
     assert train.main([str(run), "--data-dir", str(data)]) == 0
     assert "step 4: CORE " in capsys.readouterr().out
     last = layout.latest_checkpoint(run)
@@ -565,8 +714,9 @@ def test_training_with_core_interval_then_evaluate(tmp_path: Path, data_root: Pa
     assert set(tasks) == {"mc_task", "schema_task", "lm_task"} and all(t["examples"] == 5 for t in tasks.values())
     assert meta["core"][0]["CORE"] == pytest.approx(np.mean([t["centered"] for t in tasks.values()]))
 
-    acc = event_accumulator.EventAccumulator(str(run / metrics.TENSORBOARD_DIR),
-                                             size_guidance={event_accumulator.SCALARS: 0})
+    acc = event_accumulator.EventAccumulator(
+        str(run / metrics.TENSORBOARD_DIR), size_guidance={event_accumulator.SCALARS: 0}
+    )
     acc.Reload()
     tb = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     assert [s for s, _ in tb["core/CORE"]] == [2, 4]

@@ -25,8 +25,10 @@ flags\t\t: fpu
 """
 
 
-@pytest.mark.parametrize("flags, native", [(ZEN5, True), (SAPPHIRE_RAPIDS, True), (SKYLAKE, False), (ZEN3, False),
-                                           ("amx_bf16", True), ("", False)])
+@pytest.mark.parametrize(
+    "flags, native",
+    [(ZEN5, True), (SAPPHIRE_RAPIDS, True), (SKYLAKE, False), (ZEN3, False), ("amx_bf16", True), ("", False)],
+)
 def test_auto_compute_dtype_follows_native_bf16_flags(flags: str, native: bool) -> None:
     fs = frozenset(flags.split())
     assert cpu_kernels.native_bf16(fs) is native
@@ -39,24 +41,58 @@ def test_auto_is_bfloat16_on_accelerators_and_resolved_in_ops() -> None:
     assert resolve_compute_dtype("auto", "gpu", frozenset()) == "bfloat16"
     assert resolve_compute_dtype("auto", "tpu") == "bfloat16"
     assert resolve_compute_dtype("float32", "gpu") == "float32"
-    cfg = ModelConfig(architecture="gpt2", vocab_size=16, context_length=8, emb_dim=8, n_heads=2, n_layers=1,
-                      compute_dtype="auto")
+    cfg = ModelConfig(
+        architecture="gpt2", vocab_size=16, context_length=8, emb_dim=8, n_heads=2, n_layers=1, compute_dtype="auto"
+    )
     expected = "bfloat16" if cpu_kernels.native_bf16(cpu_kernels.cpu_flags()) else "float32"
     assert select(cfg, "cpu").compute_dtype == expected  # the model's Ops carry the resolved dtype
-    assert ModelConfig(architecture="gpt2", vocab_size=16, context_length=8, emb_dim=8, n_heads=2, n_layers=1,
-                       compute_dtype="auto", attention="cudnn").compute_dtype == "auto"  # bfloat16 where cuDNN runs
+    assert (
+        ModelConfig(
+            architecture="gpt2",
+            vocab_size=16,
+            context_length=8,
+            emb_dim=8,
+            n_heads=2,
+            n_layers=1,
+            compute_dtype="auto",
+            attention="cudnn",
+        ).compute_dtype
+        == "auto"
+    )  # bfloat16 where cuDNN runs
     with pytest.raises(ConfigError, match="compute_dtype"):  # model.json's values are checked on load
-        from_dict(ModelConfig, {"architecture": "gpt2", "vocab_size": 16, "context_length": 8, "emb_dim": 8,
-                                "n_layers": 1, "compute_dtype": "float16"}, "model.json")
+        from_dict(
+            ModelConfig,
+            {
+                "architecture": "gpt2",
+                "vocab_size": 16,
+                "context_length": 8,
+                "emb_dim": 8,
+                "n_layers": 1,
+                "compute_dtype": "float16",
+            },
+            "model.json",
+        )
 
 
 def test_cpu_info_reads_the_first_processor() -> None:
     info = cpu_kernels.cpu_info(CPUINFO.format(flags=ZEN5))
-    assert info == {"model": "AMD EPYC 9B45", "avx512f": True, "avx512_bf16": True, "amx_bf16": False,
-                    "amx_tile": False, "native_bf16": True}
+    assert info == {
+        "model": "AMD EPYC 9B45",
+        "avx512f": True,
+        "avx512_bf16": True,
+        "amx_bf16": False,
+        "amx_tile": False,
+        "native_bf16": True,
+    }
     assert cpu_kernels.cpu_flags(CPUINFO.format(flags=SAPPHIRE_RAPIDS)) >= {"amx_bf16", "amx_tile", "fpu"}
-    assert cpu_kernels.cpu_info("") == {"model": None, "avx512f": False, "avx512_bf16": False, "amx_bf16": False,
-                                        "amx_tile": False, "native_bf16": False}
+    assert cpu_kernels.cpu_info("") == {
+        "model": None,
+        "avx512f": False,
+        "avx512_bf16": False,
+        "amx_bf16": False,
+        "amx_tile": False,
+        "native_bf16": False,
+    }
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo here")
@@ -87,6 +123,10 @@ def test_vecmat_is_the_vector_matrix_product_of_the_dtypes_values(dtype: str) ->
     assert got.dtype == np.float32 and got.shape == (2, 3, 7)
     if dtype == "bfloat16":  # the rounding is really there
         assert np.abs(np.einsum("hik,hikn->hin", a.astype(np.float64), b) - got).max() > 1e-3
-    gpu = select(ModelConfig(architecture="gpt2", vocab_size=8, context_length=8, emb_dim=8, n_heads=1, n_layers=1,
-                             compute_dtype=dtype), "gpu")
+    gpu = select(
+        ModelConfig(
+            architecture="gpt2", vocab_size=8, context_length=8, emb_dim=8, n_heads=1, n_layers=1, compute_dtype=dtype
+        ),
+        "gpu",
+    )
     np.testing.assert_allclose(np.asarray(gpu.vecmat(jnp.asarray(a), jnp.asarray(b))), got, rtol=0, atol=1e-5)

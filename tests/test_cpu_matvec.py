@@ -21,8 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (N, K, M): one to nine rows (tiles of 4 and every remainder), K with and without a tail past the
 # 16 values a step takes (7: no vector at all), M from one output to more than a chunk per thread.
-SHAPES = [(1, 7, 3), (1, 8, 1), (2, 24, 5), (3, 40, 13), (4, 768, 300), (5, 100, 33), (8, 3072, 64),
-          (9, 771, 1030), (16, 64, 4099)]
+SHAPES = [
+    (1, 7, 3),
+    (1, 8, 1),
+    (2, 24, 5),
+    (3, 40, 13),
+    (4, 768, 300),
+    (5, 100, 33),
+    (8, 3072, 64),
+    (9, 771, 1030),
+    (16, 64, 4099),
+]
 
 
 def operands(N: int, K: int, M: int, seed: int = 0) -> tuple[jax.Array, jax.Array]:
@@ -66,7 +75,7 @@ def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it() -> None:
     x, w = operands(7, 771, 300, seed=4)
     batched = np.asarray(cpu_matvec.matvec(x, w))
     for b in range(7):
-        assert np.array_equal(np.asarray(cpu_matvec.matvec(x[b:b + 1], w))[0], batched[b]), b
+        assert np.array_equal(np.asarray(cpu_matvec.matvec(x[b : b + 1], w))[0], batched[b]), b
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 form is x86-64's")
@@ -94,10 +103,19 @@ def test_a_failed_build_is_one_line_naming_the_compiler(tmp_path: Path) -> None:
 
 
 def _fresh_process(env: dict[str, str], cache: Path) -> subprocess.CompletedProcess:
-    code = ("from jaxgpt.cpu import matvec as cpu_matvec; ok = cpu_matvec.available(); print(ok, cpu_matvec.unavailable_reason()); "
-            "ok or print(cpu_matvec.available())")  # asked twice, noted once
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**env, "JAXGPT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"})
+    code = (
+        "from jaxgpt.cpu import matvec as cpu_matvec; ok = cpu_matvec.available(); "
+        "print(ok, cpu_matvec.unavailable_reason()); "
+        "ok or print(cpu_matvec.available())"
+    )  # asked twice, noted once
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "JAXGPT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"},
+    )
 
 
 def test_without_a_compiler_or_switched_off_it_says_why_once(tmp_path: Path) -> None:
@@ -106,19 +124,24 @@ def test_without_a_compiler_or_switched_off_it_says_why_once(tmp_path: Path) -> 
     env = {k: v for k, v in os.environ.items() if k not in ("CXX", cpu_matvec.SWITCH)}
     done = _fresh_process({**env, "CXX": "/nonexistent/c++"}, tmp_path / "a")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["False /nonexistent/c++: [Errno 2] No such file or directory: '/nonexistent/c++'",
-                                        "False"]
+    assert done.stdout.splitlines() == [
+        "False /nonexistent/c++: [Errno 2] No such file or directory: '/nonexistent/c++'",
+        "False",
+    ]
     notes = [line for line in done.stderr.splitlines() if "unavailable" in line]
-    assert notes == [f"note: jaxgpt/cpu/matvec.cc unavailable ({done.stdout.splitlines()[0].split(' ', 1)[1]}): bfloat16 models "
-                     f"decode through XLA's float32 kernels, slower on the CPU ({cpu_matvec.SWITCH}=0 silences this)"]
+    assert notes == [
+        f"note: jaxgpt/cpu/matvec.cc unavailable ({done.stdout.splitlines()[0].split(' ', 1)[1]}): bfloat16 models "
+        f"decode through XLA's float32 kernels, slower on the CPU ({cpu_matvec.SWITCH}=0 silences this)"
+    ]
     done = _fresh_process({**env, cpu_matvec.SWITCH: "0"}, tmp_path / "b")
     assert done.stdout.splitlines()[0] == f"False switched off ({cpu_matvec.SWITCH}=0)"
     assert "note:" not in done.stderr and not (tmp_path / "b").exists()  # nothing built
 
 
 @SLOW  # the C++ kernel compiled twice by the machine's compiler
-def test_the_library_is_built_once_per_machine_and_rebuilt_when_damaged(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_library_is_built_once_per_machine_and_rebuilt_when_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("JAXGPT_CACHE_DIR", str(tmp_path))
     path = cpu_matvec.library()
     assert path.is_file() and path.is_relative_to(tmp_path / "native")

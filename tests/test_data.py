@@ -34,17 +34,30 @@ def with_eot(text: str, eot: int = 256) -> np.ndarray:
 
 def write_text(path: Path, train_docs: list[str], val_docs: list[str] | None = None, shard_tokens: int = 2**27) -> dict:
     val_docs = ["validation text.\n" * 20] if val_docs is None else val_docs
-    return write_dataset(path, source="test", options={"n": 1}, fingerprint="fp", tokenizer=BytesTokenizer(),
-                         splits={"train": [with_eot(d) for d in train_docs], "val": [with_eot(d) for d in val_docs]},
-                         shard_tokens=shard_tokens)
+    return write_dataset(
+        path,
+        source="test",
+        options={"n": 1},
+        fingerprint="fp",
+        tokenizer=BytesTokenizer(),
+        splits={"train": [with_eot(d) for d in train_docs], "val": [with_eot(d) for d in val_docs]},
+        shard_tokens=shard_tokens,
+    )
 
 
 def write_counting(path: Path, n_train: int, shard_tokens: int = 2**27) -> None:
     """Train tokens 0..n_train-1 split over documents of uneven length: tokens name their own position."""
     cuts = [0, 7, 500, 501, 1234, n_train]
     docs = [np.arange(a, b, dtype=np.int64) for a, b in zip(cuts, cuts[1:])]
-    write_dataset(path, source="test", options={}, fingerprint="fp", tokenizer=CountingTokenizer(),
-                  splits={"train": docs, "val": [np.arange(100)]}, shard_tokens=shard_tokens)
+    write_dataset(
+        path,
+        source="test",
+        options={},
+        fingerprint="fp",
+        tokenizer=CountingTokenizer(),
+        splits={"train": docs, "val": [np.arange(100)]},
+        shard_tokens=shard_tokens,
+    )
 
 
 # ----------------------------------------------------------------------------- writing and reading
@@ -81,8 +94,8 @@ def test_round_trip_text_to_batches_across_shards(tmp_path: Path) -> None:
         assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == np.int32
         for b in range(B):
             w = index * B + b
-            assert tok.decode(x[b]) == TEXT[w * T:(w + 1) * T]
-            assert tok.decode(y[b]) == (TEXT + "\0")[w * T + 1:(w + 1) * T + 1].rstrip("\0")
+            assert tok.decode(x[b]) == TEXT[w * T : (w + 1) * T]
+            assert tok.decode(y[b]) == (TEXT + "\0")[w * T + 1 : (w + 1) * T + 1].rstrip("\0")
 
 
 def test_read_matches_concatenation(tmp_path: Path) -> None:
@@ -103,14 +116,32 @@ def test_read_matches_concatenation(tmp_path: Path) -> None:
 
 def test_write_rejects_bad_input(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="outside 0..256"):
-        write_dataset(tmp_path / "ds", source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(),
-                      splits={"train": [np.array([1, 257])], "val": [np.array([1])]})
+        write_dataset(
+            tmp_path / "ds",
+            source="t",
+            options={},
+            fingerprint="f",
+            tokenizer=BytesTokenizer(),
+            splits={"train": [np.array([1, 257])], "val": [np.array([1])]},
+        )
     with pytest.raises(DataError, match="outside 0..256"):
-        write_dataset(tmp_path / "ds", source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(),
-                      splits={"train": [np.array([-1, 5])], "val": [np.array([1])]})
+        write_dataset(
+            tmp_path / "ds",
+            source="t",
+            options={},
+            fingerprint="f",
+            tokenizer=BytesTokenizer(),
+            splits={"train": [np.array([-1, 5])], "val": [np.array([1])]},
+        )
     with pytest.raises(DataError, match="splits must be exactly"):
-        write_dataset(tmp_path / "ds", source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(),
-                      splits={"train": [np.array([1])]})
+        write_dataset(
+            tmp_path / "ds",
+            source="t",
+            options={},
+            fingerprint="f",
+            tokenizer=BytesTokenizer(),
+            splits={"train": [np.array([1])]},
+        )
     assert list(tmp_path.iterdir()) == []  # failed writes leave nothing behind
 
 
@@ -120,8 +151,9 @@ def test_interleaved_splits_write_the_same_shards(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     docs = [(("val" if rng.random() < 0.3 else "train"), rng.integers(0, 257, rng.integers(1, 40))) for _ in range(200)]
     common = dict(source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(), shard_tokens=300)
-    write_dataset(tmp_path / "mapping", splits={s: [d for split, d in docs if split == s] for s in ("train", "val")},
-                  **common)
+    write_dataset(
+        tmp_path / "mapping", splits={s: [d for split, d in docs if split == s] for s in ("train", "val")}, **common
+    )
     write_dataset(tmp_path / "stream", splits=iter(docs), **common)
     files = sorted(p.name for p in (tmp_path / "mapping").iterdir())
     assert len(files) > 10 and files == sorted(p.name for p in (tmp_path / "stream").iterdir())
@@ -142,8 +174,14 @@ def test_overwrite_is_atomic(tmp_path: Path) -> None:
         raise RuntimeError("killed mid-write")
 
     with pytest.raises(RuntimeError, match="killed"):
-        write_dataset(path, source="t", options={}, fingerprint="f", tokenizer=BytesTokenizer(),
-                      splits={"train": failing_docs(), "val": [with_eot("v")]})
+        write_dataset(
+            path,
+            source="t",
+            options={},
+            fingerprint="f",
+            tokenizer=BytesTokenizer(),
+            splits={"train": failing_docs(), "val": [with_eot("v")]},
+        )
     np.testing.assert_array_equal(open_dataset(path).train.read(0, 9), old)  # old dataset intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
     write_text(path, ["new text " * 100])
@@ -253,7 +291,7 @@ def test_every_window_once_per_epoch(counting) -> None:
     sampler = BatchSampler(counting, microbatch_size=B, seq_len=T, seed=1)
     assert sampler.n_windows == 200
     seen = np.concatenate([window_ids(sampler.microbatch(i)[0], T) for i in range(3 * 200 // B + 1)])
-    epochs = [seen[e * 200:(e + 1) * 200] for e in range(3)]
+    epochs = [seen[e * 200 : (e + 1) * 200] for e in range(3)]
     for order in epochs:
         assert sorted(order.tolist()) == list(range(200))
     assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
@@ -330,8 +368,11 @@ def test_changed_shard_is_caught_in_the_batch(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     ds = open_dataset(tmp_path / "ds")  # the cheap checks pass
     sampler = BatchSampler(ds.train, microbatch_size=ds.train.n_tokens // 100 - 1, seq_len=100, seed=0, shuffle=False)
-    with pytest.raises(DataError, match=r"train-00001\.safetensors: token id 300 at offset 990 exceeds the "
-                                        r"manifest's max_token_id 256"):
+    with pytest.raises(
+        DataError,
+        match=r"train-00001\.safetensors: token id 300 at offset 990 exceeds the "
+        r"manifest's max_token_id 256",
+    ):
         sampler.microbatch(0)
 
 
@@ -353,8 +394,10 @@ def test_dataset_lock_serialises_preparations(tmp_path: Path) -> None:
             time.sleep(0.01)
         events.append("first releases")
     waiter.join(10)
-    assert events[0].startswith("waiting for another process preparing") and events[1:] == ["first releases",
-                                                                                            "second holds it"]
+    assert events[0].startswith("waiting for another process preparing") and events[1:] == [
+        "first releases",
+        "second holds it",
+    ]
 
 
 def dataset_lock_and_note(path: Path, events: list[str]) -> None:
@@ -365,20 +408,27 @@ def dataset_lock_and_note(path: Path, events: list[str]) -> None:
 def test_writer_links_existing_shards(tmp_path: Path) -> None:
     write_text(tmp_path / "old", [TEXT], shard_tokens=1000)
     old = open_dataset(tmp_path / "old").manifest
-    with DatasetWriter(tmp_path / "new", source="t", options={}, fingerprint="f", tokenizer="bytes",
-                       vocab_size=257, eot_id=256) as writer:
+    with DatasetWriter(
+        tmp_path / "new", source="t", options={}, fingerprint="f", tokenizer="bytes", vocab_size=257, eot_id=256
+    ) as writer:
         for entry in old["splits"]["train"]["shards"][1:]:
             writer.link_shard("train", tmp_path / "old" / entry["file"], entry)
         writer.add_shard("val", np.array([1, 2, 256]), documents=1)
         writer.commit()
     new = open_dataset(tmp_path / "new", verify=True)
     assert new.train.n_tokens == old["splits"]["train"]["tokens"] - 1000
-    assert os.stat(tmp_path / "new" / "train-00000.safetensors").st_ino == \
-        os.stat(tmp_path / "old" / "train-00001.safetensors").st_ino  # a hard link, no copy
-    assert new.manifest["splits"]["val"] == {"tokens": 3, "documents": 1, "shards": [
-        {**new.manifest["splits"]["val"]["shards"][0], "documents": 1}]}
+    assert (
+        os.stat(tmp_path / "new" / "train-00000.safetensors").st_ino
+        == os.stat(tmp_path / "old" / "train-00001.safetensors").st_ino
+    )  # a hard link, no copy
+    assert new.manifest["splits"]["val"] == {
+        "tokens": 3,
+        "documents": 1,
+        "shards": [{**new.manifest["splits"]["val"]["shards"][0], "documents": 1}],
+    }
     with pytest.raises(DataError, match="token id 257 outside 0..256"):
-        with DatasetWriter(tmp_path / "bad", source="t", options={}, fingerprint="f", tokenizer="bytes",
-                           vocab_size=257, eot_id=256) as writer:
+        with DatasetWriter(
+            tmp_path / "bad", source="t", options={}, fingerprint="f", tokenizer="bytes", vocab_size=257, eot_id=256
+        ) as writer:
             writer.add_shard("train", np.array([257]))
     assert not list(tmp_path.glob("bad*"))  # left without commit: nothing remains

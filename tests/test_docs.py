@@ -122,8 +122,10 @@ def link_problems(path: Path, root: Path = ROOT) -> list[str]:
             continue
         if dest.suffix == ".md":
             if unquote(anchor) not in anchors(dest):
-                problems.append(f"{where}: no heading of {dest.relative_to(root)} has the anchor "
-                                f"#{anchor} (it has: {', '.join(sorted(anchors(dest)))})")
+                problems.append(
+                    f"{where}: no heading of {dest.relative_to(root)} has the anchor "
+                    f"#{anchor} (it has: {', '.join(sorted(anchors(dest)))})"
+                )
         elif not re.fullmatch(r"L\d+(-L\d+)?", anchor):
             problems.append(f"{where}: #{anchor} into a file that is not markdown")
     return problems
@@ -133,9 +135,11 @@ def test_github_slug_rules():
     assert github_slug("More than one device / host") == "more-than-one-device--host"
     assert github_slug("train.json") == "trainjson"
     assert github_slug(heading_text("nanoGPT's numbers: `runs/shakespeare-char`")) == (
-        "nanogpts-numbers-runsshakespeare-char")
+        "nanogpts-numbers-runsshakespeare-char"
+    )
     assert github_slug("Watching a run: TensorBoard, metrics.jsonl, MFU, profiles") == (
-        "watching-a-run-tensorboard-metricsjsonl-mfu-profiles")
+        "watching-a-run-tensorboard-metricsjsonl-mfu-profiles"
+    )
     assert github_slug(heading_text("`scan_layers` and **ReLU²**")) == "scan_layers-and-relu²"
 
 
@@ -146,7 +150,8 @@ def test_link_checker_sees_a_broken_link(tmp_path):
     page.write_text(
         "# Page\n\n[ok](other.md#a-section-here) [ok](#page) [ok](other.md) [web](https://x.org/a)\n"
         "[gone](missing.md) [bad anchor](other.md#nowhere) [bad self](#nowhere)\n"
-        "`[in code](missing-too.md)`\n\n```\n[in a block](missing-three.md)\n```\n")
+        "`[in code](missing-too.md)`\n\n```\n[in a block](missing-three.md)\n```\n"
+    )
     problems = link_problems(page, root=tmp_path)
     assert len(problems) == 3, problems
     assert "missing.md" in problems[0] and "#nowhere" in problems[1] and "#nowhere" in problems[2]
@@ -161,7 +166,8 @@ def test_readme_is_a_front_page_with_the_two_commands():
     text = README.read_text(encoding="utf-8")
     lines = text.splitlines()
     assert len(lines) < README_MAX_LINES, (
-        f"README.md has {len(lines)} lines: it is the front page; reference material goes to docs/")
+        f"README.md has {len(lines)} lines: it is the front page; reference material goes to docs/"
+    )
     m = re.search(r"^## The two commands\n\n```bash\n(.*?)\n```", text, re.M | re.S)
     assert m, "README.md lost its 'The two commands' block"
     commands = [line.split("#")[0].strip() for line in m.group(1).splitlines()]
@@ -176,8 +182,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_every_docs_page_is_linked_from_the_readme():
     linked = {
-        (README.parent / unquote(t.partition("#")[0])).resolve()
-        for t in relative_links(README) if t.partition("#")[0]
+        (README.parent / unquote(t.partition("#")[0])).resolve() for t in relative_links(README) if t.partition("#")[0]
     }
     pages = sorted(DOCS.glob("*.md"))
     assert pages, "docs/ has no pages"
@@ -199,7 +204,7 @@ def test_code_comments_name_real_pages_and_sections():
     for source in _sources():
         for m in CODE_REFERENCE.finditer(source.read_text(encoding="utf-8")):
             page = README if m.group(1) == "README" else ROOT / m.group(1)
-            where = f"{source.relative_to(ROOT)}: {m.group(1)} \"{m.group(2)}\""
+            where = f'{source.relative_to(ROOT)}: {m.group(1)} "{m.group(2)}"'
             if not page.exists():
                 problems.append(f"{where}: {page.relative_to(ROOT)} does not exist")
                 continue
@@ -233,35 +238,52 @@ def dated_marks(line: str) -> list[str]:
 
 def dated_measurements(path: Path, root: Path = ROOT) -> list[str]:
     """One line per mark, as file:line: the mark, then the line."""
-    return [f"{path.relative_to(root)}:{n}: {mark}: {line.strip()[:120]}"
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-            for mark in dated_marks(line)]
+    return [
+        f"{path.relative_to(root)}:{n}: {mark}: {line.strip()[:120]}"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for mark in dated_marks(line)
+    ]
 
 
 def test_the_dated_measurement_detector_flags_a_dated_line_and_not_a_reference_one(tmp_path):
-    dated = ("**Measured** (2026-12-01, Zen 5, load 1.8) at 535e817: 73.7 s, against `8301bda` "
-             "(commit 2b7c62c, load average 9.5), a fresh clone of 8f6a794; "
-             "the issue's 23 minutes, before this option existed")
+    dated = (
+        "**Measured** (2026-12-01, Zen 5, load 1.8) at 535e817: 73.7 s, against `8301bda` "
+        "(commit 2b7c62c, load average 9.5), a fresh clone of 8f6a794; "
+        "the issue's 23 minutes, before this option existed"
+    )
     marks = dated_marks(dated)
-    assert [m.split()[0] for m in marks] == ["date", "commit", "commit", "commit", "commit", "machine",
-                                             "machine", "build", "build"], marks
-    reference = ("`learning_rate` 6e-4 with 3.7% warm-up, `lr_init_factor` `1e-5`, weight decay 0.1 "
-                 "(jax 0.10.2, Python 3.11.7); it loads the checkpoint at step 20 (`20261129T101500Z-step-600`), "
-                 "at 1234567 tokens, checks each shard's sha256 (`deadbeef` is no hash: no digit), "
-                 "a download of 1.1 MB, `add_scalar`, heads at 128 dims, `fade` and `cafe123456789` too long")
+    assert [m.split()[0] for m in marks] == [
+        "date",
+        "commit",
+        "commit",
+        "commit",
+        "commit",
+        "machine",
+        "machine",
+        "build",
+        "build",
+    ], marks
+    reference = (
+        "`learning_rate` 6e-4 with 3.7% warm-up, `lr_init_factor` `1e-5`, weight decay 0.1 "
+        "(jax 0.10.2, Python 3.11.7); it loads the checkpoint at step 20 (`20261129T101500Z-step-600`), "
+        "at 1234567 tokens, checks each shard's sha256 (`deadbeef` is no hash: no digit), "
+        "a download of 1.1 MB, `add_scalar`, heads at 128 dims, `fade` and `cafe123456789` too long"
+    )
     assert dated_marks(reference) == [], dated_marks(reference)
     page = tmp_path / "page.md"
     page.write_text("# Page\n\nWhat holds.\n\nMeasured 2026-12-03 at `2b7c62c`.\n")
     assert dated_measurements(page, root=tmp_path) == [
         "page.md:5: date '2026-12-03': Measured 2026-12-03 at `2b7c62c`.",
-        "page.md:5: commit hash '2b7c62c': Measured 2026-12-03 at `2b7c62c`."]
+        "page.md:5: commit hash '2b7c62c': Measured 2026-12-03 at `2b7c62c`.",
+    ]
 
 
 def test_no_reference_page_carries_a_dated_measurement():
     """README.md and docs/*.md but the log: what holds, with a link to docs/log.md for figures."""
     problems = [p for path in markdown_files() if path != LOG for p in dated_measurements(path)]
-    assert not problems, ("dated measurements in reference pages (move them to docs/log.md and link "
-                          "to it):\n" + "\n".join(problems))
+    assert not problems, (
+        "dated measurements in reference pages (move them to docs/log.md and link to it):\n" + "\n".join(problems)
+    )
 
 
 def test_every_log_table_is_a_csv_linked_from_its_entry():
@@ -280,18 +302,23 @@ def test_the_watching_page_lists_every_tag_the_run_records():
     """docs/watching.md's table of tags is jaxgpt/tracking/metrics.py's TAGS (read without importing)."""
     source = (ROOT / "jaxgpt" / "tracking" / "metrics.py").read_text(encoding="utf-8")
     assigns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Assign, ast.AnnAssign))]
-    tags = next(ast.literal_eval(n.value) for n in assigns
-                if "TAGS" in [getattr(t, "id", None) for t in getattr(n, "targets", [getattr(n, "target", None)])])
+    tags = next(
+        ast.literal_eval(n.value)
+        for n in assigns
+        if "TAGS" in [getattr(t, "id", None) for t in getattr(n, "targets", [getattr(n, "target", None)])]
+    )
     lines = (DOCS / "watching.md").read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if re.match(r"\|\s*tag\s*\|", line))
     table = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         table += re.findall(r"`([^`]+)`", line.split("|")[1])
     listed = {t for t in table if not t.startswith("config/")}
-    assert listed == set(tags), (f"missing from docs/watching.md: {sorted(set(tags) - listed)}; "
-                                 f"not tags of metrics.TAGS: {sorted(listed - set(tags))}")
+    assert listed == set(tags), (
+        f"missing from docs/watching.md: {sorted(set(tags) - listed)}; "
+        f"not tags of metrics.TAGS: {sorted(listed - set(tags))}"
+    )
 
 
 # ----------------------------------------------------------------------------- names that exist
@@ -371,13 +398,16 @@ def test_name_checker_sees_a_missing_file(tmp_path):
     page.write_text(
         "`jaxgpt/real.py`, `jaxgpt/gone.py`, `runs/tiny`, `runs/tinny`, `runs/<name>`, `runs/gpt2`, "
         "`train.py --restart`, `trian.py --restart`, `real.py`, `nowhere.py`, `~/.cache/jaxgpt/native`\n\n"
-        "```bash\nuv run train.py runs/tiny\nuv run --extra cuda13 evaluate.py runs/tiny\n```\n")
+        "```bash\nuv run train.py runs/tiny\nuv run --extra cuda13 evaluate.py runs/tiny\n```\n"
+    )
     problems = name_problems(page, root=tmp_path, tree_files={"real.py"})
     assert [p.split(": ", 1)[1] for p in problems] == [
-        "path 'jaxgpt/gone.py' does not exist", "path 'runs/tinny' does not exist",
+        "path 'jaxgpt/gone.py' does not exist",
+        "path 'runs/tinny' does not exist",
         "command 'trian.py' does not exist",
         "file 'nowhere.py' is neither at the root nor in jaxgpt/, bench/, tests/",
-        "script 'evaluate.py' does not exist"], problems
+        "script 'evaluate.py' does not exist",
+    ], problems
 
 
 def test_every_file_run_and_command_the_pages_name_exists():
@@ -389,8 +419,11 @@ def test_every_file_run_and_command_the_pages_name_exists():
 
 def _dataclass_fields(source: str) -> dict[str, list[str]]:
     """Each class of a module (read, not imported) -> its annotated fields, in order."""
-    return {node.name: [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
-            for node in ast.parse(source).body if isinstance(node, ast.ClassDef)}
+    return {
+        node.name: [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef)
+    }
 
 
 def _table_rows(text: str, heading: str) -> dict[str, str]:
@@ -415,15 +448,24 @@ def test_configs_page_names_exactly_the_config_fields():
     for table, cls in ((model, "ModelConfig"), (train, "TrainConfig")):
         assert set(table) == set(fields[cls]), (
             f"docs/configs.md vs {cls}: missing {sorted(set(fields[cls]) - set(table))}, "
-            f"not fields {sorted(set(table) - set(fields[cls]))}")
-    for key, cls in (("muon", "MuonConfig"), ("mesh", "MeshConfig"), ("wandb", "WandbConfig"),
-                     ("dataset", "DatasetConfig")):
+            f"not fields {sorted(set(table) - set(fields[cls]))}"
+        )
+    for key, cls in (
+        ("muon", "MuonConfig"),
+        ("mesh", "MeshConfig"),
+        ("wandb", "WandbConfig"),
+        ("dataset", "DatasetConfig"),
+    ):
         missing = [f for f in fields[cls] if f'"{f}"' not in train[key]]
         assert not missing, f"docs/configs.md's {key} row lacks {cls} fields {missing}"
 
 
-NAME_USES = (re.compile(r"download_dataset\.py tokenizer ([\w.-]+)"), re.compile(r"--tokenizer[ =]([\w.-]+)"),
-             re.compile(r"\"tokenizer\": \"([\w.-]+)\""), re.compile(r"(?<![\w./])runs/([\w.-]+)"))
+NAME_USES = (
+    re.compile(r"download_dataset\.py tokenizer ([\w.-]+)"),
+    re.compile(r"--tokenizer[ =]([\w.-]+)"),
+    re.compile(r"\"tokenizer\": \"([\w.-]+)\""),
+    re.compile(r"(?<![\w./])runs/([\w.-]+)"),
+)
 
 
 def spelling_problems(texts: dict[str, str]) -> list[str]:
@@ -435,14 +477,18 @@ def spelling_problems(texts: dict[str, str]) -> list[str]:
             for name in pattern.findall(text):
                 name = name.rstrip(".")
                 spellings.setdefault(re.sub(r"[-_]", "", name.lower()), {}).setdefault(name, where)
-    return [f"{' / '.join(f'{n!r} ({w})' for n, w in sorted(seen.items()))}"
-            for seen in spellings.values() if len(seen) > 1]
+    return [
+        f"{' / '.join(f'{n!r} ({w})' for n, w in sorted(seen.items()))}" for seen in spellings.values() if len(seen) > 1
+    ]
 
 
 def test_spelling_checker_sees_two_spellings():
-    assert spelling_problems({"a.md": "uv run download_dataset.py tokenizer edu-32k fineweb-edu",
-                              "b.md": '"tokenizer": "edu32k" and runs/tiny, runs/Tiny'}) == [
-        "'edu-32k' (a.md) / 'edu32k' (b.md)", "'Tiny' (b.md) / 'tiny' (b.md)"]
+    assert spelling_problems(
+        {
+            "a.md": "uv run download_dataset.py tokenizer edu-32k fineweb-edu",
+            "b.md": '"tokenizer": "edu32k" and runs/tiny, runs/Tiny',
+        }
+    ) == ["'edu-32k' (a.md) / 'edu32k' (b.md)", "'Tiny' (b.md) / 'tiny' (b.md)"]
 
 
 def test_each_example_name_is_spelt_one_way():

@@ -96,12 +96,15 @@ def test_split_documents() -> None:
         prepare.split_documents(["only one"], 0.5)
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"validation_fraction": 0}, "validation_fraction"),
-    ({"validation_fraction": 1.0}, "validation_fraction"),
-    ({"validation_fraction": True}, "validation_fraction"),
-    ({"shuffle": 1}, "unknown option"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"validation_fraction": 0}, "validation_fraction"),
+        ({"validation_fraction": 1.0}, "validation_fraction"),
+        ({"validation_fraction": True}, "validation_fraction"),
+        ({"shuffle": 1}, "unknown option"),
+    ],
+)
 def test_bad_options(options: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
         prepare.resolve_options("builtin", options)
@@ -132,8 +135,9 @@ def test_prepare_builds_the_corpus(tmp_path: Path) -> None:
     assert meta["fingerprint"] == builtin.documents_fingerprint(docs)
     assert meta["splits"]["val"]["documents"] == len(val_docs) and len(val_docs) == round(0.05 * len(docs))
     # Every document is its UTF-8 bytes followed by one end-of-text token, in order.
-    expected = np.concatenate([np.frombuffer(d.encode("utf-8"), np.uint8).astype(np.int32).tolist() + [256]
-                               for d in val_docs[:3]])
+    expected = np.concatenate(
+        [np.frombuffer(d.encode("utf-8"), np.uint8).astype(np.int32).tolist() + [256] for d in val_docs[:3]]
+    )
     np.testing.assert_array_equal(ds.val.read(0, expected.size), expected)
     assert ds.train.n_tokens == sum(len(d.encode("utf-8")) + 1 for d in train_docs)
     first = ds.train.read(0, len(train_docs[0].encode("utf-8")) + 1)
@@ -219,18 +223,21 @@ def test_cli_gpt2_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     assert not (tmp_path / "builtin-gpt2").exists()
 
 
-@pytest.mark.parametrize("source, options, match", [
-    ("text", {}, "text: option 'paths' must be a non-empty list"),
-    ("text", {"paths": []}, "option 'paths' must be"),
-    ("text", {"paths": ["a"], "name": "../up"}, "text: option 'name' must be"),
-    ("text", {"paths": ["a"], "validation_fraction": 0}, "validation_fraction"),
-    ("tinyshakespeare", {"paths": ["a"]}, "unknown option"),
-    ("fineweb10B-gpt2", {"train_shards": 104}, "train_shards must be null or 1..103"),
-    ("fineweb10B-gpt2", {"train_shards": True}, "train_shards"),
-    ("fineweb10B-gpt2", {"validation_fraction": 0.1}, "unknown option"),
-    ("fineweb-edu", {"train_shards": 1823}, "fineweb-edu: train_shards must be null or 1..1822, got 1823"),
-    ("fineweb-edu", {"text_column": "body"}, "unknown option"),
-])
+@pytest.mark.parametrize(
+    "source, options, match",
+    [
+        ("text", {}, "text: option 'paths' must be a non-empty list"),
+        ("text", {"paths": []}, "option 'paths' must be"),
+        ("text", {"paths": ["a"], "name": "../up"}, "text: option 'name' must be"),
+        ("text", {"paths": ["a"], "validation_fraction": 0}, "validation_fraction"),
+        ("tinyshakespeare", {"paths": ["a"]}, "unknown option"),
+        ("fineweb10B-gpt2", {"train_shards": 104}, "train_shards must be null or 1..103"),
+        ("fineweb10B-gpt2", {"train_shards": True}, "train_shards"),
+        ("fineweb10B-gpt2", {"validation_fraction": 0.1}, "unknown option"),
+        ("fineweb-edu", {"train_shards": 1823}, "fineweb-edu: train_shards must be null or 1..1822, got 1823"),
+        ("fineweb-edu", {"text_column": "body"}, "unknown option"),
+    ],
+)
 def test_bad_source_options(source: str, options: dict, match: str) -> None:
     with pytest.raises(DataError, match=match):
         prepare.resolve_options(source, options)
@@ -262,10 +269,14 @@ def test_cli_text_and_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     # `run` prepares what a run's train.json names, with the same options: the folder is reused.
     run = tmp_path / "run"
     run.mkdir()
-    (run / "model.json").write_text(json.dumps({"architecture": "gpt2", "vocab_size": 257, "context_length": 8,
-                                                "emb_dim": 8, "n_layers": 1}))
-    (run / "train.json").write_text(json.dumps({"dataset": {"source": "text", "options": {"paths": [str(corpus)]}},
-                                                "microbatch_size": 2, "train_steps": 1}))
+    (run / "model.json").write_text(
+        json.dumps({"architecture": "gpt2", "vocab_size": 257, "context_length": 8, "emb_dim": 8, "n_layers": 1})
+    )
+    (run / "train.json").write_text(
+        json.dumps(
+            {"dataset": {"source": "text", "options": {"paths": [str(corpus)]}}, "microbatch_size": 2, "train_steps": 1}
+        )
+    )
     assert dd.main(["run", str(run), "--data-dir", str(data)]) == 0
     assert "reusing dataset" in capsys.readouterr().out
     (run / "train.json").write_text("{")

@@ -29,8 +29,9 @@ def test_dropout_is_off_without_rngs(dropout_model: GPT) -> None:
     a, b = np.asarray(dropout_model(idx)), np.asarray(dropout_model(idx))
     np.testing.assert_array_equal(a, b)
     # ... and equals the numpy reference, i.e. no hidden scaling or masking at evaluation.
-    np.testing.assert_allclose(a, np_gpt2(flat_params(dropout_model), dropout_model.cfg,
-                                          np.asarray(idx)), atol=TOL, rtol=0)
+    np.testing.assert_allclose(
+        a, np_gpt2(flat_params(dropout_model), dropout_model.cfg, np.asarray(idx)), atol=TOL, rtol=0
+    )
 
 
 def test_dropout_keys(dropout_model: GPT) -> None:

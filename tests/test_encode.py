@@ -61,8 +61,11 @@ def reference_shards(folder: Path, tokenizer: str, fraction: float, shard_tokens
     """The documented preparation, straight and single-threaded: documents in file order (empty ones
     skipped), the seeded hold-out, tiktoken's encode_ordinary (or the UTF-8 bytes) + end-of-text
     per document, each split concatenated and cut every shard_tokens tokens."""
-    docs = [text for line in (folder / "a.jsonl").read_text().splitlines()
-            if line.strip() and (text := json.loads(line)["text"])] + [(folder / "b.txt").read_text("utf-8")]
+    docs = [
+        text
+        for line in (folder / "a.jsonl").read_text().splitlines()
+        if line.strip() and (text := json.loads(line)["text"])
+    ] + [(folder / "b.txt").read_text("utf-8")]
     if tokenizer == "gpt2":
         import tiktoken
 
@@ -71,19 +74,22 @@ def reference_shards(folder: Path, tokenizer: str, fraction: float, shard_tokens
     else:
         ids, eot = [list(doc.encode("utf-8")) for doc in docs], 256
     n = len(docs)
-    held_out = set(np.random.default_rng(0).permutation(n)[:round(fraction * n)].tolist())
+    held_out = set(np.random.default_rng(0).permutation(n)[: round(fraction * n)].tolist())
     splits = {}
     for split, want in (("train", False), ("val", True)):
         flat = np.array([t for i in range(n) if (i in held_out) == want for t in ids[i] + [eot]], dtype=np.uint16)
-        splits[split] = [flat[i:i + shard_tokens] for i in range(0, flat.size, shard_tokens)]
+        splits[split] = [flat[i : i + shard_tokens] for i in range(0, flat.size, shard_tokens)]
     return splits
 
 
-@pytest.mark.parametrize("tokenizer, reads", [("bytes", 1), ("bytes", 2), ("gpt2", 1), ("gpt2", 2)],
-                         ids=["bytes-one-read", "bytes-count-then-read", "gpt2-one-read", "gpt2-count-then-read"])
+@pytest.mark.parametrize(
+    "tokenizer, reads",
+    [("bytes", 1), ("bytes", 2), ("gpt2", 1), ("gpt2", 2)],
+    ids=["bytes-one-read", "bytes-count-then-read", "gpt2-one-read", "gpt2-count-then-read"],
+)
 def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
-        tokenizer: str, reads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        request: pytest.FixtureRequest) -> None:
+    tokenizer: str, reads: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     """Both ways of reading a corpus: a small one tokenized while it is counted (one read), a
     larger one counted first and read again for both splits."""
     if tokenizer == "gpt2":
@@ -95,10 +101,17 @@ def test_prepared_shards_are_byte_identical_to_a_single_threaded_reference(
     calls = []
     read_documents = sources.read_documents
     monkeypatch.setattr(sources, "read_documents", lambda files, *args: calls.append(1) or read_documents(files, *args))
-    path = prepare.prepare_dataset("text", tokenizer, tmp_path / "data",
-                                   options={"paths": [str(tmp_path / "corpus")], "validation_fraction": 0.1},
-                                   log=lambda _msg: None, chunk_bytes=2048, workers=4, shard_tokens=shard_tokens,
-                                   one_read_bytes=10**9 if reads == 1 else 1000)
+    path = prepare.prepare_dataset(
+        "text",
+        tokenizer,
+        tmp_path / "data",
+        options={"paths": [str(tmp_path / "corpus")], "validation_fraction": 0.1},
+        log=lambda _msg: None,
+        chunk_bytes=2048,
+        workers=4,
+        shard_tokens=shard_tokens,
+        one_read_bytes=10**9 if reads == 1 else 1000,
+    )
     assert len(calls) == reads
     expected = reference_shards(tmp_path / "corpus", tokenizer, 0.1, shard_tokens)
     manifest = open_dataset(path, verify=True).manifest
@@ -177,8 +190,14 @@ def test_a_malformed_line_mid_corpus_is_the_usual_one_line_error(tmp_path: Path)
     lines[150] = '{"text": "cut off'
     (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"bad\.jsonl:151: malformed JSON"):
-        prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(tmp_path / "bad.jsonl")]},
-                                log=lambda _msg: None, chunk_bytes=512)
+        prepare.prepare_dataset(
+            "text",
+            "bytes",
+            tmp_path / "data",
+            options={"paths": [str(tmp_path / "bad.jsonl")]},
+            log=lambda _msg: None,
+            chunk_bytes=512,
+        )
     assert not pool_threads()
     assert not (tmp_path / "data").exists() or not any(p.is_dir() for p in (tmp_path / "data").iterdir())
 
@@ -211,8 +230,7 @@ def read_position(pid: int, path: Path) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/fdinfo").is_dir(), reason="reads the process's file position in /proc")
 @pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "count-then-read"])
-def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_path: Path, tiktoken_cache: None
-                                                          ) -> None:
+def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_path: Path, tiktoken_cache: None) -> None:
     """SIGINT to download_dataset.py in the middle of tokenizing: it exits at once with a one-line
     message, no dataset and no temporary folder left behind, whichever way it reads the corpus."""
     paragraphs = "\n\n".join(prose(50, seed=4))
@@ -222,18 +240,39 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
     data = tmp_path / "data"
     # A shell's background job (CI started with `&`) ignores SIGINT, and Python then installs no
     # KeyboardInterrupt handler: the child gives Ctrl-C its usual meaning before it runs the command.
-    ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-              "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
-    proc = subprocess.Popen([sys.executable, "-u", "-c", ctrl_c, str(ROOT / "download_dataset.py"), "text",
-                             str(tmp_path / "big.jsonl"), "--tokenizer", "gpt2", "--data-dir", str(data)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ctrl_c = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-u",
+            "-c",
+            ctrl_c,
+            str(ROOT / "download_dataset.py"),
+            "text",
+            str(tmp_path / "big.jsonl"),
+            "--tokenizer",
+            "gpt2",
+            "--data-dir",
+            str(data),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         # One read: the file is read as it is tokenized (a few MB ahead at most), so a read position
         # past the first MB and short of the end is the middle of tokenizing. Counted first: the
         # temporary folder exists while both splits are tokenized and written.
-        while not (1_000_000 < read_position(proc.pid, tmp_path / "big.jsonl") < size // 2 if one_read
-                   else list(data.glob("text-big-gpt2.tmp-*"))):
+        while not (
+            1_000_000 < read_position(proc.pid, tmp_path / "big.jsonl") < size // 2
+            if one_read
+            else list(data.glob("text-big-gpt2.tmp-*"))
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, "never started tokenizing"
             time.sleep(0.002)
         proc.send_signal(signal.SIGINT)
@@ -242,5 +281,6 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
         proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines() == [
-        "interrupted: no half-written dataset was kept (run the command again to prepare it)"], err
+        "interrupted: no half-written dataset was kept (run the command again to prepare it)"
+    ], err
     assert sorted(p.name for p in data.iterdir()) == [".text-big-gpt2.lock"]

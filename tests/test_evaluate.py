@@ -23,14 +23,33 @@ from jaxgpt.data.tokenizer import BytesTokenizer
 from jaxgpt.evaluation import scoring
 from jaxgpt.model.gpt import build_model
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
-         "n_layers": 1, "qkv_bias": True, "tie_embeddings": True}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "tie_embeddings": True,
+}
 TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 1}
 
 
 # The modern recipe's options (model.json); the soft-cap is in the scored logits too.
-MODERN = {**MODEL, "positions": "rotary", "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2",
-          "logit_softcap": 3.0, "tie_embeddings": False, "qkv_bias": False, "bias": False, "loss_chunk": 40}
+MODERN = {
+    **MODEL,
+    "positions": "rotary",
+    "norm": "rmsnorm",
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "logit_softcap": 3.0,
+    "tie_embeddings": False,
+    "qkv_bias": False,
+    "bias": False,
+    "loss_chunk": 40,
+}
 
 
 def make_run(tmp_path: Path, *, zero: bool = False, model_json: dict = MODEL) -> tuple[Path, nnx.Module]:
@@ -52,12 +71,13 @@ def jax_tree_zeros(state: nnx.State) -> nnx.State:
 
 
 @pytest.mark.parametrize("model_json", [pytest.param(MODEL, id="gpt2", marks=SLOW), pytest.param(MODERN, id="modern")])
-def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture,
-                                           model_json: dict) -> None:
+def test_figures_match_a_numpy_computation(
+    tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture, model_json: dict
+) -> None:
     run, model = make_run(tmp_path, model_json=model_json)
     assert evaluate.main([str(run), "--data-dir", str(data_root), "--max-batches", "3"]) == 0
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if l.startswith("loss "))
+    line = next(text for text in out.splitlines() if text.startswith("loss "))
     val = open_dataset(dataset_dir(data_root, "builtin", "bytes")).val
     sampler = BatchSampler(val, microbatch_size=4, seq_len=32, seed=123, shuffle=False)  # in order: seed unused
     nats, tokens, nbytes = 0.0, 0, 0
@@ -81,8 +101,24 @@ def test_figures_match_a_numpy_computation(tmp_path: Path, data_root: Path, caps
 
 def test_a_uniform_model_scores_log_vocab(tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture) -> None:
     run, model = make_run(tmp_path, zero=True)
-    assert evaluate.main([str(run), "--data-dir", str(data_root), "--split", "train", "--max-batches", "2",
-                          "--batch-size", "3", "--sequence-length", "16"]) == 0
+    assert (
+        evaluate.main(
+            [
+                str(run),
+                "--data-dir",
+                str(data_root),
+                "--split",
+                "train",
+                "--max-batches",
+                "2",
+                "--batch-size",
+                "3",
+                "--sequence-length",
+                "16",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "train split" in out and "Scored 96 tokens (" in out and "2 batches x 3 x 16): the first 2 of" in out
     train = open_dataset(dataset_dir(data_root, "builtin", "bytes")).train
@@ -136,8 +172,9 @@ def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_
     figures = {}
     for chunk in (None, 24):
         model = build_model(ModelConfig(**{**MODEL, "loss_chunk": chunk}), seed=1)
-        figures[chunk] = scoring.evaluate(model, BytesTokenizer(), val, batch_size=4, seq_len=32,
-                                           max_batches=2, progress=False)
+        figures[chunk] = scoring.evaluate(
+            model, BytesTokenizer(), val, batch_size=4, seq_len=32, max_batches=2, progress=False
+        )
         batches = WholeSplit(val, microbatch_size=4, seq_len=32)
         want = sum(float(eval_sums(model, *map(jax.device_put, batches.microbatch(i)))[0]) for i in range(2))
         assert figures[chunk]["loss"] == want / (2 * 4 * 32)
@@ -158,8 +195,15 @@ def small_split(tmp_path: Path):
     windows leave the 7th batch two real rows (one of them short) and three padding rows."""
     rng = np.random.default_rng(0)
     val = rng.integers(0, 256, 1013)
-    write_dataset(tmp_path / "ds", source="test", options={}, fingerprint="x", tokenizer=BytesTokenizer(),
-                  splits={"train": [rng.integers(0, 256, 500)], "val": [val]}, shard_tokens=400)  # 3 shards
+    write_dataset(
+        tmp_path / "ds",
+        source="test",
+        options={},
+        fingerprint="x",
+        tokenizer=BytesTokenizer(),
+        splits={"train": [rng.integers(0, 256, 500)], "val": [val]},
+        shard_tokens=400,
+    )  # 3 shards
     return open_dataset(tmp_path / "ds").val, val
 
 
@@ -186,11 +230,12 @@ def test_evaluate_scores_the_whole_split_exactly(small_split) -> None:
     model = build_model(ModelConfig(**MODEL), seed=2)
     r = scoring.evaluate(model, BytesTokenizer(), split, batch_size=5, seq_len=32, progress=False)
     assert r["tokens"] == split.n_tokens - 1 == 1012 and r["whole_split"] and r["bytes"] == 1012
-    nats = sum(np_loss_sum(model, val[j * 32:min(j * 32 + 32, 1012)], val[j * 32 + 1:min(j * 32 + 33, 1013)])
-               for j in range(32))
+    nats = sum(
+        np_loss_sum(model, val[j * 32 : min(j * 32 + 32, 1012)], val[j * 32 + 1 : min(j * 32 + 33, 1013)])
+        for j in range(32)
+    )
     assert r["loss"] == pytest.approx(nats / 1012, rel=1e-5)
     line = scoring.report_line(r, "val", "next")
     assert line.startswith("Scored 1,012 tokens (1,012 bytes; 7 batches x 5 x 32): the whole val split of 1,013")
-    part = scoring.evaluate(model, BytesTokenizer(), split, batch_size=5, seq_len=32, max_batches=2,
-                             progress=False)
+    part = scoring.evaluate(model, BytesTokenizer(), split, batch_size=5, seq_len=32, max_batches=2, progress=False)
     assert part["tokens"] == 320 and not part["whole_split"]

@@ -1,4 +1,5 @@
-"""jaxgpt/cpu/malloc.py (and jaxgpt/backend.py, which decides to use it): the entry scripts restart once with glibc's huge-page malloc, and it cuts XLA's page faults."""
+"""jaxgpt/cpu/malloc.py (and jaxgpt/backend.py, which decides to use it): the entry scripts restart once
+with glibc's huge-page malloc, and it cuts XLA's page faults."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 5)
 
 def child(code: str, **env: str) -> str:
     environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | env
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120, check=True
+    )
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -44,7 +46,9 @@ def test_restart_sets_the_tunable_where_it_helps() -> None:
     expected = "glibc.malloc.hugetlb=1" if fast_malloc.needed({}) else "None"
     assert child(SHOW) == expected
     if fast_malloc.needed({}):  # other tunables are kept
-        assert child(SHOW, GLIBC_TUNABLES="glibc.malloc.arena_max=2") == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+        assert (
+            child(SHOW, GLIBC_TUNABLES="glibc.malloc.arena_max=2") == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+        )
 
 
 @pytest.mark.skipif(not fast_malloc.needed({}), reason="needs glibc >= 2.35 and transparent huge pages in madvise mode")
@@ -65,8 +69,10 @@ def test_this_venv_runs_on_the_cpu() -> None:
     assert backend.runs_on_cpu({}) and fast_malloc.needed({}) == base_needed()
 
 
-@pytest.mark.parametrize("platforms, on_cpu", [("cuda", False), ("tpu", False), ("rocm,cpu", False),
-                                               ("cpu", True), ("cpu,cuda", True), ("", True)])
+@pytest.mark.parametrize(
+    "platforms, on_cpu",
+    [("cuda", False), ("tpu", False), ("rocm,cpu", False), ("cpu", True), ("cpu,cuda", True), ("", True)],
+)
 def test_jax_platforms_decides_first(platforms: str, on_cpu: bool) -> None:
     assert backend.runs_on_cpu({"JAX_PLATFORMS": platforms}) is on_cpu
     expected = "glibc.malloc.hugetlb=1" if on_cpu and base_needed() else "None"

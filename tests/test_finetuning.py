@@ -35,9 +35,17 @@ from jaxgpt.training.train_step import step_key, train_step
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 INSTRUCTIONS = {"source": "instructions", "options": {"examples": 400, "validation_examples": 40, "template": SHORT}}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 96, "emb_dim": 32, "n_heads": 2, "n_layers": 2}
-TRAIN = {"dataset": INSTRUCTIONS, "tokenizer": "bytes", "microbatch_size": 4, "gradient_accumulation_steps": 2,
-         "train_steps": 30, "learning_rate": 0.003, "checkpoint_interval": 10, "validation_batches": "all",
-         "keep_last_checkpoints": 5}
+TRAIN = {
+    "dataset": INSTRUCTIONS,
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 30,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 10,
+    "validation_batches": "all",
+    "keep_last_checkpoints": 5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +81,19 @@ def test_rows_hold_whole_conversations_with_their_own_segments_and_answer_weight
     for xr, yr, wr, sr in zip(x.reshape(-1, 95), y.reshape(-1, 95), w.reshape(-1, 95), seg.reshape(-1, 95)):
         ids = sorted(set(sr[sr > 0].tolist()))
         assert ids == list(range(1, len(ids) + 1))  # 1, 2, ... in order, then padding (0)
-        assert (np.diff(sr[sr > 0]) >= 0).all() and (sr[len(sr[sr > 0]):] == 0).all()
+        assert (np.diff(sr[sr > 0]) >= 0).all() and (sr[len(sr[sr > 0]) :] == 0).all()
         for s in ids:  # each segment is one whole conversation of the split
             at = np.flatnonzero(sr == s)
             n = len(at)
             # Its last token is the next input, or (it fills the row) the last target.
-            found = [a for a, length in lengths.items() if (length == n or (length == n + 1 and at[-1] == 94))
-                     and a + length <= dataset.train.n_tokens
-                     and np.array_equal(dataset.train.read(a, n), xr[at])
-                     and (length == n or dataset.train.read(a + n, 1)[0] == yr[94])]
+            found = [
+                a
+                for a, length in lengths.items()
+                if (length == n or (length == n + 1 and at[-1] == 94))
+                and a + length <= dataset.train.n_tokens
+                and np.array_equal(dataset.train.read(a, n), xr[at])
+                and (length == n or dataset.train.read(a + n, 1)[0] == yr[94])
+            ]
             assert found, "a segment that is no whole conversation of the split"
             mask = np.empty(lengths[found[0]], np.uint8)
             dataset.train.read_mask_into(found[0], mask)
@@ -97,8 +109,10 @@ def test_rows_hold_whole_conversations_with_their_own_segments_and_answer_weight
 def test_an_epoch_trains_every_conversation_once_and_validation_every_held_out_one(dataset) -> None:
     rows = ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=1)
     n = rows.n_windows
-    trained = sum(int(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] > 0)).sum() + (seg[:, 0] > 0).sum())
-                  for seg in (rows.microbatch(i)[3] for i in range(-(-n // 4))))
+    trained = sum(
+        int(((seg[:, 1:] != seg[:, :-1]) & (seg[:, 1:] > 0)).sum() + (seg[:, 0] > 0).sum())
+        for seg in (rows.microbatch(i)[3] for i in range(-(-n // 4)))
+    )
     assert trained >= 400  # the epoch's rows hold all 400 (the last microbatch may run into the next epoch)
     val = ConversationRows(dataset.val, microbatch_size=4, seq_len=95, seed=0, shuffle=False)
     answer_tokens = int(sum(np.asarray(m).sum() for m in dataset.val.masks))
@@ -150,15 +164,18 @@ def test_the_step_loss_is_the_mean_over_every_answer_token_of_the_step(dataset) 
 def test_accumulated_gradients_are_those_of_the_whole_steps_token_mean(dataset) -> None:
     cfg = _cfg(n_layers=1)
     model = build_model(cfg, seed=4)
-    x, y, w, seg = (jnp.asarray(a) for a in ConversationRows(dataset.train, microbatch_size=4, seq_len=95,
-                                                                seed=0).batch(1, 2))
+    x, y, w, seg = (
+        jnp.asarray(a) for a in ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0).batch(1, 2)
+    )
     total = w.sum()
 
     def accumulated(m):  # what train_step's microbatches average: each scaled by k / the step's weight
         return sum(loss_fn(m, x[i], y[i], None, w[i], seg[i], 2 / total) for i in range(2)) / 2
 
     def whole(m):  # one batch of all the rows: the mean over every trained token
-        flat = lambda a: a.reshape(-1, a.shape[-1])
+        def flat(a: jax.Array) -> jax.Array:
+            return a.reshape(-1, a.shape[-1])
+
         return loss_fn(m, flat(x), flat(y), None, flat(w), flat(seg), 1 / total)
 
     ga, gb = nnx.jit(nnx.grad(accumulated))(model), nnx.jit(nnx.grad(whole))(model)
@@ -170,8 +187,14 @@ VARIANTS = {
     "gpt2": {},
     "rotary": {"positions": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2"},
     "per-head": {"attention": "per_head"},
-    "scanned-windows-gqa": {"scan_layers": True, "window_pattern": "SL", "short_window": 8, "n_kv_heads": 1,
-                            "positions": "rotary", "value_embeds": True},
+    "scanned-windows-gqa": {
+        "scan_layers": True,
+        "window_pattern": "SL",
+        "short_window": 8,
+        "n_kv_heads": 1,
+        "positions": "rotary",
+        "value_embeds": True,
+    },
     "remat-chunked": {"remat": True, "loss_chunk": 64},
 }
 
@@ -181,8 +204,9 @@ def test_no_token_attends_to_another_conversation_in_its_row(options: dict) -> N
     """A row of two conversations computes each exactly as if it were alone at the start of a row
     (positions restart too), and changing one never changes the other's logits."""
     cfg = _cfg(**options)
-    model = build_model(cfg, seed=5, ops=select(dataclasses.replace(cfg, attention="xla")
-                                                 if cfg.attention == "auto" else cfg))
+    model = build_model(
+        cfg, seed=5, ops=select(dataclasses.replace(cfg, attention="xla") if cfg.attention == "auto" else cfg)
+    )
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 256, 30), rng.integers(0, 256, 50)
     row = np.concatenate([a, b, np.zeros(16, int)])[None].astype(np.int32)  # (1, 96)
@@ -211,9 +235,15 @@ def test_a_fine_tuning_run_killed_with_sigkill_resumes_exactly(tmp_path: Path, c
     straight = write_run(tmp_path / "straight", MODEL, TRAIN)
     assert train.main([str(straight), "--data-dir", str(chat_root)]) == 0
     run = write_run(tmp_path / "run", MODEL, TRAIN)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(chat_root)], cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(chat_root)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for_step(run, proc, 10)
     os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: whatever was not saved is lost
     proc.communicate()

@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from jaxgpt.data import prepare as prepare_module
 from jaxgpt.data import fineweb
+from jaxgpt.data import prepare as prepare_module
 from jaxgpt.data.batches import BatchSampler
 from jaxgpt.data.prepare import FINEWEB, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 
-SIZES = {fineweb.VAL_FILE: 3000, fineweb.train_file(1): 5000, fineweb.train_file(2): 5000,
-         fineweb.train_file(3): 4000}
+SIZES = {fineweb.VAL_FILE: 3000, fineweb.train_file(1): 5000, fineweb.train_file(2): 5000, fineweb.train_file(3): 4000}
 
 
 def tokens_of(name: str) -> np.ndarray:
@@ -43,8 +42,7 @@ def bins(tmp_path: Path) -> Path:
 
 
 def prepare(root: Path, bins: Path | None, lines: list[str] | None = None, **kw) -> Path:
-    return prepare_dataset(FINEWEB, "gpt2", root, from_path=bins, log=(lines if lines is not None else []).append,
-                              **kw)
+    return prepare_dataset(FINEWEB, "gpt2", root, from_path=bins, log=(lines if lines is not None else []).append, **kw)
 
 
 # ----------------------------------------------------------------------------- the .bin format
@@ -60,13 +58,16 @@ def test_bin_round_trip(tmp_path: Path) -> None:
     assert header.tolist() == [20240520, 1, 5]
 
 
-@pytest.mark.parametrize("damage, match", [
-    (lambda b: b[:100], "truncated .bin file (100 bytes"),
-    (lambda b: b[:-1], "truncated or padded .bin file"),
-    (lambda b: b + b"\0\0", "truncated or padded .bin file"),
-    (lambda b: (20240521).to_bytes(4, "little") + b[4:], "not an llm.c token file (magic 20240521"),
-    (lambda b: b[:4] + (2).to_bytes(4, "little") + b[8:], ".bin version 2 is not supported"),
-])
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda b: b[:100], "truncated .bin file (100 bytes"),
+        (lambda b: b[:-1], "truncated or padded .bin file"),
+        (lambda b: b + b"\0\0", "truncated or padded .bin file"),
+        (lambda b: (20240521).to_bytes(4, "little") + b[4:], "not an llm.c token file (magic 20240521"),
+        (lambda b: b[:4] + (2).to_bytes(4, "little") + b[8:], ".bin version 2 is not supported"),
+    ],
+)
 def test_bad_bin_files_name_the_file(tmp_path: Path, damage, match: str) -> None:
     path = tmp_path / "fineweb_train_000001.bin"
     fineweb.write_bin(path, np.arange(10))
@@ -79,8 +80,9 @@ def test_bad_bin_files_name_the_file(tmp_path: Path, damage, match: str) -> None
 # ----------------------------------------------------------------------------- conversion
 
 
-def test_conversion_takes_what_the_training_length_needs(tmp_path: Path, bins: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conversion_takes_what_the_training_length_needs(
+    tmp_path: Path, bins: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_tiktoken(name: str):
         raise AssertionError("the shards are ids already: no tokenizer files needed")
 
@@ -102,8 +104,8 @@ def test_conversion_takes_what_the_training_length_needs(tmp_path: Path, bins: P
     x, y = sampler.batch(0, 4)
     for xs, ys in zip(x.reshape(-1, 64), y.reshape(-1, 64)):
         start = int(np.flatnonzero((expected[:-64] == xs[0]) & (expected[1:-63] == xs[1]))[0])
-        np.testing.assert_array_equal(xs, expected[start:start + 64])
-        np.testing.assert_array_equal(ys, expected[start + 1:start + 65])
+        np.testing.assert_array_equal(xs, expected[start : start + 64])
+        np.testing.assert_array_equal(ys, expected[start + 1 : start + 65])
     assert not (root / "downloads" / "fineweb10B-gpt2").exists()  # --from: nothing fetched
 
 
@@ -157,12 +159,26 @@ def test_offline_without_copies_is_one_line(tmp_path: Path) -> None:
     # A fresh process, as a user would run it: HF_HUB_OFFLINE is read when huggingface_hub loads.
     # HF_ENDPOINT points at a closed local port in case offline mode were ever ignored.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run([sys.executable, str(ROOT / "download_dataset.py"), FINEWEB, "--data-dir",
-                           str(tmp_path / "data"), "--train-tokens", "1e8"],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "download_dataset.py"),
+            FINEWEB,
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--train-tokens",
+            "1e8",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("error: cannot fetch fineweb_train_000001.bin from "
-                                  "https://huggingface.co/datasets/kjj0/fineweb10B-gpt2")
+    assert done.stderr.startswith(
+        "error: cannot fetch fineweb_train_000001.bin from https://huggingface.co/datasets/kjj0/fineweb10B-gpt2"
+    )
     assert str(tmp_path / "data" / "downloads" / "fineweb10B-gpt2") in done.stderr and "--from" in done.stderr
     assert not (tmp_path / "data" / "fineweb10B-gpt2-gpt2").exists()

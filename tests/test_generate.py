@@ -17,11 +17,11 @@ from flax import nnx
 
 import test_generation
 from bench import decode
-from jaxgpt.ops import neutral
 from jaxgpt.config import ModelConfig, to_dict
 from jaxgpt.cpu import matvec as cpu_matvec
 from jaxgpt.model import sampling as g
 from jaxgpt.model.gpt import build_model, stack_layer_weights
+from jaxgpt.ops import neutral
 
 V, CTX, C, H, L = 61, 16, 32, 4, 2
 # Cached and full-forward logits are the same float32 function summed in other orders (one
@@ -41,7 +41,7 @@ def tolerance(ref: np.ndarray, compute_dtype: str = "float32") -> float:
     part of 2^-7 of their size; 2^-8 of the largest logit bounds them on every CPU, and stays far
     below what a wrong cache, position or weight does (the size of the logits themselves).
     """
-    return 2.0 ** -8 * float(np.abs(ref).max()) if compute_dtype == "bfloat16" else TOL
+    return 2.0**-8 * float(np.abs(ref).max()) if compute_dtype == "bfloat16" else TOL
 
 
 def tiny(seed: int = 0, **kw) -> nnx.Module:
@@ -51,8 +51,21 @@ def tiny(seed: int = 0, **kw) -> nnx.Module:
     The values are drawn per layer, so a scan_layers model gets exactly the weights of the
     unrolled one (stacked): both layouts decode the same, equally well-conditioned, model.
     """
-    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H,
-                                n_layers=L, qkv_bias=True, tie_embeddings=True), **kw})
+    cfg = ModelConfig(
+        **{
+            **dict(
+                architecture="gpt2",
+                vocab_size=V,
+                context_length=CTX,
+                emb_dim=C,
+                n_heads=H,
+                n_layers=L,
+                qkv_bias=True,
+                tie_embeddings=True,
+            ),
+            **kw,
+        }
+    )
     unrolled = build_model(ModelConfig(**{**to_dict(cfg), "scan_layers": False}))
     rng = np.random.default_rng(seed)
     weights = {}
@@ -70,8 +83,15 @@ def tiny(seed: int = 0, **kw) -> nnx.Module:
     model = build_model(cfg)
     if cfg.scan_layers:
         weights = stack_layer_weights(weights, cfg.n_layers)
-    nnx.update(model, nnx.from_flat_state([(path, var.replace(jnp.asarray(weights[".".join(map(str, path))])))
-                                           for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))]))
+    nnx.update(
+        model,
+        nnx.from_flat_state(
+            [
+                (path, var.replace(jnp.asarray(weights[".".join(map(str, path))])))
+                for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+            ]
+        ),
+    )
     return model
 
 
@@ -84,28 +104,45 @@ def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
     """(len(ids), V) logits of the model's own forward pass (padded to the context length, so
     one program serves every length: the model is causal, the padding cannot leak back)."""
     window = np.zeros((1, model.cfg.context_length), np.int32)
-    window[0, :len(ids)] = ids
-    return np.asarray(_forward(model, jnp.asarray(window))[0, :len(ids)])
+    window[0, : len(ids)] = ids
+    return np.asarray(_forward(model, jnp.asarray(window))[0, : len(ids)])
 
 
 # ----------------------------------------------------------------------------- cache = full forward
 
 
 # Every modern option on (model.json, layers.py): rotary positions of cached and new tokens included.
-MODERN = dict(positions="rotary", rope_base=100.0, norm="rmsnorm", embed_norm=True, qk_norm=True, mlp="relu2",
-              logit_softcap=5.0, tie_embeddings=False, bias=False, qkv_bias=False)
+MODERN = dict(
+    positions="rotary",
+    rope_base=100.0,
+    norm="rmsnorm",
+    embed_norm=True,
+    qk_norm=True,
+    mlp="relu2",
+    logit_softcap=5.0,
+    tie_embeddings=False,
+    bias=False,
+    qkv_bias=False,
+)
 # The 2026 options (grouped-query attention, a short window on the first layer, value embeddings on the
 # last, embedding and U-net skips): a decode step attends within its window to K heads of cache.
 NEW_2026 = dict(n_kv_heads=2, window_pattern="SL", short_window=5, value_embeds=True, embed_skips=True, unet_skips=True)
-LAYOUTS = {"tied": {}, "untied-nobias": {"tie_embeddings": False, "qkv_bias": False}, "scan-layers": {"scan_layers": True},
-           "scan-remat": {"scan_layers": True, "remat": True}, "bfloat16": {"compute_dtype": "bfloat16"},
-           "bfloat16-scan": {"compute_dtype": "bfloat16", "scan_layers": True},
-           "bfloat16-untied": {"compute_dtype": "bfloat16", "tie_embeddings": False},
-           "modern": MODERN, "modern-scan-remat": {**MODERN, "scan_layers": True, "remat": True},
-           "modern-bfloat16-no-scale": {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False},
-           "2026": {**MODERN, **NEW_2026}, "2026-scan-remat": {**MODERN, **NEW_2026, "scan_layers": True, "remat": True},
-           "2026-bfloat16": {**MODERN, **NEW_2026, "compute_dtype": "bfloat16"},
-           "2026-gqa-1-windows": {**MODERN, "n_kv_heads": 1, "window_pattern": "S", "short_window": 3}}
+LAYOUTS = {
+    "tied": {},
+    "untied-nobias": {"tie_embeddings": False, "qkv_bias": False},
+    "scan-layers": {"scan_layers": True},
+    "scan-remat": {"scan_layers": True, "remat": True},
+    "bfloat16": {"compute_dtype": "bfloat16"},
+    "bfloat16-scan": {"compute_dtype": "bfloat16", "scan_layers": True},
+    "bfloat16-untied": {"compute_dtype": "bfloat16", "tie_embeddings": False},
+    "modern": MODERN,
+    "modern-scan-remat": {**MODERN, "scan_layers": True, "remat": True},
+    "modern-bfloat16-no-scale": {**MODERN, "compute_dtype": "bfloat16", "norm_scale": False},
+    "2026": {**MODERN, **NEW_2026},
+    "2026-scan-remat": {**MODERN, **NEW_2026, "scan_layers": True, "remat": True},
+    "2026-bfloat16": {**MODERN, **NEW_2026, "compute_dtype": "bfloat16"},
+    "2026-gqa-1-windows": {**MODERN, "n_kv_heads": 1, "window_pattern": "S", "short_window": 3},
+}
 
 
 # Batch 1 and 3: on the CPU the decoder keeps its weights in another form for one row (ops.for_decoding).
@@ -146,7 +183,8 @@ BF16_LAYOUTS = {k: v for k, v in LAYOUTS.items() if v.get("compute_dtype") == "b
 
 @pytest.mark.parametrize("kw", cases(BF16_LAYOUTS, fast=list(BF16_LAYOUTS)[:1]))
 def test_bfloat16_tolerance_holds_against_a_full_forward_summed_in_another_order(
-        kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    kw: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The CPU this runs on sums a bfloat16 dot in one order; a CPU with native bfloat16 dots
     (AVX512_BF16, AMX) in another. With the full forward's products summed in reverse, over five
     models, the cached logits stay within `tolerance` of it: the bound holds for any order."""
@@ -208,7 +246,7 @@ def test_end_of_text_stops_a_row_and_is_not_returned() -> None:
     eot = first[0][2]  # make row 0's third new token the end-of-text id
 
     def cut(seq: list[int]) -> list[int]:
-        return seq[:seq.index(eot)] if eot in seq else seq
+        return seq[: seq.index(eot)] if eot in seq else seq
 
     out = g.generate_batch(model, [[1, 2], [3]], max_new_tokens=6, eot_id=eot)
     assert out == [cut(first[0]), cut(first[1])] and len(out[0]) <= 2
@@ -297,8 +335,23 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
     (folder / "model.json").write_text(json.dumps(to_dict(model.cfg)))
     (folder / "train.json").write_text(json.dumps({"tokenizer": "bytes"}))
     (folder / ckpt.META).write_text(json.dumps({"step": 1}))
-    args = [str(folder), "--prompt", "ab", "--prompt", "xyz", "--max-new-tokens", "40", "--temperature", "0.9",
-            "--top-k", "50", "--top-p", "0.95", "--seed", "3"]
+    args = [
+        str(folder),
+        "--prompt",
+        "ab",
+        "--prompt",
+        "xyz",
+        "--max-new-tokens",
+        "40",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "50",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+    ]
     assert test_generation.main(args) == 0
     first = capsys.readouterr().out
     assert "\nab" in first and "\nxyz" in first and "tok/s" in first
@@ -311,8 +364,9 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
 
 
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
-def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(rows: int,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where cpu_matvec cannot be built (no compiler), a bfloat16 decoder runs XLA's kernels:
     float32 (out, in) kernels holding bfloat16 values for one row, bfloat16 ones for several, the
     full forward's logits within bfloat16's rounding (`tolerance`)."""
@@ -336,8 +390,16 @@ def test_short_prompts_prefill_16_32_or_64_tokens_longer_ones_a_multiple_of_64()
 
 
 def test_bench_runs_and_both_paths_agree() -> None:
-    small = ModelConfig(architecture="gpt2", vocab_size=V, context_length=CTX, emb_dim=C, n_heads=H, n_layers=L,
-                        qkv_bias=True, tie_embeddings=True)
+    small = ModelConfig(
+        architecture="gpt2",
+        vocab_size=V,
+        context_length=CTX,
+        emb_dim=C,
+        n_heads=H,
+        n_layers=L,
+        qkv_bias=True,
+        tie_embeddings=True,
+    )
     r = decode.bench_generate(new_tokens=6, prompt_tokens=3, batch_size=2, cfg=small, log=lambda *_: None)
     assert r["same_greedy_tokens"] == 1.0 and r["cached_tok_s"] > 0 and r["full_tok_s"] > 0
 
@@ -386,8 +448,11 @@ def weight_copies(hlo: str, model: nnx.Module) -> list[str]:
         shape = var.get_value().shape
         layer = shape[1:] if model.cfg.scan_layers else shape
         shapes |= {shape, layer, layer[::-1]} if len(layer) >= 2 else set()
-    found = [f"{op} -> {dtype}[{dims}]" for dtype, dims, op in _HLO_OP.findall(hlo)
-             if op in _COPYING and tuple(int(d) for d in dims.split(",") if d and d != "1") in shapes]
+    found = [
+        f"{op} -> {dtype}[{dims}]"
+        for dtype, dims, op in _HLO_OP.findall(hlo)
+        if op in _COPYING and tuple(int(d) for d in dims.split(",") if d and d != "1") in shapes
+    ]
     return found + ["while loop"] * len(re.findall(r"\) while\(", hlo))  # a loop's result is a tuple
 
 
@@ -396,14 +461,26 @@ def _original_step_hlo(model: nnx.Module, rows: int) -> str:
     graphdef, state = nnx.split(model)
     cache = g.KVCache.zeros(model.cfg, rows)
     ids = jnp.zeros((rows,), jnp.int32)
-    return jax.jit(g._step, static_argnums=(0, 1)).lower(graphdef, CTX, state, cache.k, cache.v, ids, ids).compile().as_text()
+    return (
+        jax.jit(g._step, static_argnums=(0, 1))
+        .lower(graphdef, CTX, state, cache.k, cache.v, ids, ids)
+        .compile()
+        .as_text()
+    )
 
 
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
-@pytest.mark.parametrize("kw", [{}, {"scan_layers": True}, {"compute_dtype": "bfloat16"},
-                                {"compute_dtype": "bfloat16", "scan_layers": True, "remat": True},
-                                {"compute_dtype": "bfloat16", "tie_embeddings": False}],
-                         ids=["float32", "float32-scan", "bfloat16", "bfloat16-scan-remat", "bfloat16-untied"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"scan_layers": True},
+        {"compute_dtype": "bfloat16"},
+        {"compute_dtype": "bfloat16", "scan_layers": True, "remat": True},
+        {"compute_dtype": "bfloat16", "tie_embeddings": False},
+    ],
+    ids=["float32", "float32-scan", "bfloat16", "bfloat16-scan-remat", "bfloat16-untied"],
+)
 def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: int) -> None:
     """The compiled step multiplies the decoder's weights as they are: no per-step float32 -> bfloat16
     convert (nor XLA's own bf16 -> f32 upcast) of a weight, no slice of a layer out of stacked weights."""
@@ -418,8 +495,11 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
     native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
     assert (len(re.findall(r" dot\(", hlo)), native) == ((0, 4 * L + 1) if ops.native_matvec else (4 * L + 1, 0))
     assert not [line for line in hlo.splitlines() if re.search(r"%ynn_fusion[\w.]* = .*op_name=\"[^\"]*reduce", line)]
-    kernels = [m.kernel.get_value() for _, m in nnx.iter_modules(nnx.merge(dec.step_graphdef, dec.step_state))
-               if isinstance(m, nnx.Linear)]
+    kernels = [
+        m.kernel.get_value()
+        for _, m in nnx.iter_modules(nnx.merge(dec.step_graphdef, dec.step_state))
+        if isinstance(m, nnx.Linear)
+    ]
     assert len(kernels) == 4 * L + 1 and all(k.dtype == ops.weight_dtype for k in kernels)  # and the head
     if kw.get("compute_dtype") == "bfloat16":  # the weights hold bfloat16 values, in whatever storage
         assert all(np.array_equal(np.asarray(k), np.asarray(k.astype(jnp.bfloat16).astype(k.dtype))) for k in kernels)
@@ -454,16 +534,22 @@ def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows:
     if dtype == "float32":
         assert (native, len(re.findall(r" dot\(", hlo))) == (0, attention + 4 * L + 1)
     else:
-        assert (native, len(re.findall(r" dot\(", hlo))) == ((4 * L + 1, attention) if rows * P <= cpu_matvec.MAX_ROWS
-                                                           else (1, attention + 4 * L))
+        assert (native, len(re.findall(r" dot\(", hlo))) == (
+            (4 * L + 1, attention) if rows * P <= cpu_matvec.MAX_ROWS else (1, attention + 4 * L)
+        )
     # The check sees what it must: the model's own prefill slices (and casts) its weights.
     graphdef, state = nnx.split(model)
     own = g._prefill_jit.lower(graphdef, state, *dec._cache, ids, ids[:, 0]).compile().as_text()
     assert weight_copies(own, model) != []
 
 
-@pytest.mark.parametrize("kw", [pytest.param({}, id="float32", marks=SLOW),
-                                pytest.param({"compute_dtype": "bfloat16", "scan_layers": True}, id="bfloat16-scan")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        pytest.param({}, id="float32", marks=SLOW),
+        pytest.param({"compute_dtype": "bfloat16", "scan_layers": True}, id="bfloat16-scan"),
+    ],
+)
 def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) -> None:
     """Grouped-query attention's cache holds the K key/value heads only; the step runs the 5 dense layers
     of a grouped block (q, kv, proj, fc, out) and the head on the decoder's weights as they are, and

@@ -35,17 +35,43 @@ from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.train_step import StepRunner, step_key
 
 L, T, K, B = 2, 32, 2, 2
-CFG = ModelConfig(architecture="gpt2", vocab_size=96, context_length=T, emb_dim=64, n_heads=4, n_layers=L,
-                  qkv_bias=True, tie_embeddings=True, compute_dtype="bfloat16", attention="xla")
+CFG = ModelConfig(
+    architecture="gpt2",
+    vocab_size=96,
+    context_length=T,
+    emb_dim=64,
+    n_heads=4,
+    n_layers=L,
+    qkv_bias=True,
+    tie_embeddings=True,
+    compute_dtype="bfloat16",
+    attention="xla",
+)
 TRAIN = TrainConfig(microbatch_size=B, gradient_accumulation_steps=K, train_steps=10, weight_decay=0.1)
-MODERN = {"positions": "rotary", "norm": "rmsnorm", "norm_scale": False, "embed_norm": True, "qk_norm": True,
-          "mlp": "relu2", "zero_init_proj": True, "logit_softcap": 15.0, "tie_embeddings": False, "bias": False,
-          "qkv_bias": False}
+MODERN = {
+    "positions": "rotary",
+    "norm": "rmsnorm",
+    "norm_scale": False,
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "zero_init_proj": True,
+    "logit_softcap": 15.0,
+    "tie_embeddings": False,
+    "bias": False,
+    "qkv_bias": False,
+}
 MUON = {"optimizer": "muon", "weight_decay": 0.0}
 # The 2026 options: grouped-query attention, a per-layer window (traced in a scan), value embeddings,
 # embedding and U-net skips (three scans when scanned).
-NEW_2026 = {"n_kv_heads": 2, "window_pattern": "SL", "short_window": 8, "value_embeds": True, "embed_skips": True,
-            "unet_skips": True}
+NEW_2026 = {
+    "n_kv_heads": 2,
+    "window_pattern": "SL",
+    "short_window": 8,
+    "value_embeds": True,
+    "embed_skips": True,
+    "unet_skips": True,
+}
 VARIANTS = {  # (model.json, train.json) overrides
     "unrolled": ({}, {}),
     "scan-remat-chunked": ({"scan_layers": True, "remat": True, "loss_chunk": 24}, {}),
@@ -61,8 +87,7 @@ _TYPE = r"tensor<(?:[0-9?]+x)*(\w+)>"  # tensor<2x32x64xbf16> -> bf16
 DOT = re.compile(rf"stablehlo\.dot_general .*?: \({_TYPE}, {_TYPE}\) -> {_TYPE}")
 
 
-def exported_step(cfg: ModelConfig, backend: str, platform: str,
-                  train: TrainConfig = TRAIN) -> tuple[str, int, int]:
+def exported_step(cfg: ModelConfig, backend: str, platform: str, train: TrainConfig = TRAIN) -> tuple[str, int, int]:
     """(StableHLO text of the train step with `backend`'s ops, exported for `platform`; number of
     state arrays; number of leaves Muon orthogonalises)."""
     model = build_model(cfg, ops=ops.select(cfg, backend))
@@ -78,8 +103,9 @@ STEPS = [(v, p) for v in VARIANTS for p in PLATFORMS]
 FAST = {("unrolled", "cuda"), ("modern-muon-scan-chunked", "tpu"), ("2026-muon-scan-remat", "cuda")}  # the fast tier's
 
 
-@pytest.fixture(scope="module", params=[pytest.param(s, id=f"{s[0]}-{s[1]}", marks=() if s in FAST else SLOW)
-                                        for s in STEPS])
+@pytest.fixture(
+    scope="module", params=[pytest.param(s, id=f"{s[0]}-{s[1]}", marks=() if s in FAST else SLOW) for s in STEPS]
+)
 def accel_step(request) -> tuple[str, int, int, ModelConfig, str]:
     variant, platform = request.param
     model_kw, train_kw = VARIANTS[variant]

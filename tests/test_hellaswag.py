@@ -25,8 +25,26 @@ from jaxgpt.data.tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
 from jaxgpt.evaluation import hellaswag, scoring
 from jaxgpt.model.gpt import build_model
 
-WORDS = ["the", "man", "then", "woman", "slowly", "picks", "up", "a", "ball", "and", "throws", "it", "over", "fence",
-         "while", "dog", "runs", "after"]
+WORDS = [
+    "the",
+    "man",
+    "then",
+    "woman",
+    "slowly",
+    "picks",
+    "up",
+    "a",
+    "ball",
+    "and",
+    "throws",
+    "it",
+    "over",
+    "fence",
+    "while",
+    "dog",
+    "runs",
+    "after",
+]
 
 
 def fixture_records(n: int = 9) -> list[dict]:
@@ -36,9 +54,20 @@ def fixture_records(n: int = 9) -> list[dict]:
     for i in range(n):
         ctx = " ".join(rng.choice(WORDS, size=3 + (i * 37) % 70)).capitalize() + "."
         endings = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 14)))) + "." for _ in range(4)]
-        out.append({"ind": i, "activity_label": "Test", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
-                    "split_type": "indomain", "label": int(rng.integers(0, 4)), "endings": endings,
-                    "source_id": f"test~{i}"})
+        out.append(
+            {
+                "ind": i,
+                "activity_label": "Test",
+                "ctx_a": ctx,
+                "ctx_b": "",
+                "ctx": ctx,
+                "split": "val",
+                "split_type": "indomain",
+                "label": int(rng.integers(0, 4)),
+                "endings": endings,
+                "source_id": f"test~{i}",
+            }
+        )
     return out
 
 
@@ -90,8 +119,12 @@ def np_scorer(records: list[dict], encode, logits_of, context_length: int) -> di
         means.append(m)
         labels.append(r["label"])
     sums, means, labels = np.array(sums), np.array(means), np.array(labels)
-    return {"acc": float((sums.argmin(1) == labels).mean()), "acc_norm": float((means.argmin(1) == labels).mean()),
-            "sum_losses": sums, "mean_losses": means}
+    return {
+        "acc": float((sums.argmin(1) == labels).mean()),
+        "acc_norm": float((means.argmin(1) == labels).mean()),
+        "sum_losses": sums,
+        "mean_losses": means,
+    }
 
 
 def assert_same(got: dict, want: dict) -> None:
@@ -105,17 +138,42 @@ def assert_same(got: dict, want: dict) -> None:
 
 
 # The modern recipe's options (model.json): the soft-cap in the head, rotary positions in each row.
-MODERN = {"positions": "rotary", "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2",
-          "logit_softcap": 4.0, "tie_embeddings": False, "qkv_bias": False, "bias": False}
+MODERN = {
+    "positions": "rotary",
+    "norm": "rmsnorm",
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "logit_softcap": 4.0,
+    "tie_embeddings": False,
+    "qkv_bias": False,
+    "bias": False,
+}
 
 
-@pytest.mark.parametrize("tok_name,context,options", [pytest.param("gpt2", 128, {}, id="gpt2", marks=SLOW),
-                                                      pytest.param("bytes", 160, {}, id="bytes", marks=SLOW),
-                                                      pytest.param("bytes", 160, MODERN, id="bytes-modern")])
+@pytest.mark.parametrize(
+    "tok_name,context,options",
+    [
+        pytest.param("gpt2", 128, {}, id="gpt2", marks=SLOW),
+        pytest.param("bytes", 160, {}, id="bytes", marks=SLOW),
+        pytest.param("bytes", 160, MODERN, id="bytes-modern"),
+    ],
+)
 def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, context: int, options: dict) -> None:
     tok = gpt2_tok() if tok_name == "gpt2" else BytesTokenizer()
-    cfg = ModelConfig(**{"architecture": "gpt2", "vocab_size": tok.n_vocab, "context_length": context, "emb_dim": 32,
-                         "n_heads": 4, "n_layers": 2, "qkv_bias": True, "tie_embeddings": True, **options})
+    cfg = ModelConfig(
+        **{
+            "architecture": "gpt2",
+            "vocab_size": tok.n_vocab,
+            "context_length": context,
+            "emb_dim": 32,
+            "n_heads": 4,
+            "n_layers": 2,
+            "qkv_bias": True,
+            "tie_embeddings": True,
+            **options,
+        }
+    )
     model = build_model(cfg, seed=0)
     randomise(model, seed=5)  # peaky logits: a random init is near uniform, every ending alike
     examples = hellaswag.read_examples(jsonl)
@@ -126,8 +184,8 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
 
     def logits_of(ids: np.ndarray) -> np.ndarray:
         padded = np.zeros((1, context), np.int32)
-        padded[0, :len(ids)] = ids
-        return np.asarray(forward(model, jnp.asarray(padded)))[0, :len(ids)]
+        padded[0, : len(ids)] = ids
+        return np.asarray(forward(model, jnp.asarray(padded)))[0, : len(ids)]
 
     want = np_scorer(fixture_records(), tok.encode, logits_of, context)
     assert got["examples"] == 9 and got["tokenizer"] == tok_name
@@ -138,8 +196,9 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
 
 
 @SLOW  # an import and evaluate.py end to end
-def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path, jsonl: Path,
-                                                                capsys: pytest.CaptureFixture) -> None:
+def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(
+    tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture
+) -> None:
     from jaxgpt.checkpoints.gpt2 import import_run
 
     tok = gpt2_tok()
@@ -161,12 +220,17 @@ def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(tmp_path: Path,
     assert "Scored 4 examples" in capsys.readouterr().out
 
 
-def test_malformed_lines_are_one_line_errors_naming_file_and_line(tmp_path: Path, jsonl: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_malformed_lines_are_one_line_errors_naming_file_and_line(
+    tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture
+) -> None:
     good = [json.dumps(r) for r in fixture_records(3)]
-    bad = {"{not json": "malformed JSON", json.dumps({**fixture_records(1)[0], "label": 4}): "'label' must be",
-           json.dumps({**fixture_records(1)[0], "endings": ["a", "b", "c"]}): "'endings' must be a list of 4",
-           json.dumps({"endings": ["a", "b", "c", "d"], "label": 0}): "'ctx' must be a string", "[1, 2]": "JSON object"}
+    bad = {
+        "{not json": "malformed JSON",
+        json.dumps({**fixture_records(1)[0], "label": 4}): "'label' must be",
+        json.dumps({**fixture_records(1)[0], "endings": ["a", "b", "c"]}): "'endings' must be a list of 4",
+        json.dumps({"endings": ["a", "b", "c", "d"], "label": 0}): "'ctx' must be a string",
+        "[1, 2]": "JSON object",
+    }
     for line, needle in bad.items():
         path = tmp_path / "bad.jsonl"
         path.write_text("\n".join([good[0], "", good[1], line, good[2]]) + "\n")  # a blank line 2 is skipped
@@ -224,15 +288,25 @@ def test_rows_llm_c_style() -> None:
     assert hellaswag.bucket(100, 96) == 96 and math.isclose(hellaswag.N_VAL, 10_042)
 
 
-def test_training_with_hellaswag_checks_the_file_before_compiling(tmp_path: Path, data_root: Path, no_network: None,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+def test_training_with_hellaswag_checks_the_file_before_compiling(
+    tmp_path: Path, data_root: Path, no_network: None, capsys: pytest.CaptureFixture
+) -> None:
     import train
     from jaxgpt.config import ConfigError, TrainConfig
 
-    model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16, "n_heads": 2,
-             "n_layers": 1}
-    run = write_run(tmp_path / "run", model, {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2,
-                                               "hellaswag_interval": 2})
+    model = {
+        "architecture": "gpt2",
+        "vocab_size": 257,
+        "context_length": 16,
+        "emb_dim": 16,
+        "n_heads": 2,
+        "n_layers": 1,
+    }
+    run = write_run(
+        tmp_path / "run",
+        model,
+        {"microbatch_size": 2, "train_steps": 4, "checkpoint_interval": 2, "hellaswag_interval": 2},
+    )
     downloads = tmp_path / "data"
     downloads.mkdir()
     for name in data_root.iterdir():  # the prepared builtin corpus, without its downloads folder

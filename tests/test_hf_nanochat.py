@@ -28,12 +28,34 @@ from jaxgpt.model.gpt import abstract_model, build_model
 # width <= 128, a softmax) on values of size <= ~30, so round-off stays near 30 * 60 * 2^-24 ~ 1e-4 at
 # the very worst and ~1e-5 in practice; a mapping error (a head, a sign, a transpose) moves logits by ~1.
 TOL = 1e-4
-MODERN = {"architecture": "gpt2", "vocab_size": 300, "context_length": 24, "emb_dim": 32, "n_heads": 4, "n_layers": 2,
-          "bias": False, "positions": "rotary", "norm": "rmsnorm", "norm_scale": False, "embed_norm": True,
-          "qk_norm": True, "mlp": "relu2", "zero_init_proj": True, "logit_softcap": 15.0}
-CASES = {"modern": {},
-         "gqa-tied-gelu-uncapped-scanned": {"n_kv_heads": 2, "tie_embeddings": True, "mlp": "gelu",
-                                            "logit_softcap": None, "rope_base": 500.0, "scan_layers": True}}
+MODERN = {
+    "architecture": "gpt2",
+    "vocab_size": 300,
+    "context_length": 24,
+    "emb_dim": 32,
+    "n_heads": 4,
+    "n_layers": 2,
+    "bias": False,
+    "positions": "rotary",
+    "norm": "rmsnorm",
+    "norm_scale": False,
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "zero_init_proj": True,
+    "logit_softcap": 15.0,
+}
+CASES = {
+    "modern": {},
+    "gqa-tied-gelu-uncapped-scanned": {
+        "n_kv_heads": 2,
+        "tie_embeddings": True,
+        "mlp": "gelu",
+        "logit_softcap": None,
+        "rope_base": 500.0,
+        "scan_layers": True,
+    },
+}
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 PROMPT = "Every effort moves you"
 
@@ -77,9 +99,10 @@ def nanochat_forward(folder: Path, idx: np.ndarray, *, llama_rotary: bool = Fals
     sd = {k: v.astype(np.float64) for k, v in load_file(str(folder / "model.safetensors")).items()}
     H, K, C, L = hf["num_attention_heads"], hf["num_key_value_heads"], hf["hidden_size"], hf["num_hidden_layers"]
     D, eps, (B, T) = C // H, hf["rms_norm_eps"], idx.shape
-    act = {"relu2": lambda x: np.maximum(x, 0.0) ** 2,
-           "gelu_pytorch_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-           }[hf["hidden_act"]]
+    act = {
+        "relu2": lambda x: np.maximum(x, 0.0) ** 2,
+        "gelu_pytorch_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    }[hf["hidden_act"]]
 
     def norm(x: np.ndarray) -> np.ndarray:  # NanoChatRMSNorm: no weight
         return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps)
@@ -92,7 +115,7 @@ def nanochat_forward(folder: Path, idx: np.ndarray, *, llama_rotary: bool = Fals
     cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]  # (T, 1, D), broadcast over heads
 
     def rotary(x: np.ndarray) -> np.ndarray:  # (B, T, heads, D): x * cos + rotate_half(x) * sin
-        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        x1, x2 = x[..., : D // 2], x[..., D // 2 :]
         half = np.concatenate([-x2, x1] if llama_rotary else [x2, -x1], -1)
         return x * cos + half * sin
 
@@ -145,15 +168,36 @@ def test_logits_equal_a_numpy_nanochat_forward(tmp_path: Path, case: dict) -> No
 def test_config_json_maps_every_model_json_field(tmp_path: Path) -> None:
     folder, _ = checkpoint(tmp_path / "ckpt", **CASES["gqa-tied-gelu-uncapped-scanned"])
     hf = json.loads((export_run(folder, tmp_path / "out") / "config.json").read_text())
-    assert hf == {"architectures": ["NanoChatForCausalLM"], "model_type": "nanochat", "vocab_size": 300,
-                  "hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "max_position_embeddings": 24, "hidden_act": "gelu_pytorch_tanh",
-                  "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
-                  "final_logit_softcapping": None, "attention_bias": False, "attention_dropout": 0.0,
-                  "initializer_range": 0.02, "tie_word_embeddings": True, "use_cache": True, "bos_token_id": 256,
-                  "eos_token_id": 256, "pad_token_id": 256, "dtype": "float32", "torch_dtype": "float32"}
+    assert hf == {
+        "architectures": ["NanoChatForCausalLM"],
+        "model_type": "nanochat",
+        "vocab_size": 300,
+        "hidden_size": 32,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 24,
+        "hidden_act": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+        "final_logit_softcapping": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": 256,
+        "eos_token_id": 256,
+        "pad_token_id": 256,
+        "dtype": "float32",
+        "torch_dtype": "float32",
+    }
     assert json.loads((tmp_path / "out" / "generation_config.json").read_text()) == {
-        "bos_token_id": 256, "eos_token_id": 256, "pad_token_id": 256}
+        "bos_token_id": 256,
+        "eos_token_id": 256,
+        "pad_token_id": 256,
+    }
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
@@ -164,14 +208,19 @@ def test_tensor_names_shapes_and_dtypes(tmp_path: Path, case: dict) -> None:
     want = {"model.embed_tokens.weight": (V, C)} | ({} if cfg.tie_embeddings else {"lm_head.weight": (V, C)})
     for i in range(2):
         p = f"model.layers.{i}."
-        want |= {p + "self_attn.q_proj.weight": (C, C), p + "self_attn.k_proj.weight": (KD, C),
-                 p + "self_attn.v_proj.weight": (KD, C), p + "self_attn.o_proj.weight": (C, C),
-                 p + "mlp.fc1.weight": (4 * C, C), p + "mlp.fc2.weight": (C, 4 * C)}
+        want |= {
+            p + "self_attn.q_proj.weight": (C, C),
+            p + "self_attn.k_proj.weight": (KD, C),
+            p + "self_attn.v_proj.weight": (KD, C),
+            p + "self_attn.o_proj.weight": (C, C),
+            p + "mlp.fc1.weight": (4 * C, C),
+            p + "mlp.fc2.weight": (C, 4 * C),
+        }
     assert {k: v.shape for k, v in hf.items()} == want
     assert all(v.dtype == np.float32 for v in hf.values())
     ours = load_file(str(folder / ckpt.WEIGHTS))  # a torch Linear weight is (out, in): our kernel transposed
     assert np.array_equal(hf["model.layers.1.mlp.fc1.weight"], ours["blocks.1.mlp.fc.kernel"].T)
-    v = ours["blocks.0.attn.qkv.kernel"][:, 2 * C:] if KD == C else ours["blocks.0.attn.kv.kernel"][:, KD:]
+    v = ours["blocks.0.attn.qkv.kernel"][:, 2 * C :] if KD == C else ours["blocks.0.attn.kv.kernel"][:, KD:]
     assert np.array_equal(hf["model.layers.0.self_attn.v_proj.weight"], v.T)
 
 
@@ -195,8 +244,9 @@ REFUSED = {  # model.json change -> the key and value the one-line error names
 
 
 @pytest.mark.parametrize("change, named", list(REFUSED.values()), ids=list(REFUSED))
-def test_export_refuses_each_option_nanochat_lacks_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                               change: dict, named: str) -> None:
+def test_export_refuses_each_option_nanochat_lacks_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, change: dict, named: str
+) -> None:
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "model.json").write_text(json.dumps({**MODERN, **change}))  # no weights: refused before reading them
@@ -275,8 +325,9 @@ BAD_CONFIG = {  # config.json change -> what the one-line error names
 
 
 @pytest.mark.parametrize("change, named", list(BAD_CONFIG.values()), ids=list(BAD_CONFIG))
-def test_import_refuses_a_config_value_it_cannot_compute_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                                     change: dict, named: str) -> None:
+def test_import_refuses_a_config_value_it_cannot_compute_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, change: dict, named: str
+) -> None:
     folder, _ = checkpoint(tmp_path / "ckpt")
     out = export_run(folder, tmp_path / "out")
     (out / "config.json").write_text(json.dumps({**json.loads((out / "config.json").read_text()), **change}))
@@ -307,8 +358,12 @@ def nanochat_style_tokenizer() -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=280,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([PROMPT, "the effort of every move", "you move the world"] * 20, trainer)
     return tok.to_str()
 
@@ -332,6 +387,7 @@ def test_import_of_nanochats_format_bfloat16_and_bos_as_end_of_text(tmp_path: Pa
     bos = next(t["id"] for t in original["added_tokens"] if t["content"] == "<|bos|>")
     assert isinstance(tok, TrainedTokenizer) and tok.eot_id == bos
     from tokenizers import Tokenizer
+
     assert tok.encode(PROMPT) == Tokenizer.from_str(nanochat_style_tokenizer()).encode(PROMPT).ids
     # Without a bos_token naming a special token (config.json's bos_token_id 256 is an ordinary one here),
     # nothing stands for end-of-text: refused in one line.
@@ -351,8 +407,22 @@ def shakes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import download_dataset as dd
 
     root = tmp_path_factory.mktemp("bpe-data")
-    assert dd.main(["tokenizer", "shakes", "tinyshakespeare", "--from", str(SHAKESPEARE), "--vocab-size", "300",
-                    "--data-dir", str(root)]) == 0
+    assert (
+        dd.main(
+            [
+                "tokenizer",
+                "shakes",
+                "tinyshakespeare",
+                "--from",
+                str(SHAKESPEARE),
+                "--vocab-size",
+                "300",
+                "--data-dir",
+                str(root),
+            ]
+        )
+        == 0
+    )
     return root
 
 
@@ -389,9 +459,16 @@ def test_transformers_loads_the_config_and_encodes_as_we_do(tmp_path: Path, name
     root = request.getfixturevalue("shakes") if name == "shakes" else None
     out = exported(tmp_path, name, root)
     config = transformers.AutoConfig.from_pretrained(out)
-    assert (config.model_type, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-            config.num_key_value_heads, config.intermediate_size, config.final_logit_softcapping,
-            config.rope_parameters["rope_theta"]) == ("nanochat", 32, 2, 4, 4, 128, 15.0, 10000.0)
+    assert (
+        config.model_type,
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.intermediate_size,
+        config.final_logit_softcapping,
+        config.rope_parameters["rope_theta"],
+    ) == ("nanochat", 32, 2, 4, 4, 128, 15.0, 10000.0)
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     tok = get_tokenizer(name, root)
     texts = [PROMPT, "héllo wörld — 日本語 🙂\n\ttabs  spaces", " First Citizen:\nBefore we proceed"]

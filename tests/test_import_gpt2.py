@@ -27,8 +27,18 @@ from jaxgpt.tracking.history import read_record
 TOL = 1e-4
 
 
-def hf_weights(seed: int, *, V: int = 67, ctx: int = 24, C: int = 32, L: int = 2, H: int = 4,
-               untied: bool = False, buffers: bool = True, prefix: str = "") -> dict[str, np.ndarray]:
+def hf_weights(
+    seed: int,
+    *,
+    V: int = 67,
+    ctx: int = 24,
+    C: int = 32,
+    L: int = 2,
+    H: int = 4,
+    untied: bool = False,
+    buffers: bool = True,
+    prefix: str = "",
+) -> dict[str, np.ndarray]:
     """A random GPT-2 state dict as Hugging Face saves it: Conv1D weights (in, out), float32.
 
     Values are far from an init (LayerNorm scales around 1 +- 0.3, biases 0.3, kernels sharp
@@ -39,18 +49,29 @@ def hf_weights(seed: int, *, V: int = 67, ctx: int = 24, C: int = 32, L: int = 2
     def w(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
-    sd = {"wte.weight": w(V, C), "wpe.weight": w(ctx, C, scale=0.5),
-          "ln_f.weight": 1 + w(C, scale=0.3), "ln_f.bias": w(C, scale=0.3)}
+    sd = {
+        "wte.weight": w(V, C),
+        "wpe.weight": w(ctx, C, scale=0.5),
+        "ln_f.weight": 1 + w(C, scale=0.3),
+        "ln_f.bias": w(C, scale=0.3),
+    }
     for i in range(L):
-        sd.update({
-            f"h.{i}.ln_1.weight": 1 + w(C, scale=0.3), f"h.{i}.ln_1.bias": w(C, scale=0.3),
-            f"h.{i}.attn.c_attn.weight": w(C, 3 * C, scale=1.5 / math.sqrt(C)),
-            f"h.{i}.attn.c_attn.bias": w(3 * C, scale=0.3),
-            f"h.{i}.attn.c_proj.weight": w(C, C, scale=1 / math.sqrt(C)), f"h.{i}.attn.c_proj.bias": w(C, scale=0.3),
-            f"h.{i}.ln_2.weight": 1 + w(C, scale=0.3), f"h.{i}.ln_2.bias": w(C, scale=0.3),
-            f"h.{i}.mlp.c_fc.weight": w(C, 4 * C, scale=1 / math.sqrt(C)), f"h.{i}.mlp.c_fc.bias": w(4 * C, scale=0.3),
-            f"h.{i}.mlp.c_proj.weight": w(4 * C, C, scale=1 / math.sqrt(4 * C)),
-            f"h.{i}.mlp.c_proj.bias": w(C, scale=0.3)})
+        sd.update(
+            {
+                f"h.{i}.ln_1.weight": 1 + w(C, scale=0.3),
+                f"h.{i}.ln_1.bias": w(C, scale=0.3),
+                f"h.{i}.attn.c_attn.weight": w(C, 3 * C, scale=1.5 / math.sqrt(C)),
+                f"h.{i}.attn.c_attn.bias": w(3 * C, scale=0.3),
+                f"h.{i}.attn.c_proj.weight": w(C, C, scale=1 / math.sqrt(C)),
+                f"h.{i}.attn.c_proj.bias": w(C, scale=0.3),
+                f"h.{i}.ln_2.weight": 1 + w(C, scale=0.3),
+                f"h.{i}.ln_2.bias": w(C, scale=0.3),
+                f"h.{i}.mlp.c_fc.weight": w(C, 4 * C, scale=1 / math.sqrt(C)),
+                f"h.{i}.mlp.c_fc.bias": w(4 * C, scale=0.3),
+                f"h.{i}.mlp.c_proj.weight": w(4 * C, C, scale=1 / math.sqrt(4 * C)),
+                f"h.{i}.mlp.c_proj.bias": w(C, scale=0.3),
+            }
+        )
         if buffers:  # what transformers' own files carry: the causal mask, not a weight
             sd[f"h.{i}.attn.bias"] = np.tril(np.ones((ctx, ctx), np.float32))[None, None]
             sd[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
@@ -61,6 +82,7 @@ def hf_weights(seed: int, *, V: int = 67, ctx: int = 24, C: int = 32, L: int = 2
 
 def hf_forward(sd: dict[str, np.ndarray], n_head: int, idx: np.ndarray) -> np.ndarray:
     """GPT-2 in float64 numpy, as transformers' GPT2LMHeadModel computes it. idx: (B, T) -> (B, T, V)."""
+
     def ln(x: np.ndarray, p: str) -> np.ndarray:
         mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
         return (x - mu) / np.sqrt(var + 1e-5) * sd[p + ".weight"] + sd[p + ".bias"]
@@ -79,7 +101,7 @@ def hf_forward(sd: dict[str, np.ndarray], n_head: int, idx: np.ndarray) -> np.nd
     h = sd["wte.weight"][idx] + sd["wpe.weight"][:T]
     for i in range(n_layer):
         a = conv1d(ln(h, f"h.{i}.ln_1"), f"h.{i}.attn.c_attn")
-        q, k, v = (a[..., j * C:(j + 1) * C].reshape(B, T, n_head, D).transpose(0, 2, 1, 3) for j in range(3))
+        q, k, v = (a[..., j * C : (j + 1) * C].reshape(B, T, n_head, D).transpose(0, 2, 1, 3) for j in range(3))
         w = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D)
         w = np.where(np.tril(np.ones((T, T), bool)), w, -1e4)  # transformers' masked_bias value
         w = np.exp(w - w.max(-1, keepdims=True))
@@ -113,13 +135,38 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
     src = write_hf(tmp_path / "hf" / "model.safetensors", sd)
     init = import_run(src, tmp_path / "run", n_heads=4)
     cfg = json.loads((tmp_path / "run" / "model.json").read_text())
-    assert cfg == {"architecture": "gpt2", "vocab_size": 67, "context_length": 24, "emb_dim": 32, "n_heads": 4,
-                   "n_layers": 2, "qkv_bias": True, "bias": True, "drop_rate": 0.0, "tie_embeddings": not untied,
-                   "compute_dtype": "float32", "attention": "auto", "remat": False, "scan_layers": False,
-                   "loss_chunk": None, "positions": "learned", "rope_base": None, "norm": "layernorm",
-                   "norm_scale": True, "embed_norm": False, "qk_norm": False, "mlp": "gelu", "zero_init_proj": False,
-                   "logit_softcap": None, "n_kv_heads": None, "value_embeds": False, "embed_skips": False,
-                   "unet_skips": False, "window_pattern": None, "short_window": None}
+    assert cfg == {
+        "architecture": "gpt2",
+        "vocab_size": 67,
+        "context_length": 24,
+        "emb_dim": 32,
+        "n_heads": 4,
+        "n_layers": 2,
+        "qkv_bias": True,
+        "bias": True,
+        "drop_rate": 0.0,
+        "tie_embeddings": not untied,
+        "compute_dtype": "float32",
+        "attention": "auto",
+        "remat": False,
+        "scan_layers": False,
+        "loss_chunk": None,
+        "positions": "learned",
+        "rope_base": None,
+        "norm": "layernorm",
+        "norm_scale": True,
+        "embed_norm": False,
+        "qk_norm": False,
+        "mlp": "gelu",
+        "zero_init_proj": False,
+        "logit_softcap": None,
+        "n_kv_heads": None,
+        "value_embeds": False,
+        "embed_skips": False,
+        "unet_skips": False,
+        "window_pattern": None,
+        "short_window": None,
+    }
     meta = ckpt.read_meta(init)
     assert meta["step"] == 0 and meta["weights_only"] is True
     idx = np.random.default_rng(2).integers(0, 67, size=(2, 24))
@@ -145,8 +192,14 @@ def test_heads_from_config_json_and_wrong_heads_differ(tmp_path: Path) -> None:
 
 
 def test_sizes_inferred_from_shapes() -> None:
-    cfg = infer_config({"wte.weight": np.zeros((50257, 1280)), "wpe.weight": np.zeros((1024, 1280)),
-                                    **{f"h.{i}.ln_1.weight": np.zeros(1280) for i in range(36)}}, "x")
+    cfg = infer_config(
+        {
+            "wte.weight": np.zeros((50257, 1280)),
+            "wpe.weight": np.zeros((1024, 1280)),
+            **{f"h.{i}.ln_1.weight": np.zeros(1280) for i in range(36)},
+        },
+        "x",
+    )
     assert (cfg.n_layers, cfg.emb_dim, cfg.n_heads, cfg.vocab_size, cfg.context_length) == (36, 1280, 20, 50257, 1024)
     assert cfg.tie_embeddings and cfg.qkv_bias
 
@@ -166,7 +219,12 @@ def test_export_import_round_trip_is_bit_exact(tmp_path: Path, untied: bool) -> 
     for k, v in want.items():
         assert exported[k].dtype == np.float32 and np.array_equal(exported[k], v), k
     hf_cfg = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert (hf_cfg["n_head"], hf_cfg["n_layer"], hf_cfg["n_embd"], hf_cfg["tie_word_embeddings"]) == (4, 2, 32, not untied)
+    assert (hf_cfg["n_head"], hf_cfg["n_layer"], hf_cfg["n_embd"], hf_cfg["tie_word_embeddings"]) == (
+        4,
+        2,
+        32,
+        not untied,
+    )
     import_run(tmp_path / "export", tmp_path / "run2")  # heads from the exported config.json
     a = load_file(str(tmp_path / "run" / "pretrained" / "model.safetensors"))
     b = load_file(str(tmp_path / "run2" / "pretrained" / "model.safetensors"))
@@ -200,8 +258,15 @@ def test_export_writes_the_runs_own_end_of_text_id(tmp_path: Path) -> None:
     src = SHARED / "data" / "tinyshakespeare.txt"
     if not src.is_file():
         pytest.skip(f"no Tiny Shakespeare at {src}")
-    train_tokenizer("tiny300", "tinyshakespeare", tmp_path / "data", vocab_size=300, from_path=src,
-                    log=lambda _m: None, progress=False)
+    train_tokenizer(
+        "tiny300",
+        "tinyshakespeare",
+        tmp_path / "data",
+        vocab_size=300,
+        from_path=src,
+        log=lambda _m: None,
+        progress=False,
+    )
     trained = get_tokenizer("tiny300", tmp_path / "data")
     cfg = ModelConfig(architecture="gpt2", vocab_size=300, context_length=8, emb_dim=16, n_heads=2, n_layers=1)
     for name, eot in (("gpt2", 50256), ("bytes", 256), ("tiny300", trained.eot_id)):
@@ -240,8 +305,9 @@ def _checkpoint_of(tmp_path: Path, **kw) -> tuple[Path, object]:
     from jaxgpt.config import ModelConfig, to_dict
     from jaxgpt.model.gpt import build_model
 
-    cfg = ModelConfig(**{**dict(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2,
-                                n_layers=2), **kw})
+    cfg = ModelConfig(
+        **{**dict(architecture="gpt2", vocab_size=11, context_length=8, emb_dim=16, n_heads=2, n_layers=2), **kw}
+    )
     folder = tmp_path / "ckpt"
     folder.mkdir()
     model = build_model(cfg, seed=1)
@@ -258,9 +324,12 @@ def test_parameter_free_layernorm_exports_ones_and_computes_the_same(tmp_path: P
     assert all(np.array_equal(v, np.ones(16, np.float32)) for k, v in hf.items() if k.endswith("ln_1.weight"))
     # zero_init_proj is an initialisation only: the layout is GPT-2's. Zero projections would
     # hide a wrong scale, so give them values first (through the file, as a trained model would).
-    weights = {k: v if not k.endswith("proj.kernel") else np.full_like(v, 0.05)
-               for k, v in ckpt.weights_to_numpy(model).items()}
+    weights = {
+        k: v if not k.endswith("proj.kernel") else np.full_like(v, 0.05)
+        for k, v in ckpt.weights_to_numpy(model).items()
+    }
     from safetensors.numpy import save_file as save_ours
+
     save_ours(weights, str(folder / ckpt.WEIGHTS))
     ckpt.load_weights(model, folder / ckpt.WEIGHTS)
     hf = load_file(str(export_run(folder, tmp_path / "out", force=True)))
@@ -268,12 +337,22 @@ def test_parameter_free_layernorm_exports_ones_and_computes_the_same(tmp_path: P
     np.testing.assert_allclose(hf_forward(hf, 2, idx), np.asarray(model(idx.astype(np.int32))), atol=TOL)
 
 
-@pytest.mark.parametrize("kw, key", [({"positions": "rotary"}, "positions"), ({"norm": "rmsnorm"}, "norm"),
-                                     ({"embed_norm": True}, "embed_norm"), ({"qk_norm": True}, "qk_norm"),
-                                     ({"mlp": "relu2"}, "mlp"), ({"logit_softcap": 30.0}, "logit_softcap"),
-                                     ({"n_kv_heads": 1}, "n_kv_heads"), ({"value_embeds": True}, "value_embeds"),
-                                     ({"embed_skips": True}, "embed_skips"), ({"unet_skips": True}, "unet_skips"),
-                                     ({"window_pattern": "SL"}, "window_pattern")])
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        ({"positions": "rotary"}, "positions"),
+        ({"norm": "rmsnorm"}, "norm"),
+        ({"embed_norm": True}, "embed_norm"),
+        ({"qk_norm": True}, "qk_norm"),
+        ({"mlp": "relu2"}, "mlp"),
+        ({"logit_softcap": 30.0}, "logit_softcap"),
+        ({"n_kv_heads": 1}, "n_kv_heads"),
+        ({"value_embeds": True}, "value_embeds"),
+        ({"embed_skips": True}, "embed_skips"),
+        ({"unet_skips": True}, "unet_skips"),
+        ({"window_pattern": "SL"}, "window_pattern"),
+    ],
+)
 def test_export_of_a_modern_option_is_one_line_naming_it(tmp_path: Path, capsys, kw: dict, key: str) -> None:
     folder, _ = _checkpoint_of(tmp_path, **kw)
     assert import_gpt2.main(["export", str(folder), str(tmp_path / "out")]) == 2
@@ -291,9 +370,14 @@ def test_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     bad = dict(sd)
     del bad["h.0.mlp.c_fc.bias"]
     cases = {
-        "missing tensor 'h.0.mlp.c_fc.bias'": [str(write_hf(tmp_path / "missing.safetensors", bad)), str(tmp_path / "r1")],
-        "unexpected tensors ['extra']": [str(write_hf(tmp_path / "extra.safetensors", {**sd, "extra": np.zeros(2, np.float32)})),
-                                         str(tmp_path / "r2")],
+        "missing tensor 'h.0.mlp.c_fc.bias'": [
+            str(write_hf(tmp_path / "missing.safetensors", bad)),
+            str(tmp_path / "r1"),
+        ],
+        "unexpected tensors ['extra']": [
+            str(write_hf(tmp_path / "extra.safetensors", {**sd, "extra": np.zeros(2, np.float32)})),
+            str(tmp_path / "r2"),
+        ],
         "neither a file nor a GPT-2 variant": [str(tmp_path / "nope.safetensors"), str(tmp_path / "r3")],
         "not a readable safetensors file": [str(_write_bytes(tmp_path / "junk.safetensors")), str(tmp_path / "r4")],
     }
@@ -308,8 +392,12 @@ def test_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "already exists" in capsys.readouterr().err
     assert import_gpt2.main(["import", str(src), str(tmp_path / "r5"), "--n-heads", "4", "--force"]) == 0
     bad_shape = {**sd, "h.0.attn.c_proj.weight": np.zeros((32, 31), np.float32)}
-    assert import_gpt2.main(["import", str(write_hf(tmp_path / "s.safetensors", bad_shape)), str(tmp_path / "r6"),
-                             "--n-heads", "4"]) == 2
+    assert (
+        import_gpt2.main(
+            ["import", str(write_hf(tmp_path / "s.safetensors", bad_shape)), str(tmp_path / "r6"), "--n-heads", "4"]
+        )
+        == 2
+    )
     assert "h.0.attn.c_proj.weight has shape (32, 31), expected (32, 32)" in capsys.readouterr().err
     assert import_gpt2.main(["export", str(tmp_path / "nowhere"), str(tmp_path / "e")]) == 2
 
@@ -339,8 +427,9 @@ def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @SLOW  # import, sampling, evaluation and fine-tuning end to end
-def test_imported_run_samples_evaluates_and_fine_tunes(tmp_path: Path, gpt2_data: Path,
-                                                       capsys: pytest.CaptureFixture) -> None:
+def test_imported_run_samples_evaluates_and_fine_tunes(
+    tmp_path: Path, gpt2_data: Path, capsys: pytest.CaptureFixture
+) -> None:
     from jaxgpt.data.batches import BatchSampler
     from jaxgpt.data.prepare import dataset_dir
     from jaxgpt.data.shards import open_dataset
@@ -358,16 +447,24 @@ def test_imported_run_samples_evaluates_and_fine_tunes(tmp_path: Path, gpt2_data
     # Fine-tune for 2 steps: step 1's loss is the imported weights' loss on step 1's batch.
     settings = json.loads((run / "train.json").read_text())
     assert settings["init_from"] == "pretrained" and settings["tokenizer"] == "gpt2"
-    settings.update(microbatch_size=2, gradient_accumulation_steps=1, sequence_length=32, train_steps=2,
-                    checkpoint_interval=2, validation_batches=1, seed=3)
+    settings.update(
+        microbatch_size=2,
+        gradient_accumulation_steps=1,
+        sequence_length=32,
+        train_steps=2,
+        checkpoint_interval=2,
+        validation_batches=1,
+        seed=3,
+    )
     (run / "train.json").write_text(json.dumps(settings))
     assert train.main([str(run), "--data-dir", str(gpt2_data)]) == 0
     assert "Initialised" in capsys.readouterr().out
     meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
     assert meta["step"] == 2 and meta["optimizer_steps_applied"] == 2  # a fresh optimiser
 
-    x, y = BatchSampler(open_dataset(dataset_dir(gpt2_data, "builtin", "gpt2")).train, microbatch_size=2,
-                        seq_len=32, seed=3).microbatch(0)
+    x, y = BatchSampler(
+        open_dataset(dataset_dir(gpt2_data, "builtin", "gpt2")).train, microbatch_size=2, seq_len=32, seed=3
+    ).microbatch(0)
     logits = hf_forward(sd, 2, x)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))

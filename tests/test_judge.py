@@ -19,10 +19,14 @@ from jaxgpt.chat.judge import RUBRIC, Judge, parse_score
 
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
-TRAIN = {"dataset": {"source": "instructions", "options": {"examples": 100, "validation_examples": 6,
-                                                           "template": SHORT}},
-         "tokenizer": "bytes", "microbatch_size": 4, "train_steps": 2, "checkpoint_interval": 2,
-         "validation_batches": 1}
+TRAIN = {
+    "dataset": {"source": "instructions", "options": {"examples": 100, "validation_examples": 6, "template": SHORT}},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "train_steps": 2,
+    "checkpoint_interval": 2,
+    "validation_batches": 1,
+}
 
 
 class StandIn(BaseHTTPRequestHandler):
@@ -46,9 +50,15 @@ class StandIn(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(json.dumps({"error": {"message": "stand-in failure", "type": "server_error"}}).encode())
             return
-        data = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": out}}]}).encode()
+        data = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": out}}],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -86,8 +96,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_scores_are_the_first_whole_number_of_at_most_100() -> None:
-    assert [parse_score(r) for r in ("85", "Score: 70/100", "I'd say 12.5 then 40", "2024 was 90", "none", "101 0")] \
-        == [85, 70, 40, 90, None, 0]
+    assert [
+        parse_score(r) for r in ("85", "Score: 70/100", "I'd say 12.5 then 40", "2024 was 90", "none", "101 0")
+    ] == [85, 70, 40, 90, None, 0]
 
 
 def test_the_judge_gets_the_books_rubric_and_the_key(stand_in, monkeypatch) -> None:
@@ -128,8 +139,30 @@ def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tm
     server = stand_in(reply)
     monkeypatch.setenv("JUDGE_KEY", "sk-local")
     out = tmp_path / "judged.jsonl"
-    assert judge.main([str(run), "--url", server.url, "--model", "m", "--api-key-env", "JUDGE_KEY", "--out", str(out),
-                       "--retries", "0", "--timeout", "5", "--data-dir", str(data), "--max-new-tokens", "8"]) == 0
+    assert (
+        judge.main(
+            [
+                str(run),
+                "--url",
+                server.url,
+                "--model",
+                "m",
+                "--api-key-env",
+                "JUDGE_KEY",
+                "--out",
+                str(out),
+                "--retries",
+                "0",
+                "--timeout",
+                "5",
+                "--data-dir",
+                str(data),
+                "--max-new-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and [r["score"] for r in rows] == [80, None, None, 60, 100, 20]
     assert rows[1]["judge_reply"] == "no idea" and rows[1]["error"] is None  # kept, counted, never dropped
@@ -148,6 +181,17 @@ def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tm
 def test_a_missing_key_is_a_usage_error(tuned, monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(SystemExit) as e:
-        judge.main([str(tuned[0]), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env", "NO_SUCH_KEY",
-                    "--out", str(tmp_path / "x.jsonl")])
+        judge.main(
+            [
+                str(tuned[0]),
+                "--url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "m",
+                "--api-key-env",
+                "NO_SUCH_KEY",
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
     assert e.value.code == 2

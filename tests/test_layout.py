@@ -12,9 +12,22 @@ from pathlib import Path
 
 from conftest import ROOT
 
-ENTRY_POINTS = {"train", "model", "data", "checkpointing", "charts", "download_dataset", "evaluate", "import_gpt2",
-                "convert_hf", "chat", "judge", "serve",
-                "test_generation", "test_a_to_a"}
+ENTRY_POINTS = {
+    "train",
+    "model",
+    "data",
+    "checkpointing",
+    "charts",
+    "download_dataset",
+    "evaluate",
+    "import_gpt2",
+    "convert_hf",
+    "chat",
+    "judge",
+    "serve",
+    "test_generation",
+    "test_a_to_a",
+}
 CPU_ONLY = ("jaxgpt.cpu", "jaxgpt.ops.cpu")
 
 
@@ -88,8 +101,19 @@ def test_the_root_holds_the_entry_points_and_the_rest_is_in_the_package() -> Non
     assert {p.stem for p in ROOT.glob("*.py")} == ENTRY_POINTS
     assert len(ENTRY_POINTS) <= 15
     folders = {p.name for p in (ROOT / "jaxgpt").iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert folders == {"chat", "checkpoints", "cpu", "data", "distributed", "evaluation", "model", "ops", "serving",
-                       "tracking", "training"}
+    assert folders == {
+        "chat",
+        "checkpoints",
+        "cpu",
+        "data",
+        "distributed",
+        "evaluation",
+        "model",
+        "ops",
+        "serving",
+        "tracking",
+        "training",
+    }
     assert all((ROOT / "jaxgpt" / f / "__init__.py").is_file() for f in folders)
 
 
@@ -107,25 +131,43 @@ def test_the_package_folders_import_each_other_without_a_circle() -> None:
     g: dict[str, set[str]] = {}
     for name, deps in graph().items():
         if name.startswith("jaxgpt."):
-            g.setdefault(folder(name), set()).update(folder(d) for d in deps if d.startswith("jaxgpt.") and folder(d) != folder(name))
+            g.setdefault(folder(name), set()).update(
+                folder(d) for d in deps if d.startswith("jaxgpt.") and folder(d) != folder(name)
+            )
     assert_no_circle(g, "folder")
     assert "jaxgpt.training" not in reaches(g, "jaxgpt.model") and "jaxgpt.model" not in reaches(g, "jaxgpt.data")
 
 
 def test_imports_flow_one_way_from_config_to_the_entry_points() -> None:
     g = graph()
-    layers = [["jaxgpt.config"], ["jaxgpt.data.shards", "jaxgpt.model.gpt"], ["jaxgpt.training.train_step"],
-              ["jaxgpt.training.loop"], ["train"]]
+    layers = [
+        ["jaxgpt.config"],
+        ["jaxgpt.data.shards", "jaxgpt.model.gpt"],
+        ["jaxgpt.training.train_step"],
+        ["jaxgpt.training.loop"],
+        ["train"],
+    ]
     for i, layer in enumerate(layers):
-        later = {m for upper in layers[i + 1:] for m in upper}
+        later = {m for upper in layers[i + 1 :] for m in upper}
         for module in layer:
             assert not reaches(g, module) & later, (module, reaches(g, module) & later)
     assert {"jaxgpt.config"} <= reaches(g, "jaxgpt.model.gpt")
-    assert {"jaxgpt.model.gpt", "jaxgpt.ops.select"} <= reaches(g, "jaxgpt.training.train_step") <= reaches(g, "jaxgpt.training.loop")
+    assert (
+        {"jaxgpt.model.gpt", "jaxgpt.ops.select"}
+        <= reaches(g, "jaxgpt.training.train_step")
+        <= reaches(g, "jaxgpt.training.loop")
+    )
     light = reaches(g, "jaxgpt.training.run") | {"jaxgpt.training.run"}  # what train.py imports before JAX
-    assert not light & {"jaxgpt.model.gpt", "jaxgpt.ops", "jaxgpt.ops.select", "jaxgpt.training.train_step",
-                        "jaxgpt.training.loop", "jaxgpt.checkpoints.store", "jaxgpt.distributed.sharding",
-                        "jaxgpt.cpu.kernels"}, light
+    assert not light & {
+        "jaxgpt.model.gpt",
+        "jaxgpt.ops",
+        "jaxgpt.ops.select",
+        "jaxgpt.training.train_step",
+        "jaxgpt.training.loop",
+        "jaxgpt.checkpoints.store",
+        "jaxgpt.distributed.sharding",
+        "jaxgpt.cpu.kernels",
+    }, light
 
 
 def test_cpu_only_code_is_imported_where_the_cpu_is_chosen_only() -> None:
@@ -161,8 +203,9 @@ cfg = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_dim
 abstract_model(cfg, select(cfg, "gpu"))
 print(json.dumps(sorted(m for m in sys.modules if m.startswith({CPU_ONLY!r}))))
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
@@ -174,5 +217,7 @@ def test_files_and_functions_stay_readable_sizes() -> None:
         assert text.count("\n") <= 600, (path, text.count("\n"))
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                assert node.end_lineno - node.lineno + 1 <= 60, (f"{path}:{node.lineno} {node.name}",
-                                                                 node.end_lineno - node.lineno + 1)
+                assert node.end_lineno - node.lineno + 1 <= 60, (
+                    f"{path}:{node.lineno} {node.name}",
+                    node.end_lineno - node.lineno + 1,
+                )

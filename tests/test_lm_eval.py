@@ -26,14 +26,40 @@ EXAMPLES = TASKS / "hellaswag_local.jsonl"
 
 def lm_eval(url: str, name: str, context: int, out: Path, tmp: Path) -> subprocess.CompletedProcess:
     """The documented command, offline (the task's data is a local JSONL file; nothing is downloaded)."""
-    env = os.environ | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf"),
-                        "HF_DATASETS_CACHE": str(tmp / "hf" / "datasets"), "OPENAI_API_KEY": "none"}
-    model_args = (f"base_url={url}/v1/completions,model={name},tokenizer_backend=remote,max_length={context},"
-                  f"num_concurrent=4,max_retries=1")
-    args = ["run", "--model", "local-completions", "--model_args", model_args, "--include_path", str(TASKS),
-            "--tasks", "hellaswag_local", "--output_path", str(out), "--log_samples"]
-    return subprocess.run([sys.executable, "-m", "lm_eval", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    env = os.environ | {
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp / "hf"),
+        "HF_DATASETS_CACHE": str(tmp / "hf" / "datasets"),
+        "OPENAI_API_KEY": "none",
+    }
+    model_args = (
+        f"base_url={url}/v1/completions,model={name},tokenizer_backend=remote,max_length={context},"
+        f"num_concurrent=4,max_retries=1"
+    )
+    args = [
+        "run",
+        "--model",
+        "local-completions",
+        "--model_args",
+        model_args,
+        "--include_path",
+        str(TASKS),
+        "--tasks",
+        "hellaswag_local",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "lm_eval", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 @SLOW
@@ -68,4 +94,5 @@ def test_lm_evals_hellaswag_through_the_server_equals_evaluate_py(tmp_path: Path
         assert sample["acc"] == float(ours["pred"][i] == example.label)
         assert sample["acc_norm"] == float(ours["pred_norm"][i] == example.label), i
     assert metrics["acc,none"] == pytest.approx(ours["acc"]) and metrics["acc_norm,none"] == pytest.approx(
-        ours["acc_norm"])
+        ours["acc_norm"]
+    )

@@ -26,11 +26,27 @@ from jaxgpt.tracking.history import read_record
 # Not in the fast tier (-m "not slow"): several train.py processes on forced host devices, and two joined over gloo.
 pytestmark = pytest.mark.slow
 
-MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
-         "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 8,
-         "gradient_accumulation_steps": 2, "train_steps": 6, "learning_rate": 0.003,
-         "checkpoint_interval": 3, "validation_batches": 1, "keep_last_checkpoints": 10}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 258,
+    "context_length": 16,
+    "emb_dim": 32,
+    "n_heads": 4,
+    "n_layers": 2,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 6,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 3,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 10,
+}
 
 
 def losses(run_dir: Path, after: int = 0) -> list[float]:
@@ -41,10 +57,20 @@ def losses(run_dir: Path, after: int = 0) -> list[float]:
 
 
 def run_subprocess(run_dir: Path, data_root: Path, devices: int, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run_dir), "--data-dir", str(data_root), *extra],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(run_dir), "--data-dir", str(data_root), *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def train_on(run_dir: Path, data_root: Path, devices: int) -> str:
@@ -75,8 +101,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path
     return run
 
 
-@pytest.mark.parametrize("mesh", [{"data": 8, "model": 1}, {"data": 4, "model": 2},
-                                  {"data": 8, "model": 1, "fsdp": True}], ids=["8x1", "4x2", "8x1-fsdp"])
+@pytest.mark.parametrize(
+    "mesh",
+    [{"data": 8, "model": 1}, {"data": 4, "model": 2}, {"data": 8, "model": 1, "fsdp": True}],
+    ids=["8x1", "4x2", "8x1-fsdp"],
+)
 def test_mesh_matches_single_device(tmp_path: Path, data_root: Path, reference: Path, mesh: dict) -> None:
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "mesh": mesh})
     train_on(run, data_root, devices=8)
@@ -86,8 +115,9 @@ def test_mesh_matches_single_device(tmp_path: Path, data_root: Path, reference: 
     assert len(losses(run)) == 6
 
 
-def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: Path, reference: Path,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_save_on_4x2_resume_on_8x1_and_on_one_device(
+    tmp_path: Path, data_root: Path, reference: Path, capsys: pytest.CaptureFixture
+) -> None:
     saved = write_run(tmp_path / "saved", MODEL, {**TRAIN, "mesh": {"data": 4, "model": 2}})
     train_on(saved, data_root, devices=8)
     step3 = next(p for p in ckpt.list_checkpoints(saved) if ckpt.step_of(p) == 3)
@@ -100,14 +130,25 @@ def test_save_on_4x2_resume_on_8x1_and_on_one_device(tmp_path: Path, data_root: 
 
 # The modern recipe: every model option of layers.py, Muon (its momenta sharded as the kernels are,
 # the qkv one as its (C, 3, C) view) and warmup-stable-decay.
-MODERN = {**MODEL, "qkv_bias": False, "bias": False, "tie_embeddings": False, "positions": "rotary",
-          "norm": "rmsnorm", "embed_norm": True, "qk_norm": True, "mlp": "relu2", "zero_init_proj": True,
-          "logit_softcap": 15.0}
+MODERN = {
+    **MODEL,
+    "qkv_bias": False,
+    "bias": False,
+    "tie_embeddings": False,
+    "positions": "rotary",
+    "norm": "rmsnorm",
+    "embed_norm": True,
+    "qk_norm": True,
+    "mlp": "relu2",
+    "zero_init_proj": True,
+    "logit_softcap": 15.0,
+}
 MODERN_TRAIN = {**TRAIN, "optimizer": "muon", "schedule": "wsd", "learning_rate": 0.02}
 
 
-def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp_path: Path, data_root: Path,
-                                                                            capsys: pytest.CaptureFixture) -> None:
+def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(
+    tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
     """Data x model parallel with FSDP matches the single device; its step-3 checkpoint (Muon's
     momenta sharded over both axes) resumes on (8, 1) FSDP and on one device, to the same losses."""
     reference = write_run(tmp_path / "single", MODERN, MODERN_TRAIN)
@@ -126,14 +167,21 @@ def test_modern_recipe_on_4x2_fsdp_matches_and_resumes_on_8x1_and_one_device(tmp
 # The 2026 recipe on top: grouped-query attention (the kv kernel sharded by key/value heads), windows,
 # value embeddings (tables sharded by vocabulary and, with FSDP, width), embedding and U-net skips;
 # Muon with Polar Express and NorMuon (its per-neuron moments); rows packed from whole documents.
-NEW_2026 = {**MODERN, "n_kv_heads": 2, "window_pattern": "SL", "short_window": 6, "value_embeds": True,
-            "embed_skips": True, "unet_skips": True}
-NEW_2026_TRAIN = {**MODERN_TRAIN, "packing": "documents",
-                  "muon": {"coefficients": "polar_express", "normuon": True}}
+NEW_2026 = {
+    **MODERN,
+    "n_kv_heads": 2,
+    "window_pattern": "SL",
+    "short_window": 6,
+    "value_embeds": True,
+    "embed_skips": True,
+    "unet_skips": True,
+}
+NEW_2026_TRAIN = {**MODERN_TRAIN, "packing": "documents", "muon": {"coefficients": "polar_express", "normuon": True}}
 
 
-def test_2026_recipe_on_4x2_fsdp_matches_and_resumes_on_one_device(tmp_path: Path, data_root: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_2026_recipe_on_4x2_fsdp_matches_and_resumes_on_one_device(
+    tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
     reference = write_run(tmp_path / "single", NEW_2026, NEW_2026_TRAIN)
     assert train.main([str(reference), "--data-dir", str(data_root)]) == 0
     saved = write_run(tmp_path / "saved", NEW_2026, {**NEW_2026_TRAIN, "mesh": {"data": 4, "model": 2, "fsdp": True}})
@@ -165,8 +213,12 @@ def test_two_processes_match_single_process(tmp_path: Path, data_root: Path, ref
     # One set of checkpoints and charts, whole and loadable.
     assert [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)] == [3, 6]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
-    assert sorted(p.name for p in (run / "charts").iterdir()) == ["grad_norm.png", "loss.png", "lr.png",
-                                                                 "throughput.png"]
+    assert sorted(p.name for p in (run / "charts").iterdir()) == [
+        "grad_norm.png",
+        "loss.png",
+        "lr.png",
+        "throughput.png",
+    ]
     json.loads((ckpt.latest_checkpoint(run) / "meta.json").read_text())
     # One record of the run, written by process 0: one event file, one line a step.
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1

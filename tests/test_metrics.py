@@ -28,11 +28,28 @@ from jaxgpt.tracking import metrics
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training import mfu
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
-         "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.0}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-         "gradient_accumulation_steps": 2, "train_steps": 12, "learning_rate": 0.003,
-         "checkpoint_interval": 6, "validation_interval": 3, "validation_batches": 1, "keep_last_checkpoints": 3}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.0,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 12,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 6,
+    "validation_interval": 3,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 3,
+}
 # Only when asked for: HellaSwag (hellaswag_interval), CORE (core_interval), tokens to target (target_val_loss) and the
 # other parts' rates and momentum of optimizer "muon" (test_muon_update.py checks those).
 WHEN_ASKED = ("hellaswag/", "core/", "target/", "optim/lr_", "optim/muon_")
@@ -46,8 +63,9 @@ def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the run as TensorBoard's EventAccumulator reads it (purges applied)."""
-    acc = event_accumulator.EventAccumulator(str(run_dir / metrics.TENSORBOARD_DIR),
-                                             size_guidance={event_accumulator.SCALARS: 0})
+    acc = event_accumulator.EventAccumulator(
+        str(run_dir / metrics.TENSORBOARD_DIR), size_guidance={event_accumulator.SCALARS: 0}
+    )
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
@@ -90,14 +108,16 @@ def test_a_run_writes_every_tag_once_a_step_and_the_same_to_metrics_jsonl(short_
     # perf/mfu is tokens/s x FLOPs per token / peak, with the peak recorded in meta.json.
     meta = json.loads((cf.latest_checkpoint(short_run) / "meta.json").read_text())
     for r in steps:
-        assert r["perf/tokens_per_s"] == pytest.approx(TRAIN["gradient_accumulation_steps"] * 4 * 32
-                                                       / r["perf/step_time_s"])
+        assert r["perf/tokens_per_s"] == pytest.approx(
+            TRAIN["gradient_accumulation_steps"] * 4 * 32 / r["perf/step_time_s"]
+        )
         assert r["perf/mfu"] == pytest.approx(r["perf/tokens_per_s"] * meta["flops_per_token"] / meta["peak_flops"])
     assert 0 < meta["mfu"] < 1 and meta["peak_flops_source"]
     assert "series" not in meta and meta["format"] == 2  # every step's figures are the record's alone
     # The record names every checkpoint at its step, after that step's lines, and starts with the configs.
     assert [(r["step"], r["checkpoint"]) for r in lines if "checkpoint" in r] == [
-        (cf.step_of(c), c.name) for c in cf.list_checkpoints(short_run)]
+        (cf.step_of(c), c.name) for c in cf.list_checkpoints(short_run)
+    ]
     assert lines[0]["step"] == 0 and set(lines[0]["configs"]) == {"model.json", "train.json"}
     for r in steps:
         assert r["train/loss_min"] <= r["train/loss"] <= r["train/loss_max"]
@@ -139,8 +159,17 @@ def get_json(url: str, deadline: float):
 
 def tensorboard_server(logdir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1",
-           "--port", str(port), "--reload_interval", "1"]
+    cmd = [
+        str(Path(sys.executable).parent / "tensorboard"),
+        "--logdir",
+        str(logdir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--reload_interval",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -187,12 +216,18 @@ def logged_steps(run_dir: Path) -> set[int]:
 
 
 @SLOW  # a training subprocess killed and resumed
-def test_a_run_killed_between_checkpoints_and_resumed_has_one_value_a_step(tmp_path: Path, data_root: Path,
-                                                                           straight: Path) -> None:
+def test_a_run_killed_between_checkpoints_and_resumed_has_one_value_a_step(
+    tmp_path: Path, data_root: Path, straight: Path
+) -> None:
     run = write_run(tmp_path / "run", MODEL, LONG)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for_step(run, proc, 10)
     deadline = time.monotonic() + 300  # until steps past the latest checkpoint are on disk
     while not logged_steps(run) or max(logged_steps(run)) <= cf.step_of(cf.latest_checkpoint(run)):
@@ -214,8 +249,9 @@ def test_a_run_killed_between_checkpoints_and_resumed_has_one_value_a_step(tmp_p
         assert [v for _, v in a[tag]] == [v for _, v in b[tag]], tag  # exact resume: the same values
     lines = [r for r in metrics.read_metrics(run / metrics.METRICS_FILE) if "train/loss" in r]
     assert [r["step"] for r in lines] == list(range(1, 121))
-    assert [r["train/loss"] for r in lines] == [r["train/loss"] for r in metrics.read_metrics(
-        straight / metrics.METRICS_FILE) if "train/loss" in r]
+    assert [r["train/loss"] for r in lines] == [
+        r["train/loss"] for r in metrics.read_metrics(straight / metrics.METRICS_FILE) if "train/loss" in r
+    ]
     proc, url = tensorboard_server(run)  # and what a user watching the run sees
     try:
         points = get_json(f"{url}/data/plugin/scalars/scalars?run=tensorboard&tag=train/loss", time.monotonic() + 180)
@@ -227,8 +263,9 @@ def test_a_run_killed_between_checkpoints_and_resumed_has_one_value_a_step(tmp_p
 
 def test_cut_back_keeps_the_resumed_steps_and_drops_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_bytes(b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 2, "val/loss": 3}\n'
-                     b'{"step": 3, "a": 3}\n{"step": 4, "a"')
+    path.write_bytes(
+        b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 2, "val/loss": 3}\n{"step": 3, "a": 3}\n{"step": 4, "a"'
+    )
     metrics.cut_back(path, 2)
     assert path.read_bytes() == b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 2, "val/loss": 3}\n'
     metrics.cut_back(path, 0)  # a fresh start (or --restart's step 0) keeps nothing
@@ -236,15 +273,18 @@ def test_cut_back_keeps_the_resumed_steps_and_drops_a_torn_line(tmp_path: Path) 
 
 
 @SLOW  # two trainings end to end
-def test_restart_moves_the_old_records_aside_with_the_checkpoints(tmp_path: Path, data_root: Path,
-                                                                  short_run: Path) -> None:
+def test_restart_moves_the_old_records_aside_with_the_checkpoints(
+    tmp_path: Path, data_root: Path, short_run: Path
+) -> None:
     run = tmp_path / "run"
     import shutil
 
     shutil.copytree(short_run, run, symlinks=True)
     assert run_main(run, data_root, "--restart") == 0
     (old,) = run.glob("checkpoints.old-*")
-    assert len(metrics.read_metrics(old / metrics.METRICS_FILE)) == len(metrics.read_metrics(run / metrics.METRICS_FILE))
+    assert len(metrics.read_metrics(old / metrics.METRICS_FILE)) == len(
+        metrics.read_metrics(run / metrics.METRICS_FILE)
+    )
     assert [s for s, _ in scalars(run)["train/loss"]] == list(range(1, 13))  # not 1..12 twice
 
 
@@ -257,8 +297,9 @@ def test_flops_per_token_of_gpt2_124m_is_6n_plus_the_attention_term() -> None:
     (nanoGPT's get_num_params would also count biases, LayerNorms and wte's lookup, which do no
     matmul FLOPs). Attention: 12 L T C = 12 x 12 x 1024 x 768 = 113,246,208, the full T x T square
     (PaLM / nanoGPT's estimate_mfu: not halved for the causal mask). 6N + 12LTC = 854,438,400."""
-    gpt2 = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768, n_heads=12,
-                       n_layers=12, qkv_bias=True)
+    gpt2 = ModelConfig(
+        architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768, n_heads=12, n_layers=12, qkv_bias=True
+    )
     assert mfu.flops_per_token(gpt2, 1024) == 6 * 123_532_032 + 113_246_208 == 854_438_400
     # And N is what the built model holds: all of its parameters less biases, LayerNorms and wpe.
     import jax
@@ -267,7 +308,10 @@ def test_flops_per_token_of_gpt2_124m_is_6n_plus_the_attention_term() -> None:
     from jaxgpt.model.gpt import build_model
 
     state = nnx.state(nnx.eval_shape(lambda: build_model(gpt2, seed=0)), nnx.Param)
-    sizes = {jax.tree_util.keystr(path): int(np.prod(leaf.shape)) for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+    sizes = {
+        jax.tree_util.keystr(path): int(np.prod(leaf.shape))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+    }
     matmul = sum(n for name, n in sizes.items() if "kernel" in name)  # blocks and the untied head
     assert any("head" in name for name in sizes) and sum(n for name, n in sizes.items() if "bias" in name) > 0
     assert matmul == 123_532_032, sizes.keys()

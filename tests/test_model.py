@@ -68,7 +68,8 @@ def test_bias_false_has_no_bias_and_matches_numpy_with_zero_biases(scan: bool) -
     assert p and not [n for n in p if "bias" in n], sorted(p)
     if scan:  # stacked (L, ...) -> the reference's per-layer names
         p = {k: v for k, v in p.items() if not k.startswith("blocks.")} | {
-            f"blocks.{i}.{k[7:]}": v[i] for k, v in p.items() if k.startswith("blocks.") for i in range(L)}
+            f"blocks.{i}.{k[7:]}": v[i] for k, v in p.items() if k.startswith("blocks.") for i in range(L)
+        }
     with_bias = flat_params(build_model(gpt_cfg(qkv_bias=True), seed=3))
     # Every bias of GPT-2's layout (LayerNorms, qkv, proj, fc, out, ln_f) is gone, nothing else.
     assert sorted(p) == sorted(n for n in with_bias if not n.endswith(".bias"))
@@ -84,8 +85,7 @@ def test_bias_false_has_no_bias_and_matches_numpy_with_zero_biases(scan: bool) -
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 def test_atoa_matches_numpy_reference(tie: bool) -> None:
-    cfg = ModelConfig(architecture="a-to-a", vocab_size=V, context_length=T_CTX, emb_dim=C,
-                      tie_embeddings=tie)
+    cfg = ModelConfig(architecture="a-to-a", vocab_size=V, context_length=T_CTX, emb_dim=C, tie_embeddings=tie)
     model = build_model(cfg, seed=4)
     assert isinstance(model, AToA)
     randomise(model, seed=12)
@@ -101,23 +101,52 @@ def test_atoa_matches_numpy_reference(tie: bool) -> None:
 
 OPTIONS = {
     # the modern recipe's (layers.py), each alone and together
-    "rotary": {"positions": "rotary"}, "rmsnorm": {"norm": "rmsnorm"},
-    "rmsnorm-no-scale": {"norm": "rmsnorm", "norm_scale": False}, "layernorm-no-scale": {"norm_scale": False},
-    "embed-norm": {"embed_norm": True}, "qk-norm": {"qk_norm": True}, "relu2": {"mlp": "relu2"},
-    "softcap": {"logit_softcap": 2.0}, "all": {**MODERN, "logit_softcap": 3.0},
-    "all-tied-biases-no-scale": {**MODERN, "tie_embeddings": True, "bias": True, "qkv_bias": True,
-                                 "norm": "layernorm", "norm_scale": False, "logit_softcap": 3.0},
+    "rotary": {"positions": "rotary"},
+    "rmsnorm": {"norm": "rmsnorm"},
+    "rmsnorm-no-scale": {"norm": "rmsnorm", "norm_scale": False},
+    "layernorm-no-scale": {"norm_scale": False},
+    "embed-norm": {"embed_norm": True},
+    "qk-norm": {"qk_norm": True},
+    "relu2": {"mlp": "relu2"},
+    "softcap": {"logit_softcap": 2.0},
+    "all": {**MODERN, "logit_softcap": 3.0},
+    "all-tied-biases-no-scale": {
+        **MODERN,
+        "tie_embeddings": True,
+        "bias": True,
+        "qkv_bias": True,
+        "norm": "layernorm",
+        "norm_scale": False,
+        "logit_softcap": 3.0,
+    },
     # the 2026 recipe's (grouped heads, windows, connections.py), each alone, together, with the modern ones
-    "gqa-2": {"n_kv_heads": 2}, "gqa-1": {"n_kv_heads": 1}, "windows": {"window_pattern": "SSL", "short_window": 5},
-    "value-embeds": {"value_embeds": True}, "embed-skips": {"embed_skips": True}, "unet": {"unet_skips": True},
-    "all-new": ALL_NEW, "all-new-modern": {**MODERN, **ALL_NEW, "logit_softcap": 3.0},
+    "gqa-2": {"n_kv_heads": 2},
+    "gqa-1": {"n_kv_heads": 1},
+    "windows": {"window_pattern": "SSL", "short_window": 5},
+    "value-embeds": {"value_embeds": True},
+    "embed-skips": {"embed_skips": True},
+    "unet": {"unet_skips": True},
+    "all-new": ALL_NEW,
+    "all-new-modern": {**MODERN, **ALL_NEW, "logit_softcap": 3.0},
     "all-new-odd-layers": {**ALL_NEW, "n_layers": 5, "window_pattern": "SSSL"},
     "all-new-gpt2-layout": {**ALL_NEW, "bias": True, "qkv_bias": True, "tie_embeddings": True},
 }
 
 
-@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"rotary", "all", "all-tied-biases-no-scale", "all-new-modern",
-                                                    "all-new-odd-layers", "all-new-gpt2-layout"}))
+@pytest.mark.parametrize(
+    "kw",
+    cases(
+        OPTIONS,
+        fast={
+            "rotary",
+            "all",
+            "all-tied-biases-no-scale",
+            "all-new-modern",
+            "all-new-odd-layers",
+            "all-new-gpt2-layout",
+        },
+    ),
+)
 def test_option_matches_numpy_reference(kw: dict) -> None:
     cfg = gpt_cfg(**kw)
     model = build_model(cfg, seed=3)
@@ -139,12 +168,26 @@ def test_option_matches_numpy_reference(kw: dict) -> None:
 
 # A layout, then each of its options turned off: (key, its value off, what changes with it).
 APART = {
-    "modern": (MODERN, [("positions", "learned", {"rope_base": None}), ("embed_norm", False, {}),
-                        ("qk_norm", False, {}), ("mlp", "gelu", {}), ("logit_softcap", None, {}),
-                        ("norm", "layernorm", {})]),
-    "2026": ({**MODERN, **ALL_NEW, "n_layers": 3}, [("window_pattern", None, {"short_window": None}),
-                                                     ("value_embeds", False, {}), ("embed_skips", False, {}),
-                                                     ("unet_skips", False, {})]),
+    "modern": (
+        MODERN,
+        [
+            ("positions", "learned", {"rope_base": None}),
+            ("embed_norm", False, {}),
+            ("qk_norm", False, {}),
+            ("mlp", "gelu", {}),
+            ("logit_softcap", None, {}),
+            ("norm", "layernorm", {}),
+        ],
+    ),
+    "2026": (
+        {**MODERN, **ALL_NEW, "n_layers": 3},
+        [
+            ("window_pattern", None, {"short_window": None}),
+            ("value_embeds", False, {}),
+            ("embed_skips", False, {}),
+            ("unet_skips", False, {}),
+        ],
+    ),
 }
 
 
@@ -175,8 +218,9 @@ def test_init_is_a_pure_function_of_the_seed() -> None:
 
 def test_gpt2_init_statistics() -> None:
     n_layers, emb = 3, 128
-    cfg = ModelConfig(architecture="gpt2", vocab_size=100, context_length=16, emb_dim=emb,
-                      n_heads=4, n_layers=n_layers, qkv_bias=True)
+    cfg = ModelConfig(
+        architecture="gpt2", vocab_size=100, context_length=16, emb_dim=emb, n_heads=4, n_layers=n_layers, qkv_bias=True
+    )
     p = flat_params(build_model(cfg, seed=0))
     resid = 0.02 / math.sqrt(2 * n_layers)
     checked = 0
@@ -206,27 +250,42 @@ def test_zero_init_proj_starts_every_block_as_the_identity() -> None:
     x = np.asarray(tokens(2))
     # The residual stream is the (normed) embedding all the way up.
     emb = np_norm(cfg, p, "ln_f", np_norm(cfg, p, "emb_norm", p["tok_emb.embedding"][x]))
-    np.testing.assert_allclose(np.asarray(model(jnp.asarray(x))),
-                               15.0 * np.tanh(emb @ p["head.kernel"] / 15.0), atol=TOL)
+    np.testing.assert_allclose(
+        np.asarray(model(jnp.asarray(x))), 15.0 * np.tanh(emb @ p["head.kernel"] / 15.0), atol=TOL
+    )
 
 
 # ----------------------------------------------------------------------------- size and names
 
 
 def gpt2_param_formula(v: int, t: int, c: int, n: int, qkv_bias: bool, tie: bool) -> int:
-    block = (2 * 2 * c            # ln1, ln2 (scale + bias)
-             + c * 3 * c + (3 * c if qkv_bias else 0)  # fused qkv
-             + c * c + c           # attention output projection
-             + c * 4 * c + 4 * c   # mlp fc
-             + 4 * c * c + c)      # mlp out
+    block = (
+        2 * 2 * c  # ln1, ln2 (scale + bias)
+        + c * 3 * c
+        + (3 * c if qkv_bias else 0)  # fused qkv
+        + c * c
+        + c  # attention output projection
+        + c * 4 * c
+        + 4 * c  # mlp fc
+        + 4 * c * c
+        + c
+    )  # mlp out
     return v * c + t * c + n * block + 2 * c + (0 if tie else c * v)
 
 
 @pytest.mark.parametrize("qkv_bias,tie", [(False, False), (True, True), (True, False)])
 def test_param_count_formula(qkv_bias: bool, tie: bool) -> None:
     # Shape-only model (no init compute); all five sizes differ so a swapped term is caught.
-    cfg = ModelConfig(architecture="gpt2", vocab_size=97, context_length=12, emb_dim=24,
-                      n_heads=3, n_layers=3, qkv_bias=qkv_bias, tie_embeddings=tie)
+    cfg = ModelConfig(
+        architecture="gpt2",
+        vocab_size=97,
+        context_length=12,
+        emb_dim=24,
+        n_heads=3,
+        n_layers=3,
+        qkv_bias=qkv_bias,
+        tie_embeddings=tie,
+    )
     assert count_params(abstract_model(cfg)) == gpt2_param_formula(97, 12, 24, 3, qkv_bias, tie)
 
 
@@ -238,22 +297,34 @@ def test_param_count_real_model() -> None:
 
 def test_param_count_gpt2_small_shape() -> None:
     """GPT-2 small (124M with the tied head): counted on an abstract model, nothing allocated."""
-    cfg = ModelConfig(architecture="gpt2", vocab_size=50257, context_length=1024, emb_dim=768,
-                      n_heads=12, n_layers=12, qkv_bias=True, tie_embeddings=True)
+    cfg = ModelConfig(
+        architecture="gpt2",
+        vocab_size=50257,
+        context_length=1024,
+        emb_dim=768,
+        n_heads=12,
+        n_layers=12,
+        qkv_bias=True,
+        tie_embeddings=True,
+    )
     assert count_params(abstract_model(cfg)) == 124_439_808
 
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_param_count_atoa(tie: bool) -> None:
-    cfg = ModelConfig(architecture="a-to-a", vocab_size=257, context_length=8, emb_dim=16,
-                      tie_embeddings=tie)
+    cfg = ModelConfig(architecture="a-to-a", vocab_size=257, context_length=8, emb_dim=16, tie_embeddings=tie)
     assert count_params(abstract_model(cfg)) == 257 * 16 * (1 if tie else 2)
 
 
 def test_parameters_carry_logical_axis_names() -> None:
     """sharding.py places parameters by these names: an unnamed one would be silently replicated."""
-    for kw in ({**MODERN, "norm_scale": True}, {**MODERN, "norm": "layernorm", "bias": True},
-               {**MODERN, "scan_layers": True}, ALL_NEW, {**ALL_NEW, "scan_layers": True, "qkv_bias": True}):
+    for kw in (
+        {**MODERN, "norm_scale": True},
+        {**MODERN, "norm": "layernorm", "bias": True},
+        {**MODERN, "scan_layers": True},
+        ALL_NEW,
+        {**ALL_NEW, "scan_layers": True, "qkv_bias": True},
+    ):
         model = build_model(gpt_cfg(**kw))
         for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
             names = var.get_metadata().get("out_sharding")

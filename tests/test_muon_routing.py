@@ -71,19 +71,26 @@ def test_gqa_kv_kernel_is_orthogonalised_as_two_matrices() -> None:
     table = muon.routing_table(model, muon.routes(model))
     assert "blocks.*.attn.kv.kernel (as 2 matrices)" in table["muon"]["names"]
     assert "blocks.*.attn.q.kernel" in table["muon"]["names"]
-    assert jnp.shape(muon._view(routed(model)["blocks.0.attn.kv.kernel"],
-                                params_np(model)["blocks.0.attn.kv.kernel"])) == (16, 2, 8)
+    assert jnp.shape(
+        muon._view(routed(model)["blocks.0.attn.kv.kernel"], params_np(model)["blocks.0.attn.kv.kernel"])
+    ) == (16, 2, 8)
 
 
 def test_muon_routes_the_connections_and_grouped_heads() -> None:
     for scan in (False, True):
         model = build_model(gpt_cfg(**ALL_NEW, n_layers=3, scan_layers=scan))
         table = muon.routing_table(model, muon.routes(model))
-        assert "blocks.*.attn.kv.kernel (as 2 matrices)" in table["muon"]["names"] or \
-               "blocks.attn.kv.kernel (as 2 matrices)" in table["muon"]["names"], table["muon"]["names"]
+        assert (
+            "blocks.*.attn.kv.kernel (as 2 matrices)" in table["muon"]["names"]
+            or "blocks.attn.kv.kernel (as 2 matrices)" in table["muon"]["names"]
+        ), table["muon"]["names"]
         assert "connections.value_tables" in table["embed"]["names"]
-        assert {"connections.value_gates", "connections.resid_lambdas", "connections.x0_lambdas",
-                "connections.skip_weights"} <= set(table["scalar"]["names"])
+        assert {
+            "connections.value_gates",
+            "connections.resid_lambdas",
+            "connections.x0_lambdas",
+            "connections.skip_weights",
+        } <= set(table["scalar"]["names"])
         assert not any("qkv" in n for n in table["muon"]["names"])
 
 

@@ -1,5 +1,6 @@
 """optimizer "muon" end to end through train.py: the routing table printed and recorded, every
-part's rate logged (on a warmup-stable-decay schedule), exact resume (weights, optimiser state, per-step losses), restoring onto other
+part's rate logged (on a warmup-stable-decay schedule), exact resume (weights, optimiser state, per-step
+losses), restoring onto other
 mesh shapes (data, model, FSDP), and a changed optimizer refused on resume."""
 
 from __future__ import annotations
@@ -24,14 +25,36 @@ from jaxgpt.training.optimizer import make_optimizer, make_schedule, peak_rates
 # Not in the fast tier (-m "not slow"): Muon runs end to end through train.py (test_muon_update.py checks the update).
 pytestmark = pytest.mark.slow
 
-MODEL = {"architecture": "gpt2", "vocab_size": 258, "context_length": 16, "emb_dim": 32,
-         "n_heads": 4, "n_layers": 2, "qkv_bias": True, "drop_rate": 0.1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 8,
-         "gradient_accumulation_steps": 2, "train_steps": 6, "checkpoint_interval": 3,
-         "validation_batches": 1, "keep_last_checkpoints": 10, "optimizer": "muon", "warmup_percent": 34,
-         "schedule": "wsd", "cooldown_percent": 50,
-         "muon": {"momentum_warmup_steps": 4, "embed_learning_rate": 0.02, "head_learning_rate": 0.005,
-                  "scalar_learning_rate": 0.004}}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 258,
+    "context_length": 16,
+    "emb_dim": 32,
+    "n_heads": 4,
+    "n_layers": 2,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 6,
+    "checkpoint_interval": 3,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 10,
+    "optimizer": "muon",
+    "warmup_percent": 34,
+    "schedule": "wsd",
+    "cooldown_percent": 50,
+    "muon": {
+        "momentum_warmup_steps": 4,
+        "embed_learning_rate": 0.02,
+        "head_learning_rate": 0.005,
+        "scalar_learning_rate": 0.004,
+    },
+}
 
 
 def run_main(run_dir: Path, data_root: Path) -> int:
@@ -79,7 +102,9 @@ def test_the_run_prints_records_and_logs_every_part(reference: tuple[Path, str])
             assert r[tag] == pytest.approx(float(make_schedule(cfg, 6, peaks[part])(r["step"] - 1)), rel=1e-6), (tag, r)
         assert r["optim/muon_momentum"] == pytest.approx(0.85 + 0.1 * min(r["step"] - 1, 4) / 4, rel=1e-6)
     # warm-up (steps 1, 2), peak (3, 4), cool-down (5, 6): the check above can tell the steps apart
-    assert lines[0]["optim/lr"] < lines[1]["optim/lr"] < lines[2]["optim/lr"] > lines[4]["optim/lr"] > lines[5]["optim/lr"]
+    assert (
+        lines[0]["optim/lr"] < lines[1]["optim/lr"] < lines[2]["optim/lr"] > lines[4]["optim/lr"] > lines[5]["optim/lr"]
+    )
     assert meta["learning_rates"]["embed"] == pytest.approx(lines[-1]["optim/lr_embed"])
 
 
@@ -103,8 +128,9 @@ def test_resume_from_a_checkpoint_is_exact(tmp_path: Path, data_root: Path, refe
     assert state_a[mu].shape == (32, 3, 32) and np.any(state_a[mu] != 0)
 
 
-def test_a_changed_optimizer_is_refused_on_resume(tmp_path: Path, data_root: Path, reference: tuple[Path, str],
-                                                  capsys) -> None:
+def test_a_changed_optimizer_is_refused_on_resume(
+    tmp_path: Path, data_root: Path, reference: tuple[Path, str], capsys
+) -> None:
     run = tmp_path / "changed"
     shutil.copytree(reference[0], run, symlinks=True)
     write_run(run, MODEL, {k: v for k, v in TRAIN.items() if k != "muon"} | {"optimizer": "adamw", "train_steps": 8})

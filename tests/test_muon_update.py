@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +67,15 @@ def ns_numpy(g: np.ndarray) -> np.ndarray:
 def first_step_numpy(train: TrainConfig, params: dict, grads: dict) -> dict[str, np.ndarray]:
     """The parameters after the first optimiser step, part by part (each at its step-0 rate)."""
     m, eps, wd = train.muon, train.adam_eps, train.weight_decay
-    lr = {part: float(make_schedule(train, TOTAL, peak)(0)) for part, peak in
-          {"muon": train.learning_rate, "embed": m.embed_learning_rate, "head": m.head_learning_rate,
-           "scalar": m.scalar_learning_rate}.items()}
+    lr = {
+        part: float(make_schedule(train, TOTAL, peak)(0))
+        for part, peak in {
+            "muon": train.learning_rate,
+            "embed": m.embed_learning_rate,
+            "head": m.head_learning_rate,
+            "scalar": m.scalar_learning_rate,
+        }.items()
+    }
     out = {}
     for name, p in params.items():
         g, part = grads[name].astype(np.float64), expected_part(name)
@@ -111,8 +118,10 @@ def test_first_step_matches_numpy_part_by_part(stepped: dict) -> None:
     got = stepped["params"][0]
     for name, value in got.items():
         np.testing.assert_allclose(value, want[name], rtol=0, atol=2e-6, err_msg=name)
-    moved = {part: max(np.abs(got[n] - stepped["init"][n]).max() for n in got if expected_part(n) == part)
-             for part in muon.PARTS}
+    moved = {
+        part: max(np.abs(got[n] - stepped["init"][n]).max() for n in got if expected_part(n) == part)
+        for part in muon.PARTS
+    }
     assert all(v > 1e-4 for v in moved.values()), moved
 
 
@@ -149,8 +158,12 @@ def test_logged_rates_follow_the_schedules(stepped: dict) -> None:
     """optimizer_stats: "learning_rate" is the matrices' rate, each other part's under its own name,
     and the momentum warms up: each as the update at that step used it."""
     m = MUON
-    peak = {"muon": 0.02, "embed": m.embed_learning_rate, "head": m.head_learning_rate,
-            "scalar": m.scalar_learning_rate}
+    peak = {
+        "muon": 0.02,
+        "embed": m.embed_learning_rate,
+        "head": m.head_learning_rate,
+        "scalar": m.scalar_learning_rate,
+    }
 
     def lr(part: str, t: int) -> float:  # 2 warm-up steps from 0.1 x peak, then cosine to 0.1 x peak
         if t < 2:
@@ -164,17 +177,30 @@ def test_logged_rates_follow_the_schedules(stepped: dict) -> None:
         assert float(stats["momentum"]) == pytest.approx(0.85 + 0.1 * max(t - 1, 0) / 4, rel=1e-6)
         assert float(stats["learning_rate"]) == rates["muon"]
     assert int(stepped["stats"][-1]["gradient_step"]) == 2
-    assert set(stepped["stats"][0]) == {"learning_rate", "grad_norm", "gradient_step", "mini_step", "notfinite_count",
-                                        "total_notfinite", "embed_learning_rate", "head_learning_rate",
-                                        "scalar_learning_rate", "momentum"}
+    assert set(stepped["stats"][0]) == {
+        "learning_rate",
+        "grad_norm",
+        "gradient_step",
+        "mini_step",
+        "notfinite_count",
+        "total_notfinite",
+        "embed_learning_rate",
+        "head_learning_rate",
+        "scalar_learning_rate",
+        "momentum",
+    }
 
 
 def test_a_non_finite_microbatch_is_skipped(stepped: dict) -> None:
     for name, value in stepped["init"].items():
         np.testing.assert_array_equal(stepped["after_nan"][name], value, err_msg=name)
     s = stepped["nan_stats"]
-    assert (int(s["notfinite_count"]), int(s["total_notfinite"]), int(s["mini_step"]),
-            int(s["gradient_step"])) == (1, 1, 0, 0)
+    assert (int(s["notfinite_count"]), int(s["total_notfinite"]), int(s["mini_step"]), int(s["gradient_step"])) == (
+        1,
+        1,
+        0,
+        0,
+    )
     last = stepped["stats"][-1]
     assert (int(last["notfinite_count"]), int(last["total_notfinite"])) == (0, 1)
     assert all(np.all(np.isfinite(v)) for v in stepped["params"][-1].values())
@@ -183,8 +209,14 @@ def test_a_non_finite_microbatch_is_skipped(stepped: dict) -> None:
 def test_adamw_stats_are_unchanged() -> None:
     opt = nnx.eval_shape(lambda: abstract_optimizer(TrainConfig(microbatch_size=2, train_steps=TOTAL)))
     stats = optimizer_stats(opt)
-    assert set(stats) == {"learning_rate", "grad_norm", "gradient_step", "mini_step", "notfinite_count",
-                          "total_notfinite"}
+    assert set(stats) == {
+        "learning_rate",
+        "grad_norm",
+        "gradient_step",
+        "mini_step",
+        "notfinite_count",
+        "total_notfinite",
+    }
     assert part_rates({"learning_rate": np.float32(6e-4)}) == {"adamw": pytest.approx(6e-4)}
 
 
@@ -192,11 +224,13 @@ def test_adamw_stats_are_unchanged() -> None:
 
 # The paper's five iterations (Amsel et al. 2025, Polar Express; safety factor 2e-2, cushion 2), as
 # nanochat's optim.py lists them.
-POLAR = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
-         (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-         (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-         (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-         (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
+POLAR = [
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
 
 
 def polar_numpy(g: np.ndarray, steps: int = 5) -> np.ndarray:
@@ -213,10 +247,12 @@ def normuon_numpy(o: np.ndarray, v: np.ndarray, beta2: float) -> tuple[np.ndarra
     return scaled * np.linalg.norm(o) / np.linalg.norm(scaled), v
 
 
-@pytest.mark.parametrize("cfg", cases({"qkv": MODEL, "gqa": GQA, "gqa-scan": replace(GQA, scan_layers=True)},
-                                       fast={"gqa-scan"}))
-@pytest.mark.parametrize("normuon", [pytest.param(False, id="polar", marks=SLOW),
-                                     pytest.param(True, id="polar-normuon")])
+@pytest.mark.parametrize(
+    "cfg", cases({"qkv": MODEL, "gqa": GQA, "gqa-scan": replace(GQA, scan_layers=True)}, fast={"gqa-scan"})
+)
+@pytest.mark.parametrize(
+    "normuon", [pytest.param(False, id="polar", marks=SLOW), pytest.param(True, id="polar-normuon")]
+)
 def test_first_step_of_polar_express_and_normuon_matches_numpy(cfg, normuon: bool) -> None:
     """One optimiser step (k = 1) of the whole chain: the matrices' update is Polar Express's (then
     NorMuon's, whose running mean starts at 0: v = (1 - beta2) ms), width-scaled, decayed, at the
@@ -252,16 +288,22 @@ def test_normuon_keeps_a_running_mean_per_neuron() -> None:
     routing = muon.routes(model)
     muon_only = jax.tree.map(lambda r: r.part == "muon", routing)
     params = nnx.state(model, nnx.Param)
-    view = lambda t: muon._over(muon._view, routing, t)
-    unview = lambda t: muon._over(muon._unview, routing, t)
+
+    def view(t: Any) -> Any:  # a pytree either way
+        return muon._over(muon._view, routing, t)
+
+    def unview(t: Any) -> Any:
+        return muon._over(muon._unview, routing, t)
+
     tx = optax_masked(muon.scale_by_neuron_rms(routing, 0.8), muon_only)
     state = tx.init(view(params))
     us = [random_grads(model, s) for s in (5, 6)]
     outs = []
     for u in us:
         out, state = tx.update(view(u), state)
-        outs.append({n: np.asarray(v.get_value() if hasattr(v, "get_value") else v)
-                     for n, v in flat_names(unview(out)).items()})
+        outs.append(
+            {n: np.asarray(v.get_value() if hasattr(v, "get_value") else v) for n, v in flat_names(unview(out)).items()}
+        )
     for name, route in flat_names(routing).items():
         if route.part != "muon":
             continue
@@ -284,15 +326,22 @@ def optax_masked(tx, mask):
 def test_the_state_has_each_settings_layout() -> None:
     """Standard coefficients keep the one (3,) row a checkpoint of an earlier run holds; Polar
     Express keeps its 5 x 3; NorMuon adds a (.., 1, out) or (.., in, 1) second moment per matrix leaf."""
+
     def state(m: MuonConfig) -> dict[str, tuple[int, ...]]:
         model = build_model(MODEL, seed=0)
         opt = nnx.Optimizer(model, make_transform(train_cfg(muon=m), TOTAL, muon.routes(model)), wrt=nnx.Param)
         leaves = jax.tree_util.tree_flatten_with_path(nnx.as_pure(opt.opt_state))[0]
         return {jax.tree_util.keystr(p, simple=True, separator="."): tuple(jnp.shape(v)) for p, v in leaves}
 
-    plain, polar, normed = state(MUON), state(replace(MUON, coefficients="polar_express")), \
-        state(replace(MUON, normuon=True))
-    coeffs = lambda s: [v for k, v in s.items() if k.endswith("ns_coeffs")]
+    plain, polar, normed = (
+        state(MUON),
+        state(replace(MUON, coefficients="polar_express")),
+        state(replace(MUON, normuon=True)),
+    )
+
+    def coeffs(s: dict) -> list:
+        return [v for k, v in s.items() if k.endswith("ns_coeffs")]
+
     assert coeffs(plain) == [(3,)] and coeffs(polar) == [(5, 3)] and coeffs(normed) == [(3,)]
     moments = {k: v for k, v in normed.items() if "second_moment" in k}
     assert set(polar) == set(plain) and len(moments) == 4 * MODEL.n_layers

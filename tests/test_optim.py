@@ -25,22 +25,30 @@ from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, 
 from jaxgpt.training.train_step import StepRunner, step_key, train_step
 
 V, T = 50, 8
-MODEL = ModelConfig(architecture="gpt2", vocab_size=V, context_length=T, emb_dim=16, n_heads=2,
-                    n_layers=1, qkv_bias=True)
+MODEL = ModelConfig(
+    architecture="gpt2", vocab_size=V, context_length=T, emb_dim=16, n_heads=2, n_layers=1, qkv_bias=True
+)
 K, B, TOTAL = 3, 2, 10
 
 
 def train_cfg(**kw) -> TrainConfig:
-    base = dict(microbatch_size=B, gradient_accumulation_steps=K, train_steps=TOTAL,
-                learning_rate=1e-2, warmup_percent=20.0, lr_init_factor=0.1, lr_end_factor=0.1,
-                weight_decay=0.1, clipping_max_norm=1.0)
+    base = dict(
+        microbatch_size=B,
+        gradient_accumulation_steps=K,
+        train_steps=TOTAL,
+        learning_rate=1e-2,
+        warmup_percent=20.0,
+        lr_init_factor=0.1,
+        lr_end_factor=0.1,
+        weight_decay=0.1,
+        clipping_max_norm=1.0,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def params_np(model: nnx.Module) -> dict[str, np.ndarray]:
-    return {".".join(map(str, p)): np.array(v.get_value())
-            for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    return {".".join(map(str, p)): np.array(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
@@ -81,8 +89,14 @@ def batch(seed: int, k: int = K, b: int = B) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 
 def test_schedule_warmup_cosine_values() -> None:
-    tr = TrainConfig(microbatch_size=1, train_steps=100, learning_rate=1e-3, warmup_percent=10,
-                     lr_init_factor=0.01, lr_end_factor=0.1)
+    tr = TrainConfig(
+        microbatch_size=1,
+        train_steps=100,
+        learning_rate=1e-3,
+        warmup_percent=10,
+        lr_init_factor=0.01,
+        lr_end_factor=0.1,
+    )
     s = make_schedule(tr, 100)
     peak, init, end, w = 1e-3, 1e-5, 1e-4, 10
 
@@ -103,8 +117,14 @@ def test_schedule_warmup_cosine_values() -> None:
 
 
 def test_schedule_full_warmup_is_valid() -> None:
-    tr = TrainConfig(microbatch_size=1, train_steps=50, learning_rate=2e-3, warmup_percent=100,
-                     lr_init_factor=0.0 + 1e-3, lr_end_factor=0.5)
+    tr = TrainConfig(
+        microbatch_size=1,
+        train_steps=50,
+        learning_rate=2e-3,
+        warmup_percent=100,
+        lr_init_factor=0.0 + 1e-3,
+        lr_end_factor=0.5,
+    )
     s = make_schedule(tr, 50)
     values = np.array([float(s(t)) for t in range(0, 60)])
     assert np.all(np.isfinite(values)) and np.all(values > 0)
@@ -116,8 +136,7 @@ def test_schedule_full_warmup_is_valid() -> None:
 
 
 def test_schedule_no_warmup() -> None:
-    tr = TrainConfig(microbatch_size=1, train_steps=40, learning_rate=1e-3, warmup_percent=0,
-                     lr_end_factor=0.0)
+    tr = TrainConfig(microbatch_size=1, train_steps=40, learning_rate=1e-3, warmup_percent=0, lr_end_factor=0.0)
     s = make_schedule(tr, 40)
     assert float(s(0)) == pytest.approx(1e-3, rel=1e-6)  # straight to the peak
     assert float(s(20)) == pytest.approx(5e-4, rel=1e-5)
@@ -136,8 +155,16 @@ def test_schedule_warmup_rounds_down() -> None:
 def test_schedule_wsd_values() -> None:
     """Warmup-stable-decay: cosine's own warm-up, the peak until the last cooldown_percent of the
     steps, then a straight line to peak x lr_end_factor at the last step."""
-    tr = TrainConfig(microbatch_size=1, train_steps=100, learning_rate=1e-3, warmup_percent=10,
-                     lr_init_factor=0.01, lr_end_factor=0.1, schedule="wsd", cooldown_percent=20)
+    tr = TrainConfig(
+        microbatch_size=1,
+        train_steps=100,
+        learning_rate=1e-3,
+        warmup_percent=10,
+        lr_init_factor=0.01,
+        lr_end_factor=0.1,
+        schedule="wsd",
+        cooldown_percent=20,
+    )
     s, cosine = make_schedule(tr, 100), make_schedule(replace(tr, schedule="cosine", cooldown_percent=None), 100)
     peak, init, end = 1e-3, 1e-5, 1e-4
     for t in range(11):  # the same warm-up, to the bit
@@ -180,8 +207,7 @@ def runs() -> dict:
     tr = train_cfg()
     batches = [batch(1), batch(2)]
     init = params_np(build_model(MODEL, seed=0))
-    out: dict = {"train": tr, "batches": batches, "init": init, "acc_stats": [], "acc_losses": [],
-                 "acc_opt_step": []}
+    out: dict = {"train": tr, "batches": batches, "init": init, "acc_stats": [], "acc_losses": [], "acc_opt_step": []}
 
     acc = build_model(MODEL, seed=0)
     acc_opt = make_optimizer(acc, tr, TOTAL)
@@ -200,14 +226,19 @@ def runs() -> dict:
     out["before_nan"] = params_np(acc)
     for i, (bx, by) in enumerate([out["nan_batch"], batch(4)]):
         losses, stats = train_step(acc, acc_opt, bx, by, step_key(0, 2 + i))
-        out["after_nan"].append((np.asarray(losses), {k: np.asarray(v) for k, v in stats.items()},
-                                 params_np(acc)))
+        out["after_nan"].append((np.asarray(losses), {k: np.asarray(v) for k, v in stats.items()}, params_np(acc)))
 
     ref = build_model(MODEL, seed=0)
     tx = optax.chain(
         optax.clip_by_global_norm(tr.clipping_max_norm),
-        optax.adamw(make_schedule(tr, TOTAL), b1=tr.adam_b1, b2=tr.adam_b2, eps=tr.adam_eps,
-                    weight_decay=tr.weight_decay, mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p)),
+        optax.adamw(
+            make_schedule(tr, TOTAL),
+            b1=tr.adam_b1,
+            b2=tr.adam_b2,
+            eps=tr.adam_eps,
+            weight_decay=tr.weight_decay,
+            mask=lambda p: jax.tree.map(lambda a: a.ndim >= 2, p),
+        ),
     )
     ref_opt = nnx.Optimizer(ref, tx, wrt=nnx.Param)
     out["ref_grad_norms"] = []
@@ -337,8 +368,9 @@ def test_train_step_keeps_windows_aligned_after_a_skipped_microbatch(runs: dict)
 
 # One transform shared by the three tests below: optimisers built on the same tx object share a
 # graphdef, so `jit_update` compiles once for all of them (each compile costs seconds).
-EAGER = dict(gradient_accumulation_steps=2, warmup_percent=0, learning_rate=0.01, weight_decay=0.5,
-             clipping_max_norm=1e-8)
+EAGER = dict(
+    gradient_accumulation_steps=2, warmup_percent=0, learning_rate=0.01, weight_decay=0.5, clipping_max_norm=1e-8
+)
 
 
 @pytest.fixture(scope="module")

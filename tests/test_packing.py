@@ -37,8 +37,14 @@ def corpus(tmp_path: Path, n_docs: int = 300, seed: int = 0, first_eot: bool = F
     if first_eot:
         docs.insert(0, np.array([EOT], np.uint16))
     root = tmp_path / "ds"
-    write_dataset(root, source="test", options={}, fingerprint="fp", tokenizer=BytesTokenizer(),
-                  splits={"train": docs, "val": docs[:20]})
+    write_dataset(
+        root,
+        source="test",
+        options={},
+        fingerprint="fp",
+        tokenizer=BytesTokenizer(),
+        splits={"train": docs, "val": docs[:20]},
+    )
     return root
 
 
@@ -134,8 +140,14 @@ def test_a_pure_function_of_seed_and_step_across_epochs(tmp_path: Path) -> None:
 def test_a_corpus_without_documents_is_a_one_line_error(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     text = (np.arange(5000) % 250).astype(np.uint16)  # one long text, no end-of-text (nanoGPT's Shakespeare cut)
-    write_dataset(root, source="test", options={}, fingerprint="fp", tokenizer=BytesTokenizer(),
-                  splits={"train": [text], "val": [text[:500]]})
+    write_dataset(
+        root,
+        source="test",
+        options={},
+        fingerprint="fp",
+        tokenizer=BytesTokenizer(),
+        splits={"train": [text], "val": [text[:500]]},
+    )
     with pytest.raises(DataError, match=r"holds 1 document\(s\) .* packing 'documents' needs a corpus of many") as e:
         DocumentSampler(open_dataset(root).train, microbatch_size=2, seq_len=32, seed=0, eot_id=EOT)
     assert "\n" not in str(e.value)
@@ -144,12 +156,26 @@ def test_a_corpus_without_documents_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 @SLOW  # three trainings end to end
-def test_a_packed_run_trains_resumes_exactly_and_says_what_cropping_cost(tmp_path: Path, data_root: Path,
-                                                                          capsys: pytest.CaptureFixture) -> None:
-    model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
-             "n_layers": 1}
-    cfg = {"dataset": {"source": "builtin"}, "microbatch_size": 4, "train_steps": 6, "packing": "documents",
-           "checkpoint_interval": 3, "validation_batches": 1, "learning_rate": 0.003}
+def test_a_packed_run_trains_resumes_exactly_and_says_what_cropping_cost(
+    tmp_path: Path, data_root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    model = {
+        "architecture": "gpt2",
+        "vocab_size": 257,
+        "context_length": 32,
+        "emb_dim": 32,
+        "n_heads": 2,
+        "n_layers": 1,
+    }
+    cfg = {
+        "dataset": {"source": "builtin"},
+        "microbatch_size": 4,
+        "train_steps": 6,
+        "packing": "documents",
+        "checkpoint_interval": 3,
+        "validation_batches": 1,
+        "learning_rate": 0.003,
+    }
     whole = write_run(tmp_path / "whole", model, cfg)
     assert train.main([str(whole), "--data-dir", str(data_root)]) == 0
     assert "packing documents:" in capsys.readouterr().out

@@ -25,8 +25,10 @@ ROWS_PER_GROUP = 25
 
 def documents(n: int = 120) -> list[str]:
     """Varied documents: several lines, non-ASCII, a literal end-of-text string that must stay text."""
-    return [f"doc {i}: " + "naïve café " * (i % 7) + "\nsecond line\n" + ("<|endoftext|>" if i % 31 == 0 else "")
-            for i in range(n)]
+    return [
+        f"doc {i}: " + "naïve café " * (i % 7) + "\nsecond line\n" + ("<|endoftext|>" if i % 31 == 0 else "")
+        for i in range(n)
+    ]
 
 
 def write_parquet(path: Path, column: dict[str, list], *, rows_per_group: int = ROWS_PER_GROUP, **extra: list) -> Path:
@@ -73,7 +75,7 @@ def corrupt_row_group(path: Path, group: int) -> None:
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(path.read_bytes())
     middle = start + chunk.total_compressed_size // 2
-    data[middle:middle + 16] = b"\xff" * 16
+    data[middle : middle + 16] = b"\xff" * 16
     path.write_bytes(bytes(data))
 
 
@@ -87,7 +89,7 @@ def test_streams_row_group_by_row_group(tmp_path: Path) -> None:
     with pytest.raises(DataError) as err:
         for doc in parquet_documents(path, "text"):  # one at a time: what came before the error is kept
             seen.append(doc)  # noqa: PERF402
-    assert seen == docs[:2 * ROWS_PER_GROUP]
+    assert seen == docs[: 2 * ROWS_PER_GROUP]
     assert str(err.value).startswith(f"{path}: row group 2 of 4 is unreadable (") and "\n" not in str(err.value)
 
 
@@ -102,9 +104,12 @@ def test_parquet_prepares_the_same_shards_as_jsonl(tmp_path: Path, tokenizer: st
     (tmp_path / "j" / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     write_parquet(tmp_path / "p" / "corpus.parquet", {"text": with_gaps(docs)})
     root = tmp_path / "data"
-    made = {kind: prepare.prepare_dataset("text", tokenizer, root, options={"paths": [str(tmp_path / kind)]},
-                                          log=log_to([]), shard_tokens=1000)  # several shards per split
-            for kind in ("j", "p")}
+    made = {
+        kind: prepare.prepare_dataset(
+            "text", tokenizer, root, options={"paths": [str(tmp_path / kind)]}, log=log_to([]), shard_tokens=1000
+        )  # several shards per split
+        for kind in ("j", "p")
+    }
     j, p = (open_dataset(made[kind], verify=True) for kind in ("j", "p"))
     assert len(j.train.shards) > 2 and len(j.val.shards) >= 1
     for split in ("train", "val"):
@@ -134,8 +139,9 @@ def test_text_column_option_and_flag(tmp_path: Path) -> None:
     lines: list[str] = []
     prepare.prepare_dataset("text", "bytes", root, options={"paths": [str(tmp_path / "c.parquet")]}, log=log_to(lines))
     assert "options changed" in lines[0]
-    assert open_dataset(root / "text-c-bytes").train.n_tokens + open_dataset(root / "text-c-bytes").val.n_tokens == \
-        sum(len(str(i)) + 1 for i in range(40))
+    assert open_dataset(root / "text-c-bytes").train.n_tokens + open_dataset(root / "text-c-bytes").val.n_tokens == sum(
+        len(str(i)) + 1 for i in range(40)
+    )
 
 
 # ----------------------------------------------------------------------------- errors
@@ -145,7 +151,7 @@ def bad_files(tmp_path: Path) -> dict[str, tuple[Path, dict, str]]:
     """name -> (file, extra options, the error's text after '<file>: ')."""
     good = write_parquet(tmp_path / "good.parquet", {"text": documents(60)}, n=list(range(60)))
     (tmp_path / "notparquet.parquet").write_text('{"text": "a JSON line, not parquet"}\n')
-    (tmp_path / "truncated.parquet").write_bytes(good.read_bytes()[:good.stat().st_size // 2])
+    (tmp_path / "truncated.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     write_parquet(tmp_path / "ints.parquet", {"text": list(range(60))})
     corrupt = write_parquet(tmp_path / "corrupt.parquet", {"text": [f"row {i} " * 20 for i in range(100)]})
     corrupt_row_group(corrupt, 1)
@@ -153,16 +159,20 @@ def bad_files(tmp_path: Path) -> dict[str, tuple[Path, dict, str]]:
     return {
         "not parquet": (tmp_path / "notparquet.parquet", {}, not_parquet),
         "truncated": (tmp_path / "truncated.parquet", {}, not_parquet),
-        "missing column": (good, {"text_column": "body"}, ("no column 'body' (columns: 'text', 'n'); "
-                                                           "name the text column with --text-column")),
+        "missing column": (
+            good,
+            {"text_column": "body"},
+            ("no column 'body' (columns: 'text', 'n'); name the text column with --text-column"),
+        ),
         "not strings": (tmp_path / "ints.parquet", {}, "column 'text' holds int64, not strings"),
         "corrupt row group": (corrupt, {}, "row group 1 of 4 is unreadable ("),
     }
 
 
 @pytest.mark.parametrize("case", ["not parquet", "truncated", "missing column", "not strings", "corrupt row group"])
-def test_bad_parquet_is_one_line_error_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                       case: str) -> None:
+def test_bad_parquet_is_one_line_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture, case: str
+) -> None:
     path, options, message = bad_files(tmp_path)[case]
     root = tmp_path / "data"
     with pytest.raises(DataError) as err:
@@ -209,11 +219,23 @@ def test_parquet_corpus_prepares_trains_and_evaluates(tmp_path: Path, capsys: py
     corpus.mkdir()
     for k in range(2):
         write_parquet(corpus / f"part-{k}.parquet", {"text": documents(150)[k::2]})
-    model = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2,
-             "n_layers": 1}
-    train_cfg = {"dataset": {"source": "text", "options": {"paths": [str(corpus)]}}, "tokenizer": "bytes",
-                 "microbatch_size": 4, "train_steps": 4, "checkpoint_interval": 4, "validation_batches": 1,
-                 "learning_rate": 0.003}
+    model = {
+        "architecture": "gpt2",
+        "vocab_size": 257,
+        "context_length": 32,
+        "emb_dim": 32,
+        "n_heads": 2,
+        "n_layers": 1,
+    }
+    train_cfg = {
+        "dataset": {"source": "text", "options": {"paths": [str(corpus)]}},
+        "tokenizer": "bytes",
+        "microbatch_size": 4,
+        "train_steps": 4,
+        "checkpoint_interval": 4,
+        "validation_batches": 1,
+        "learning_rate": 0.003,
+    }
     run = write_run(tmp_path / "run", model, train_cfg)
     data = tmp_path / "data"
     assert train.main([str(run), "--data-dir", str(data)]) == 0

@@ -28,11 +28,27 @@ from jaxgpt.tracking.history import read_record
 # Not in the fast tier (-m "not slow"): two train.py processes stopped by signals and by a dead peer.
 pytestmark = pytest.mark.slow
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
-         "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-         "gradient_accumulation_steps": 2, "train_steps": 30, "learning_rate": 0.003,
-         "checkpoint_interval": 10, "validation_batches": 1, "keep_last_checkpoints": 10}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 30,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 10,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 10,
+}
 PEER_TIMEOUT = 10  # seconds (train.py --peer-timeout)
 SLACK = 40  # seconds a loaded 2-core machine may add to any bound
 WAIT = 900  # seconds a process may take to get anywhere (start-up and compiling under load)
@@ -48,11 +64,30 @@ class Pair:
         self.run, self.logs = run, [run.parent / f"{tag}-{i}.log" for i in range(2)]
         self.took = 0.0  # seconds from a kill to the survivor's exit
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-        self.procs = [subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root),
-             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i),
-             "--peer-timeout", str(PEER_TIMEOUT)],
-            cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT) for i, log in enumerate(self.logs)]
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "train.py"),
+                    str(run),
+                    "--data-dir",
+                    str(data_root),
+                    "--coordinator",
+                    f"127.0.0.1:{port}",
+                    "--num-processes",
+                    "2",
+                    "--process-id",
+                    str(i),
+                    "--peer-timeout",
+                    str(PEER_TIMEOUT),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=open(log, "w"),
+                stderr=subprocess.STDOUT,
+            )
+            for i, log in enumerate(self.logs)
+        ]
 
     def output(self, i: int) -> str:
         return self.logs[i].read_text()
@@ -80,8 +115,11 @@ def steps_logged(run: Path) -> int:
 
 def saving(run: Path, step: int) -> bool:
     """The step's checkpoint is being written: its temporary folder exists, with files in it."""
-    return any(p.name.endswith(f"-step-{step}") and any(p.iterdir())
-               for p in (run / "checkpoints").glob(".tmp-*")) if (run / "checkpoints").is_dir() else False
+    return (
+        any(p.name.endswith(f"-step-{step}") and any(p.iterdir()) for p in (run / "checkpoints").glob(".tmp-*"))
+        if (run / "checkpoints").is_dir()
+        else False
+    )
 
 
 def per_step_losses(run: Path) -> dict[int, float]:
@@ -159,15 +197,18 @@ def stop_by_signal(run: Path, data_root: Path, sig: signal.Signals, targets: tup
     return stopped_at
 
 
-def test_a_stop_request_to_either_or_both_processes_stops_both_at_one_step(tmp_path: Path, data_root: Path,
-                                                                           reference: Path) -> None:
+def test_a_stop_request_to_either_or_both_processes_stops_both_at_one_step(
+    tmp_path: Path, data_root: Path, reference: Path
+) -> None:
     """SIGTERM to both (a scheduler's preemption), SIGTERM to process 1 alone, SIGINT to process 1
     alone: each stops both processes at the same step with a checkpoint, exit 130. JAX's runtime
     installs its own SIGTERM handler, which ignored the request; ours stays in force."""
     run = write_run(tmp_path / "run", MODEL, TRAIN)
-    steps = [stop_by_signal(run, data_root, signal.SIGTERM, (0, 1)),
-             stop_by_signal(run, data_root, signal.SIGTERM, (1,)),
-             stop_by_signal(run, data_root, signal.SIGINT, (1,))]
+    steps = [
+        stop_by_signal(run, data_root, signal.SIGTERM, (0, 1)),
+        stop_by_signal(run, data_root, signal.SIGTERM, (1,)),
+        stop_by_signal(run, data_root, signal.SIGINT, (1,)),
+    ]
     assert steps == sorted(steps)
     rerun_to_the_end(run, data_root, reference)
 
@@ -195,15 +236,19 @@ def assert_one_line_stop(pair: Pair, run: Path) -> None:
     lines = [line for line in out.splitlines() if line.strip()]
     assert pair.procs[0].returncode == 75, out
     assert pair.took < PEER_TIMEOUT + SLACK, pair.took
-    kept = (f"checkpoints/latest is {latest.name} (step {cf.step_of(latest)})" if latest is not None
-            else "no checkpoint was written yet")
+    kept = (
+        f"checkpoints/latest is {latest.name} (step {cf.step_of(latest)})"
+        if latest is not None
+        else "no checkpoint was written yet"
+    )
     assert lines[-1].startswith("error: process 1 of 2 stopped answering (no heartbeat for 10 s)"), out
     assert kept in lines[-1] and "Resume: start all 2 processes again (this one: uv run train.py" in lines[-1], out
     assert "Traceback" not in out and "Check failure" not in out, out
 
 
-def test_a_killed_process_stops_the_other_in_one_line_and_nothing_is_lost(tmp_path: Path, data_root: Path,
-                                                                          reference: Path) -> None:
+def test_a_killed_process_stops_the_other_in_one_line_and_nothing_is_lost(
+    tmp_path: Path, data_root: Path, reference: Path
+) -> None:
     """kill -9 of process 1 before the first checkpoint, mid-run, and during a checkpoint save;
     then of process 0, which hosts the coordination service: JAX's client ends the other at once
     and in its own words (Python cannot tell it otherwise). Each rerun resumes from the last
@@ -296,8 +341,17 @@ def test_stop_votes_agree_across_processes_without_waiting_for_the_step(tmp_path
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", VOTES, str(i), address, str(tmp_path)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", VOTES, str(i), address, str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=WAIT) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     seen = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]

@@ -30,11 +30,27 @@ from jaxgpt.training import run as run_setup
 # Not in the fast tier (-m "not slow"): real train.py processes stopped by real signals, killed, resumed.
 pytestmark = pytest.mark.slow
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
-         "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-         "gradient_accumulation_steps": 2, "train_steps": 120, "learning_rate": 0.003,
-         "checkpoint_interval": 10, "validation_batches": 1, "keep_last_checkpoints": 3}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 120,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 10,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 3,
+}
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -42,8 +58,9 @@ def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
     return train.main([str(run_dir), "--data-dir", str(data_root), *extra])
 
 
-def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, stop_repeat_s: float | None = None,
-            **kw) -> subprocess.Popen:
+def trainer(
+    run_dir: Path, data_root: Path, *, uv: bool = False, stop_repeat_s: float | None = None, **kw
+) -> subprocess.Popen:
     """train.py on run_dir in a process group of its own (as a scheduler or a service starts it);
     stop_repeat_s: what `python train.py` runs (train.script), with StopFlag's repeat_s set."""
     cmd = [sys.executable, str(ROOT / "train.py")]
@@ -53,8 +70,16 @@ def trainer(run_dir: Path, data_root: Path, *, uv: bool = False, stop_repeat_s: 
         uv_bin = shutil.which("uv")
         assert uv_bin, "uv must be on PATH: the README's train command is `uv run train.py`"
         cmd = [uv_bin, "run", "--frozen", "train.py"]
-    return subprocess.Popen([*cmd, str(run_dir), "--data-dir", str(data_root)], cwd=ROOT, env=kw.pop("env", ENV),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [*cmd, str(run_dir), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=kw.pop("env", ENV),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def per_step_losses(run_dir: Path) -> dict[int, float]:
@@ -79,8 +104,9 @@ def straight(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> Path:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_to_the_process_group_saves_and_resumes_exactly(tmp_path: Path, data_root: Path, straight: Path,
-                                                                 sig: signal.Signals) -> None:
+def test_a_signal_to_the_process_group_saves_and_resumes_exactly(
+    tmp_path: Path, data_root: Path, straight: Path, sig: signal.Signals
+) -> None:
     """`kill -SIG -- -PGID` on `uv run train.py`: uv and python both get it, uv forwards its copy
     as well; all of it is one stop request: finish the step, save, exit 130."""
     run = write_run(tmp_path / "run", MODEL, TRAIN)
@@ -127,8 +153,9 @@ def read_lines(stream: IO[str], lines: list[str], seen: threading.Event, prefix:
 def test_a_deliberate_second_ctrl_c_aborts_in_one_line(tmp_path: Path, data_root: Path) -> None:
     """The second Ctrl-C lands while the first one's validation runs (made long on purpose), sent once
     the trainer has said it got the first; its StopFlag counts any later Ctrl-C as distinct (repeat_s 0)."""
-    run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 100000, "checkpoint_interval": 5,
-                                              "validation_batches": 20000})
+    run = write_run(
+        tmp_path / "run", MODEL, {**TRAIN, "train_steps": 100000, "checkpoint_interval": 5, "validation_batches": 20000}
+    )
     proc = trainer(run, data_root, stop_repeat_s=0.0)
     wait_for_step(run, proc, 5)
     stderr: list[str] = []
@@ -155,8 +182,15 @@ def test_a_second_trainer_on_a_run_in_use_is_refused(tmp_path: Path, data_root: 
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 60})
     first = trainer(run, data_root)
     wait_for_step(run, first, 10)
-    second = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
+    second = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     err = second.stderr.strip()
     assert second.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
     assert "already being trained" in err and f"pid {first.pid}" in err and str(run) in err, err
@@ -187,9 +221,15 @@ def test_an_unwritable_run_directory_errors_before_any_compile(tmp_path: Path, d
     run = write_run(tmp_path / "run", MODEL, TRAIN)
     unwritable_checkpoints(run)
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                              cwd=ROOT, env={**ENV, "JAX_LOG_COMPILES": "1"}, capture_output=True, text=True,
-                              check=False, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+            cwd=ROOT,
+            env={**ENV, "JAX_LOG_COMPILES": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
     finally:
         run.chmod(0o755)
     err = done.stderr.strip()
@@ -223,8 +263,15 @@ def test_a_failed_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: P
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
 
     limited = ["bash", "-c", 'ulimit -f 40 && exec "$0" "$@"']  # 40 KiB per file (RLIMIT_FSIZE)
-    done = subprocess.run([*limited, sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [*limited, sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     err = done.stderr.strip()
     assert done.returncode == 2 and err.startswith("error: ") and "\n" not in err, err
     assert "cannot write the step 20 checkpoint" in err and f"checkpoints/latest is still {good.name}" in err, err
@@ -240,12 +287,21 @@ def test_a_failed_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: P
 # ----------------------------------------------------------------------------- 4. NaN storms
 
 
-def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(tmp_path: Path,
-                                                                                data_root: Path) -> None:
-    run = write_run(tmp_path / "run", MODEL, {**TRAIN, "learning_rate": 1e6, "checkpoint_interval": 1,
-                                              "max_dropped_steps": 5})
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, check=False, timeout=300)
+def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(
+    tmp_path: Path, data_root: Path
+) -> None:
+    run = write_run(
+        tmp_path / "run", MODEL, {**TRAIN, "learning_rate": 1e6, "checkpoint_interval": 1, "max_dropped_steps": 5}
+    )
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     err = done.stderr.strip()
     assert done.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
     latest = cf.latest_checkpoint(run)
@@ -254,16 +310,20 @@ def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(
     skipped = dict(zip(*read_record(run).series("optim/skipped")))
     assert skipped[meta["step"]] == 0  # saved on an applied step: the last good one
     since = [s for s, _ in read_record(run).checkpoints if s < meta["step"]]
-    assert meta["skipped_updates"]["dropped_steps"] == sum(v for s, v in skipped.items()
-                                                           if (since[-1] if since else 0) < s <= meta["step"])
+    assert meta["skipped_updates"]["dropped_steps"] == sum(
+        v for s, v in skipped.items() if (since[-1] if since else 0) < s <= meta["step"]
+    )
     assert "checkpoint postponed" in done.stdout  # the storm's steps wrote none
     postponed = [int(line.split()[1].rstrip(":")) for line in done.stdout.splitlines() if "postponed" in line]
     assert min(postponed) > cf.step_of(latest) or max(postponed) < cf.step_of(latest), postponed
 
 
 def test_dropped_steps_are_counted_and_have_no_grad_norm(tmp_path: Path, data_root: Path) -> None:
-    run = write_run(tmp_path / "run", MODEL, {**TRAIN, "learning_rate": 1e6, "train_steps": 12,
-                                              "checkpoint_interval": 12, "max_dropped_steps": 1000})
+    run = write_run(
+        tmp_path / "run",
+        MODEL,
+        {**TRAIN, "learning_rate": 1e6, "train_steps": 12, "checkpoint_interval": 12, "max_dropped_steps": 1000},
+    )
     assert run_main(run, data_root) == 0
     meta = cf.read_meta(cf.latest_checkpoint(run))
     lines = [r for r in read_record(run).lines if "train/loss" in r]  # each step's line
@@ -297,8 +357,9 @@ def damage(ckpt: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncated-weights", "missing-optimizer", "flipped-weights"])
-def test_a_damaged_latest_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path: Path, data_root: Path,
-                                                                               capsys, how: str) -> None:
+def test_a_damaged_latest_is_set_aside_and_the_run_resumes_from_the_one_before(
+    tmp_path: Path, data_root: Path, capsys, how: str
+) -> None:
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 30})
     assert run_main(run, data_root) == 0
     uninterrupted = final_weights(run)
@@ -315,8 +376,9 @@ def test_a_damaged_latest_is_set_aside_and_the_run_resumes_from_the_one_before(t
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
 
 
-def test_a_stale_best_is_repaired_and_pruning_keeps_the_lowest_validation_loss(tmp_path: Path, data_root: Path,
-                                                                                capsys) -> None:
+def test_a_stale_best_is_repaired_and_pruning_keeps_the_lowest_validation_loss(
+    tmp_path: Path, data_root: Path, capsys
+) -> None:
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "train_steps": 30})
     assert run_main(run, data_root) == 0
     root = run / "checkpoints"
@@ -337,8 +399,7 @@ def test_a_stale_best_is_repaired_and_pruning_keeps_the_lowest_validation_loss(t
 # ----------------------------------------------------------------------------- 7. validation ids
 
 
-def test_an_out_of_range_id_in_the_validation_split_is_refused_before_training(tmp_path: Path,
-                                                                               data_root: Path) -> None:
+def test_an_out_of_range_id_in_the_validation_split_is_refused_before_training(tmp_path: Path, data_root: Path) -> None:
     data = tmp_path / "data"
     shutil.copytree(data_root, data)
     folder = next(p for p in data.iterdir() if (p / "manifest.json").is_file())

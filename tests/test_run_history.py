@@ -25,13 +25,24 @@ def read(tmp_path: Path, lines: list[dict], tail: str | bytes = "") -> rh.Record
 
 # ----------------------------------------------------------------------------- reading the file
 
+
 def test_the_helpers_write_the_lines_the_real_runlog_writes(tmp_path: Path) -> None:
     """One session through RunLog itself, and the same through test_charts' helpers: the same lines
     (but for the time), so the fixtures of the chart tests are records the trainer could write."""
     cfgs = {"model.json": {"emb_dim": 16}, "train.json": {"clipping_max_norm": 1.0}}
-    step = {"train/loss": 3.0, "train/loss_min": 2.5, "train/loss_max": 3.5, "train/tokens": 64.0, "optim/lr": 1e-3,
-            "optim/grad_norm": None, "optim/clipped": 0.0, "optim/skipped": 1.0, "perf/step_time_s": 0.5,
-            "perf/tokens_per_s": 128.0, "perf/mfu": 0.25}
+    step = {
+        "train/loss": 3.0,
+        "train/loss_min": 2.5,
+        "train/loss_max": 3.5,
+        "train/tokens": 64.0,
+        "optim/lr": 1e-3,
+        "optim/grad_norm": None,
+        "optim/clipped": 0.0,
+        "optim/skipped": 1.0,
+        "perf/step_time_s": 0.5,
+        "perf/tokens_per_s": 128.0,
+        "perf/mfu": 0.25,
+    }
     (tmp_path / "real").mkdir()  # a run directory (its model.json and train.json) is there first
     log = metrics.RunLog(tmp_path / "real", 0, enabled=True)
     log.configs(0, cfgs)
@@ -41,10 +52,13 @@ def test_the_helpers_write_the_lines_the_real_runlog_writes(tmp_path: Path) -> N
     log.checkpoint(1, "20260101T000000Z-step-1")
     log.close()
     real = metrics.read_metrics(tmp_path / "real" / "metrics.jsonl")
-    ours = [configs(0) | {"configs": cfgs}, train_step(1, 3.0, lo=2.5, hi=3.5, tokens=64.0, grad_norm=None,
-                                                      dropped=True, tokens_per_s=128.0, mfu=0.25),
-            validation(1, None), scalars(1, {"hellaswag/acc": 0.25, "hellaswag/acc_norm": 0.5}),
-            event(1, checkpoint="20260101T000000Z-step-1")]
+    ours = [
+        configs(0) | {"configs": cfgs},
+        train_step(1, 3.0, lo=2.5, hi=3.5, tokens=64.0, grad_norm=None, dropped=True, tokens_per_s=128.0, mfu=0.25),
+        validation(1, None),
+        scalars(1, {"hellaswag/acc": 0.25, "hellaswag/acc_norm": 0.5}),
+        event(1, checkpoint="20260101T000000Z-step-1"),
+    ]
     untimed = [[{k: v for k, v in line.items() if k != "time"} for line in lines] for lines in (real, ours)]
     assert untimed[0] == untimed[1]
     assert all(isinstance(line["time"], float) for line in real)
@@ -59,9 +73,17 @@ def test_the_real_runlog_round_trip_through_a_resume_and_a_kill(tmp_path: Path) 
     first = metrics.RunLog(run, 0, enabled=True)
     first.configs(0, {"train.json": {"clipping_max_norm": 1.0}})
     for s in range(1, 5):
-        first.scalars(s, {"train/loss": 10.0 - s, "train/loss_min": 9.0 - s, "train/loss_max": 11.0 - s,
-                          "train/tokens": 32.0 * s, "optim/grad_norm": None if s == 3 else 0.5 * s,
-                          "optim/skipped": float(s == 3)})
+        first.scalars(
+            s,
+            {
+                "train/loss": 10.0 - s,
+                "train/loss_min": 9.0 - s,
+                "train/loss_max": 11.0 - s,
+                "train/tokens": 32.0 * s,
+                "optim/grad_norm": None if s == 3 else 0.5 * s,
+                "optim/skipped": float(s == 3),
+            },
+        )
         if s == 2:
             first.scalars(2, {"val/loss": float("nan"), "val/tokens": 32})
             first.checkpoint(2, "c2")
@@ -72,8 +94,17 @@ def test_the_real_runlog_round_trip_through_a_resume_and_a_kill(tmp_path: Path) 
     second = metrics.RunLog(run, 2, enabled=True)
     second.configs(2, {"train.json": {"clipping_max_norm": 0.5}})
     for s in (3, 4):
-        second.scalars(s, {"train/loss": 20.0 - s, "train/loss_min": 19.0 - s, "train/loss_max": 21.0 - s,
-                           "train/tokens": 32.0 * s, "optim/grad_norm": 0.1, "optim/skipped": 0.0})
+        second.scalars(
+            s,
+            {
+                "train/loss": 20.0 - s,
+                "train/loss_min": 19.0 - s,
+                "train/loss_max": 21.0 - s,
+                "train/tokens": 32.0 * s,
+                "optim/grad_norm": 0.1,
+                "optim/skipped": 0.0,
+            },
+        )
     second.scalars(4, {"val/loss": 1.5, "val/tokens": 32})
     second.checkpoint(4, "c4")
     second.close()
@@ -98,15 +129,24 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     assert read(tmp_path, [], "").lines == ()  # an empty record: a session killed before its first line
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ("{broken", "malformed record"), ('{"step": 2, "val/loss": 1.0', "malformed record"),
-    ("[1, 2]", "line 2 has no integer step"), ("7", "line 2 has no integer step"),
-    ('{"step": 2.0}', "line 2 has no integer step"), ('{"step": null}', "line 2 has no integer step"),
-    ('{"step": false}', "line 2 has no integer step"), ('{"val/loss": 1.0}', "line 2 has no integer step"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("{broken", "malformed record"),
+        ('{"step": 2, "val/loss": 1.0', "malformed record"),
+        ("[1, 2]", "line 2 has no integer step"),
+        ("7", "line 2 has no integer step"),
+        ('{"step": 2.0}', "line 2 has no integer step"),
+        ('{"step": null}', "line 2 has no integer step"),
+        ('{"step": false}', "line 2 has no integer step"),
+        ('{"val/loss": 1.0}', "line 2 has no integer step"),
+    ],
+)
 def test_a_malformed_line_before_the_last_is_an_error_naming_the_file(tmp_path: Path, bad: str, message: str) -> None:
     # Only the last line can be torn (the file is only appended to): anything else is damage.
-    path = write_record(tmp_path, [train_step(1, 3.0, tokens=64)], tail=bad + "\n" + json.dumps(validation(2, 1.0)) + "\n")
+    path = write_record(
+        tmp_path, [train_step(1, 3.0, tokens=64)], tail=bad + "\n" + json.dumps(validation(2, 1.0)) + "\n"
+    )
     with pytest.raises(ValueError, match=message) as err:
         rh.read_record(tmp_path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
@@ -122,6 +162,7 @@ def test_a_missing_record_is_an_error_naming_the_file(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- series and flags
+
 
 def test_series_is_every_finite_value_by_step_and_the_last_line_wins(tmp_path: Path) -> None:
     lines = [
@@ -145,8 +186,10 @@ def test_series_is_every_finite_value_by_step_and_the_last_line_wins(tmp_path: P
 
 
 def test_flagged_steps_are_the_ones_set_to_1(tmp_path: Path) -> None:
-    lines = [train_step(s, 3.0, tokens=64 * s, grad_norm=None if s in (2, 5) else 0.5, dropped=s in (2, 5))
-             for s in range(1, 7)]
+    lines = [
+        train_step(s, 3.0, tokens=64 * s, grad_norm=None if s in (2, 5) else 0.5, dropped=s in (2, 5))
+        for s in range(1, 7)
+    ]
     record = read(tmp_path, lines)
     assert record.flagged("optim/skipped") == [2, 5]
     assert record.series("optim/grad_norm")[0] == [1, 3, 4, 6]  # a dropped step has no norm
@@ -155,19 +198,28 @@ def test_flagged_steps_are_the_ones_set_to_1(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- checkpoints, configs, windows
 
+
 def test_checkpoints_are_every_checkpoint_line_pruned_ones_included(tmp_path: Path) -> None:
     # The folders of 10 and 20 were pruned long ago (none is on disk here): the record still names them.
     lines = [configs(0), checkpoint(20), checkpoint(10), checkpoint(30), event(30, checkpoint="again-step-30")]
     record = read(tmp_path, lines)
-    assert record.checkpoints == [(10, checkpoint(10)["checkpoint"]), (20, checkpoint(20)["checkpoint"]),
-                                  (30, "again-step-30")]  # by step; the last line of a step wins
+    assert record.checkpoints == [
+        (10, checkpoint(10)["checkpoint"]),
+        (20, checkpoint(20)["checkpoint"]),
+        (30, "again-step-30"),
+    ]  # by step; the last line of a step wins
     assert not (tmp_path / "checkpoints").exists()
     assert read(tmp_path, [configs(0), {"step": 1, "time": 1.0, "checkpoint": None}]).checkpoints == []
 
 
 def test_configs_are_the_latest_sessions(tmp_path: Path) -> None:
-    lines = [configs(0, clip=1.0), train_step(1, 3.0, tokens=64), configs(1, clip=0.5), train_step(2, 3.0, tokens=128),
-             configs(1, clip=0.25)]  # resumed at step 1 twice: the later session's
+    lines = [
+        configs(0, clip=1.0),
+        train_step(1, 3.0, tokens=64),
+        configs(1, clip=0.5),
+        train_step(2, 3.0, tokens=128),
+        configs(1, clip=0.25),
+    ]  # resumed at step 1 twice: the later session's
     assert read(tmp_path, lines).configs["train.json"]["clipping_max_norm"] == 0.25
     assert read(tmp_path, lines[:3]).configs["train.json"]["clipping_max_norm"] == 0.5
     assert read(tmp_path, [train_step(1, 3.0, tokens=64)]).configs == {}  # a record without one
@@ -183,8 +235,14 @@ def test_windows_are_the_steps_since_the_previous_checkpoint(tmp_path: Path) -> 
             lines.append(checkpoint(s))
     lines.insert(1, checkpoint(0))  # a checkpoint of no steps (written at the start): no window
     # A step with a min but no max counts in neither: step 7's line lacks train/loss_max.
-    lines = [({k: v for k, v in line.items() if k != "train/loss_max"} if line["step"] == 7 and "train/loss" in line
-              else line) for line in lines]
+    lines = [
+        (
+            {k: v for k, v in line.items() if k != "train/loss_max"}
+            if line["step"] == 7 and "train/loss" in line
+            else line
+        )
+        for line in lines
+    ]
     record = read(tmp_path, lines)
     assert record.checkpoints[0][0] == 0
     # 1-4: min 10-4, max 20+4; 5-8 without 6 and 7: min 10-8, max 20+8; 9-12 after the last checkpoint: none.
@@ -208,6 +266,7 @@ def test_the_windows_of_a_resumed_run_follow_its_checkpoints(tmp_path: Path) -> 
 
 # ----------------------------------------------------------------------------- tokens
 
+
 def test_tokens_at_are_the_steps_train_tokens(tmp_path: Path) -> None:
     lines = [train_step(s, 3.0, tokens=100 * s) for s in range(1, 11)] + [validation(5, 2.0), validation(10, 1.0)]
     record = read(tmp_path, lines)
@@ -230,11 +289,12 @@ def test_a_record_without_train_tokens_cannot_be_compared_by_tokens(tmp_path: Pa
 
 # ----------------------------------------------------------------------------- smoothing and medians
 
+
 def test_rolling_median_is_the_trailing_median() -> None:
     values = [25.0, 7000, 7100, 6900, 60000, 7050, 6950, 7000, 7020]  # a compile, then a fast read
     at, got = rh.rolling_median(values, 5)
     assert at == list(range(len(values)))
-    assert got == [statistics.median(values[max(0, i - 4):i + 1]) for i in range(len(values))]
+    assert got == [statistics.median(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
     assert 6900 <= min(got[2:]) and max(got) < 7200  # neither the compile nor the spike shows
     assert rh.rolling_median([], 5) == ([], [])
 

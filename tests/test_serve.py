@@ -48,8 +48,9 @@ class Server:
     def post(self, path: str, body: dict | str, key: str | None = KEY) -> httpx.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         content = body if isinstance(body, str) else json.dumps(body)
-        return httpx.post(self.url + path, content=content, headers=headers | {"Content-Type": "application/json"},
-                          timeout=120)
+        return httpx.post(
+            self.url + path, content=content, headers=headers | {"Content-Type": "application/json"}, timeout=120
+        )
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -60,8 +61,12 @@ class Server:
 def start_server(run: Path, log: Path, *flags: str) -> Server:
     """serve.py on a free port (--port 0: the port it bound is in its first line), ready when /health answers."""
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), str(run), "--port", "0", *flags],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "serve.py"), str(run), "--port", "0", *flags],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         found = re.search(r"Serving '([^']+)' .* at (http://\S+)/v1", log.read_text())
@@ -115,8 +120,16 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def small_server(base: Path, tmp_path_factory: pytest.TempPathFactory):
     """One row and room for one waiting request: the queue's limit is easy to reach."""
-    s = start_server(base, tmp_path_factory.mktemp("log") / "serve.log", "--max-batch", "1", "--max-queue", "1",
-                     "--model-name", "base")
+    s = start_server(
+        base,
+        tmp_path_factory.mktemp("log") / "serve.log",
+        "--max-batch",
+        "1",
+        "--max-queue",
+        "1",
+        "--model-name",
+        "base",
+    )
     yield s
     s.stop()
 
@@ -170,23 +183,25 @@ def test_echo_logprobs_are_the_models_per_token_losses(server: Server, tuned: Pa
     text = "Spell the word: abcd"
     ids = list(text.encode())
     # lm-eval's loglikelihood request: ids, max_tokens 1, echo, logprobs 1, temperature 0.
-    r = server.post("/v1/completions", {"model": server.name, "prompt": [ids], "max_tokens": 1, "echo": True,
-                                        "logprobs": 1, "temperature": 0}).json()
+    r = server.post(
+        "/v1/completions",
+        {"model": server.name, "prompt": [ids], "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0},
+    ).json()
     lp = r["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert "".join(lp["tokens"][:len(ids)]) == text and r["choices"][0]["text"].startswith(text)
-    assert lp["text_offset"][:len(ids)] == list(range(len(ids)))
+    assert "".join(lp["tokens"][: len(ids)]) == text and r["choices"][0]["text"].startswith(text)
+    assert lp["text_offset"][: len(ids)] == list(range(len(ids)))
     model, *_ = load_model(tuned)
     tokens, mask = np.array([ids]), np.zeros((len(ids), len(ids)), np.float32)
     for t in range(1, len(ids)):
         mask[t, t] = 1.0  # row t scores token t alone
     losses, _ = ending_losses(model, jnp.asarray(np.repeat(tokens, len(ids), 0)), jnp.asarray(mask))
-    np.testing.assert_allclose(lp["token_logprobs"][1:len(ids)], -np.asarray(losses)[1:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lp["token_logprobs"][1 : len(ids)], -np.asarray(losses)[1:], rtol=1e-5, atol=1e-5)
     for got, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
         assert len(top) == 1 and max(top.values()) >= got - 1e-6
     # max_tokens 0: the prompt alone, scored the same way.
     r0 = complete(server, prompt=text, max_tokens=0, echo=True, logprobs=0)
-    assert r0.choices[0].text == text and r0.choices[0].logprobs.token_logprobs == lp["token_logprobs"][:len(ids)]
+    assert r0.choices[0].text == text and r0.choices[0].logprobs.token_logprobs == lp["token_logprobs"][: len(ids)]
 
 
 @SLOW  # a server subprocess
@@ -206,9 +221,11 @@ def test_a_stop_string_cuts_the_text_before_it_streamed_or_not(server: Server) -
     kw = {"prompt": "Add 1 and 2.", "max_tokens": 40, "temperature": 1.0, "seed": 3}
     text = complete(server, **kw).choices[0].text
     assert len(text) > 8
-    stop = next(text[i:i + 2] for i in range(3, len(text) - 2) if text[i:i + 2].isascii() and text[i:i + 2].isprintable())
+    stop = next(
+        text[i : i + 2] for i in range(3, len(text) - 2) if text[i : i + 2].isascii() and text[i : i + 2].isprintable()
+    )
     cut = complete(server, stop=[stop, "never appears"], **kw).choices[0]
-    assert cut.text == text[:text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.text == text[: text.index(stop)] and cut.finish_reason == "stop"
     assert "".join(c.choices[0].text for c in complete(server, stop=stop, stream=True, **kw)) == cut.text
 
 
@@ -219,15 +236,22 @@ def test_a_seed_gives_each_choice_its_own_generator(server: Server) -> None:
     assert [c.text for c in complete(server, **kw).choices] == first and len(set(first)) == 3
     # Choice i draws from seed + i: the first choice of seed 12 is the second of seed 11.
     assert complete(server, **{**kw, "n": 1, "seed": 12}).choices[0].text == first[1]
-    assert complete(server, **{**kw, "n": 1, "extra_body": {"top_k": 1}}).choices[0].text == \
-        complete(server, **{**kw, "n": 1, "temperature": 0}).choices[0].text  # top_k 1 is greedy
+    assert (
+        complete(server, **{**kw, "n": 1, "extra_body": {"top_k": 1}}).choices[0].text
+        == complete(server, **{**kw, "n": 1, "temperature": 0}).choices[0].text
+    )  # top_k 1 is greedy
 
 
 @SLOW  # a server subprocess
 def test_sixteen_clients_at_once_get_what_each_gets_alone(server: Server) -> None:
     def request(i: int) -> str:
-        kw = {"prompt": f"Reverse the letters: {'abcdefghijklmnop'[:i + 1]}", "max_tokens": 10 + 3 * i,
-              "temperature": 1.0, "top_p": 0.9, "seed": 100 + i}
+        kw = {
+            "prompt": f"Reverse the letters: {'abcdefghijklmnop'[: i + 1]}",
+            "max_tokens": 10 + 3 * i,
+            "temperature": 1.0,
+            "top_p": 0.9,
+            "seed": 100 + i,
+        }
         if i % 2:
             return "".join(c.choices[0].text for c in complete(server, stream=True, **kw))
         return complete(server, **kw).choices[0].text
@@ -253,12 +277,17 @@ def test_chat_answers_through_the_checkpoints_template(server: Server, tuned: Pa
     messages = [{"role": "user", "content": "Reverse the letters: abc"}]
     bot = Assistant.load(tuned)
     want = bot.answer(messages, Sampling(max_new_tokens=24, temperature=0))
-    chat = server.client().chat.completions.create(model=server.name, messages=messages, max_tokens=24,
-                                                   temperature=0)
+    chat = server.client().chat.completions.create(model=server.name, messages=messages, max_tokens=24, temperature=0)
     assert chat.choices[0].message.content == want and chat.choices[0].message.role == "assistant"
     assert chat.usage.prompt_tokens == len(bot.template.prompt(bot.tok, messages))
-    kw = {"model": server.name, "messages": messages, "max_completion_tokens": 30, "temperature": 1.0, "seed": 5,
-          "n": 2}
+    kw = {
+        "model": server.name,
+        "messages": messages,
+        "max_completion_tokens": 30,
+        "temperature": 1.0,
+        "seed": 5,
+        "n": 2,
+    }
     whole = server.client().chat.completions.create(**kw)
     pieces = ["", ""]
     for chunk in server.client().chat.completions.create(stream=True, **kw):
@@ -269,8 +298,14 @@ def test_chat_answers_through_the_checkpoints_template(server: Server, tuned: Pa
 
 @SLOW  # a server subprocess
 def test_chat_logprobs_list_each_answer_token_with_its_bytes(server: Server) -> None:
-    chat = server.client().chat.completions.create(model=server.name, max_tokens=12, temperature=0, logprobs=True,
-                                                   top_logprobs=2, messages=[{"role": "user", "content": "Hi"}])
+    chat = server.client().chat.completions.create(
+        model=server.name,
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        messages=[{"role": "user", "content": "Hi"}],
+    )
     choice = chat.choices[0]
     content = [c for c in choice.logprobs.content if c.token != "<|endoftext|>"]  # a stop token is listed too
     assert len(content) == chat.usage.completion_tokens - (choice.finish_reason == "stop")
@@ -302,24 +337,40 @@ BAD = [  # (path, body, status, param, words in the message)
     ("/v1/completions", {"model": "M", "prompt": [1, 257]}, 400, "prompt", "token id 257 is out of range"),
     ("/v1/completions", {"model": "M", "prompt": "x" * 65}, 400, "prompt", "65 tokens; the model's context is 64"),
     ("/v1/completions", {"model": "M", "prompt": "x", "logprobs": 21}, 400, "logprobs", "less than or equal"),
-    ("/v1/completions", {"model": "M", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty",
-     "not supported"),
+    (
+        "/v1/completions",
+        {"model": "M", "prompt": "x", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "not supported",
+    ),
     ("/v1/completions", {"model": "M", "prompt": "x", "colour": 1}, 400, "colour", "unknown parameter"),
     ("/v1/completions", "{not json", 400, None, "not valid JSON"),
     ("/v1/completions", {"prompt": "x"}, 400, "model", "Field required"),
-    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages",
-     "needs a role"),
+    (
+        "/v1/chat/completions",
+        {"model": "M", "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "messages",
+        "needs a role",
+    ),
     ("/v1/chat/completions", {"model": "M", "messages": []}, 400, "messages", "at least 1"),
-    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x" * 80}]}, 400, "messages",
-     "the model's context is 64"),
+    (
+        "/v1/chat/completions",
+        {"model": "M", "messages": [{"role": "user", "content": "x" * 80}]},
+        400,
+        "messages",
+        "the model's context is 64",
+    ),
     ("/v1/nothing", {}, 404, None, "no such endpoint"),
 ]
 
 
 @SLOW  # a server subprocess
 @pytest.mark.parametrize("path, body, status, param, words", BAD, ids=[f"{b[3]}-{i}" for i, b in enumerate(BAD)])
-def test_a_bad_request_is_an_openai_error_naming_the_parameter(server: Server, path, body, status, param,
-                                                               words) -> None:
+def test_a_bad_request_is_an_openai_error_naming_the_parameter(
+    server: Server, path, body, status, param, words
+) -> None:
     if isinstance(body, dict) and body.get("model") == "M":
         body = {**body, "model": server.name}
     r = server.post(path, body)
@@ -374,8 +425,9 @@ def test_a_full_queue_answers_503_with_retry_after_and_sigterm_exits_0(small_ser
     long = small_server.client().completions.create(**base, max_tokens=495, n=6, stream=True)
     first = next(iter(long))  # decoding: the first choice holds the row, the others wait inside the request
     results: dict[str, object] = {}
-    waiting = threading.Thread(target=lambda: results.update(second=small_server.post(
-        "/v1/completions", {**base, "max_tokens": 5})))
+    waiting = threading.Thread(
+        target=lambda: results.update(second=small_server.post("/v1/completions", {**base, "max_tokens": 5}))
+    )
     waiting.start()
     deadline = time.monotonic() + 60
     while httpx.get(small_server.url + "/health").json()["waiting_requests"] < 1:
@@ -383,7 +435,10 @@ def test_a_full_queue_answers_503_with_retry_after_and_sigterm_exits_0(small_ser
         time.sleep(0.01)
     full = small_server.post("/v1/completions", {**base, "max_tokens": 5})
     assert full.status_code == 503 and full.headers["Retry-After"] == "1"
-    assert set(full.json()["error"]) == {"message", "type", "param", "code"} and full.json()["error"]["code"] == "overloaded"
+    assert (
+        set(full.json()["error"]) == {"message", "type", "param", "code"}
+        and full.json()["error"]["code"] == "overloaded"
+    )
     small_server.proc.send_signal(signal.SIGTERM)
     rest = "".join(c.choices[0].text for c in long if c.choices)
     waiting.join(120)

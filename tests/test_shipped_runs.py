@@ -44,8 +44,13 @@ def test_known_runs_are_shipped() -> None:
 
 def test_shipped_gpt2_small() -> None:
     model, cfg = load_run_configs(ROOT / "runs" / "gpt2-small")
-    assert (model.vocab_size, model.context_length, model.emb_dim, model.n_heads, model.n_layers) == \
-        (50304, 1024, 768, 12, 12)
+    assert (model.vocab_size, model.context_length, model.emb_dim, model.n_heads, model.n_layers) == (
+        50304,
+        1024,
+        768,
+        12,
+        12,
+    )
     assert model.tie_embeddings and cfg.tokenizer == "gpt2" and cfg.dataset.source == fineweb.SOURCE
     assert cfg.tokens_per_step(model) == 2**19  # ~0.5M tokens per optimiser step
     tokens = cfg.total_steps(model) * cfg.tokens_per_step(model)
@@ -102,6 +107,7 @@ def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str)
     """runs/<corpus>-2026 trains what runs/<corpus>-modern trains (data, batch, steps, seed), with the
     options the ablation kept and only the schedule and rate changes docs/recipes.md gives and
     measures for it: so the two compare like with like."""
+
     def raw(run: str, name: str) -> dict:
         return json.loads((ROOT / "runs" / run / name).read_text())
 
@@ -110,11 +116,14 @@ def test_shipped_2026_runs_are_their_modern_runs_plus_the_2026_keys(corpus: str)
     assert raw(new, "model.json") == {**raw(modern, "model.json"), **added}
     train_new, train_modern = raw(new, "train.json"), raw(modern, "train.json")
     assert train_new.pop("muon") == {**train_modern.pop("muon"), "coefficients": "polar_express", "normuon": True}
-    retuned = {"shakespeare-char": {"cooldown_percent": 60},
-               "builtin-gpt2": {"warmup_percent": 1, "learning_rate": 0.02}}[corpus]
+    retuned = {
+        "shakespeare-char": {"cooldown_percent": 60},
+        "builtin-gpt2": {"warmup_percent": 1, "learning_rate": 0.02},
+    }[corpus]
     assert {k: train_new[k] for k in retuned} == retuned
-    assert {k: v for k, v in train_new.items() if k not in retuned} == \
-        {k: v for k, v in train_modern.items() if k not in retuned}
+    assert {k: v for k, v in train_new.items() if k not in retuned} == {
+        k: v for k, v in train_modern.items() if k not in retuned
+    }
     assert all(train_modern[k] != v for k, v in retuned.items())
     model, cfg = load_run_configs(ROOT / "runs" / new)
     assert model.layer_windows() == (model.context_length // 4,) * 3 + (model.context_length,)
@@ -126,18 +135,24 @@ def test_builtin_gpt2_2026_tenth_is_the_2026_run_budgeted_to_a_tenth_of_gpt2s_to
     tokens runs/builtin-gpt2 reads, its schedule ending there), 8-token windows, the two rates and
     Muon's momentum docs/recipes.md measures for it changed; data, batch, schedule shape and seed
     are the same."""
+
     def raw(run: str, name: str) -> dict:
         return json.loads((ROOT / "runs" / run / name).read_text())
 
     base, tenth = "builtin-gpt2-2026", "builtin-gpt2-2026-tenth"
     assert raw(tenth, "model.json") == {**raw(base, "model.json"), "short_window": 8}
     train_tenth, train_base = raw(tenth, "train.json"), raw(base, "train.json")
-    assert train_tenth.pop("muon") == {**train_base.pop("muon"), "head_learning_rate": 0.006,
-                                       "momentum": 0.7, "momentum_warmup_steps": 0}
+    assert train_tenth.pop("muon") == {
+        **train_base.pop("muon"),
+        "head_learning_rate": 0.006,
+        "momentum": 0.7,
+        "momentum_warmup_steps": 0,
+    }
     changed = {"train_steps": 120, "learning_rate": 0.03, "checkpoint_interval": 60, "validation_interval": 40}
     assert {k: train_tenth[k] for k in changed} == changed
-    assert {k: v for k, v in train_tenth.items() if k not in changed} == \
-        {k: v for k, v in train_base.items() if k not in changed}
+    assert {k: v for k, v in train_tenth.items() if k not in changed} == {
+        k: v for k, v in train_base.items() if k not in changed
+    }
 
     def tokens(run: str) -> int:
         model, cfg = load_run_configs(ROOT / "runs" / run)

@@ -41,8 +41,11 @@ def corpus(tmp_path: Path) -> Path:
 
 
 def expected_documents() -> list[str]:
-    return (["Alpha document.\nSecond line.\n"] + [f"record {i}: " + "word " * i for i in range(30)]
-            + ["# Beta\n\nMarkdown é.\n"])
+    return (
+        ["Alpha document.\nSecond line.\n"]
+        + [f"record {i}: " + "word " * i for i in range(30)]
+        + ["# Beta\n\nMarkdown é.\n"]
+    )
 
 
 # ----------------------------------------------------------------------------- files and documents
@@ -60,24 +63,30 @@ def test_find_and_read(corpus: Path) -> None:
     assert sources.default_name([str(corpus / "a.txt")]) == "a"
 
 
-@pytest.mark.parametrize("make, pattern, match", [
-    (lambda r: None, "missing", "missing: no such file or folder"),
-    (lambda r: None, "notes.rst", r"notes\.rst: unsupported file type '\.rst'"),
-    (lambda r: None, "*.zip", r"\*\.zip: matches no"),
-    (lambda r: (r / "empty").mkdir(), "empty", "empty: folder holds no"),
-])
+@pytest.mark.parametrize(
+    "make, pattern, match",
+    [
+        (lambda r: None, "missing", "missing: no such file or folder"),
+        (lambda r: None, "notes.rst", r"notes\.rst: unsupported file type '\.rst'"),
+        (lambda r: None, "*.zip", r"\*\.zip: matches no"),
+        (lambda r: (r / "empty").mkdir(), "empty", "empty: folder holds no"),
+    ],
+)
 def test_find_errors(corpus: Path, make, pattern: str, match: str) -> None:
     make(corpus)
     with pytest.raises(DataError, match=match):
         sources.find_text_files([str(corpus / pattern)])
 
 
-@pytest.mark.parametrize("name, content, match", [
-    ("bad.jsonl", b'{"text": "ok"}\n{"text": 3}\n', r"bad\.jsonl:2: expected an object with a string 'text'"),
-    ("bad.jsonl", b'{"text": "ok"}\n\n{oops\n', r"bad\.jsonl:3: malformed JSON"),
-    ("bad.jsonl", b'["text"]\n', r"bad\.jsonl:1: expected an object"),
-    ("latin1.txt", "caf\u00e9".encode("latin-1"), r"latin1\.txt: not UTF-8 \(byte 3"),
-])
+@pytest.mark.parametrize(
+    "name, content, match",
+    [
+        ("bad.jsonl", b'{"text": "ok"}\n{"text": 3}\n', r"bad\.jsonl:2: expected an object with a string 'text'"),
+        ("bad.jsonl", b'{"text": "ok"}\n\n{oops\n', r"bad\.jsonl:3: malformed JSON"),
+        ("bad.jsonl", b'["text"]\n', r"bad\.jsonl:1: expected an object"),
+        ("latin1.txt", "caf\u00e9".encode("latin-1"), r"latin1\.txt: not UTF-8 \(byte 3"),
+    ],
+)
 def test_bad_documents_name_the_file(tmp_path: Path, name: str, content: bytes, match: str) -> None:
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataError, match=match) as info:
@@ -119,8 +128,11 @@ def test_hold_out_tail_for_few_documents() -> None:
         sources.hold_out(lambda: iter([]), 0.1, "empty")
 
 
-@pytest.mark.parametrize("docs", [[f"doc {i}\n" for i in range(40)], ["".join(f"line {i}\n" for i in range(100))]],
-                         ids=["by-document", "tail"])
+@pytest.mark.parametrize(
+    "docs",
+    [[f"doc {i}\n" for i in range(40)], ["".join(f"line {i}\n" for i in range(100))]],
+    ids=["by-document", "tail"],
+)
 def test_hold_out_routed_is_hold_out_in_one_stream(docs: list[str]) -> None:
     """One read for both splits (what preparing uses): the same documents as hold_out's two, in corpus order."""
     reads = []
@@ -153,8 +165,9 @@ def test_hold_out_routed_notices_a_changed_corpus() -> None:
 def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path) -> None:
     lines: list[str] = []
     # Many small shards: windows cross shard boundaries.
-    path = prepare.prepare_dataset("text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]},
-                                   log=log_to(lines), shard_tokens=64)
+    path = prepare.prepare_dataset(
+        "text", "bytes", tmp_path / "data", options={"paths": [str(corpus)]}, log=log_to(lines), shard_tokens=64
+    )
     assert path == tmp_path / "data" / "text-corpus-bytes"
     assert "validation = 2 of 32 documents" in lines[-1]
     ds = open_dataset(path, verify=True)
@@ -173,12 +186,15 @@ def test_text_round_trip_to_batches(corpus: Path, tmp_path: Path) -> None:
     text = source.encode()
     windows: dict[bytes, list[int]] = {}
     for w in range(sampler.n_windows):
-        windows.setdefault(text[w * T:(w + 1) * T], []).append(w)
-    as_bytes = lambda row: bytes(np.where(row == 256, 0, row).astype(np.uint8))
+        windows.setdefault(text[w * T : (w + 1) * T], []).append(w)
+
+    def as_bytes(row: np.ndarray) -> bytes:
+        return bytes(np.where(row == 256, 0, row).astype(np.uint8))
+
     for step in range(sampler.n_windows // (2 * B)):
         x, y = sampler.batch(step, 2)
         for xs, ys in zip(x.reshape(-1, T), y.reshape(-1, T)):
-            assert any(text[w * T + 1:(w + 1) * T + 1] == as_bytes(ys) for w in windows[as_bytes(xs)])
+            assert any(text[w * T + 1 : (w + 1) * T + 1] == as_bytes(ys) for w in windows[as_bytes(xs)])
 
 
 def test_text_reuse_rebuild_and_name(corpus: Path, tmp_path: Path) -> None:
@@ -193,8 +209,9 @@ def test_text_reuse_rebuild_and_name(corpus: Path, tmp_path: Path) -> None:
     lines = []
     prepare.prepare_dataset("text", "bytes", root, options=options, log=log_to(lines))
     assert "fingerprint changed" in lines[0]
-    named = prepare.prepare_dataset("text", "bytes", root, options={"paths": [str(corpus / "a.txt")], "name": "mine"},
-                               log=log_to([]))
+    named = prepare.prepare_dataset(
+        "text", "bytes", root, options={"paths": [str(corpus / "a.txt")], "name": "mine"}, log=log_to([])
+    )
     assert named.name == "text-mine-bytes"
     assert BytesTokenizer().decode(open_dataset(named).train.read(0, 10)) == "Alpha, edi"  # the tail is val
 
@@ -204,10 +221,12 @@ def test_text_gpt2_through_tiktoken_cache(tmp_path: Path) -> None:
         get_tokenizer("gpt2")
     except ValueError:
         pytest.skip("no tiktoken cache for gpt2 (set TIKTOKEN_CACHE_DIR; ../shared/tiktoken-cache in CI)")
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": "Every effort moves you"}) + "\n"
-                                                 for _ in range(20)))
-    path = prepare.prepare_dataset("text", "gpt2", tmp_path / "data", options={"paths": [str(tmp_path / "docs.jsonl")]},
-                              log=log_to([]))
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": "Every effort moves you"}) + "\n" for _ in range(20))
+    )
+    path = prepare.prepare_dataset(
+        "text", "gpt2", tmp_path / "data", options={"paths": [str(tmp_path / "docs.jsonl")]}, log=log_to([])
+    )
     ds = open_dataset(path)
     assert (ds.tokenizer, ds.vocab_size, ds.eot_id) == ("gpt2", 50257, 50256)
     assert ds.train.read(0, ds.train.n_tokens).tolist() == [6109, 3626, 6100, 345, 50256] * 19
@@ -221,21 +240,31 @@ def test_tinyshakespeare_split_is_nanogpts_cut_byte_for_byte(tmp_path: Path, no_
     """The same on a stand-in file (runs without the shared copy): the pinned hash is the stand-in's."""
     text = "".join(f"Line {i}: {'to be or not ' * (i % 7)}\n" for i in range(997))
     (tmp_path / "input.txt").write_text(text)
-    stand_in = sources.RemoteFile("tinyshakespeare.txt", sources.TINYSHAKESPEARE.url, len(text),
-                                  sources.sha256(tmp_path / "input.txt"))
-    ds = open_dataset(prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, from_path=tmp_path / "input.txt",
-                                              log=log_to([]), tinyshakespeare=stand_in))
+    stand_in = sources.RemoteFile(
+        "tinyshakespeare.txt", sources.TINYSHAKESPEARE.url, len(text), sources.sha256(tmp_path / "input.txt")
+    )
+    ds = open_dataset(
+        prepare.prepare_dataset(
+            "tinyshakespeare",
+            "bytes",
+            tmp_path,
+            from_path=tmp_path / "input.txt",
+            log=log_to([]),
+            tinyshakespeare=stand_in,
+        )
+    )
     n = len(text)
     assert int(n * 0.9) != n - round(0.1 * n) or text[int(n * 0.9) - 1] != "\n"  # a cut a newline rule would move
-    assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == text[:int(n * 0.9)].encode()
-    assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == text[int(n * 0.9):].encode()
-    assert sources.nanogpt_split(text, 0.1) == (text[:int(n * 0.9)], text[int(n * 0.9):])
+    assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == text[: int(n * 0.9)].encode()
+    assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == text[int(n * 0.9) :].encode()
+    assert sources.nanogpt_split(text, 0.1) == (text[: int(n * 0.9)], text[int(n * 0.9) :])
     with pytest.raises(DataError, match="option 'split' must be one of 'nanogpt', 'newline', got 'lines'"):
         prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path, options={"split": "lines"})
 
 
-def test_tinyshakespeare_offline_is_one_line(tmp_path: Path, no_network: None,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_tinyshakespeare_offline_is_one_line(
+    tmp_path: Path, no_network: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert dd.main(["tinyshakespeare", "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: cannot download {sources.TINYSHAKESPEARE.url} (")
@@ -265,7 +294,7 @@ def test_tinyshakespeare_from_local_copy(tmp_path: Path, no_network: None) -> No
     with open(SHAKESPEARE) as f:
         data = f.read()
     n = len(data)
-    train_data, val_data = data[:int(n * 0.9)], data[int(n * 0.9):]
+    train_data, val_data = data[: int(n * 0.9)], data[int(n * 0.9) :]
     assert (len(train_data), len(val_data)) == (1_003_854, 111_540)
     assert ds.train.read(0, ds.train.n_tokens).astype(np.uint8).tobytes() == train_data.encode("ascii")
     assert ds.val.read(0, ds.val.n_tokens).astype(np.uint8).tobytes() == val_data.encode("ascii")
@@ -273,8 +302,16 @@ def test_tinyshakespeare_from_local_copy(tmp_path: Path, no_network: None) -> No
     assert ds.manifest["fingerprint"] == f"sha256-{sources.TINYSHAKESPEARE.sha256}"
     assert ds.manifest["options"] == {"validation_fraction": 0.1, "split": "nanogpt"}
     # The older cut, still an option: moved to the next newline, end-of-text after each part.
-    old = open_dataset(prepare.prepare_dataset("tinyshakespeare", "bytes", tmp_path / "old", from_path=SHAKESPEARE,
-                                          options={"split": "newline"}, log=log_to([])))
+    old = open_dataset(
+        prepare.prepare_dataset(
+            "tinyshakespeare",
+            "bytes",
+            tmp_path / "old",
+            from_path=SHAKESPEARE,
+            options={"split": "newline"},
+            log=log_to([]),
+        )
+    )
     train, val = tok.decode(old.train.read(0, old.train.n_tokens)), tok.decode(old.val.read(0, old.val.n_tokens))
     assert train + val == text and train.endswith("\n") and len(train) != len(train_data)
     assert old.val.read(old.val.n_tokens - 1, 1)[0] == tok.eot_id

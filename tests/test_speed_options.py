@@ -41,8 +41,17 @@ F32_TOL = 1e-5
 
 
 def cfg(**kw) -> ModelConfig:
-    base = {"architecture": "gpt2", "vocab_size": V, "context_length": CTX, "emb_dim": C, "n_heads": H, "n_layers": L,
-                "qkv_bias": True, "drop_rate": 0.0, "tie_embeddings": True}
+    base = {
+        "architecture": "gpt2",
+        "vocab_size": V,
+        "context_length": CTX,
+        "emb_dim": C,
+        "n_heads": H,
+        "n_layers": L,
+        "qkv_bias": True,
+        "drop_rate": 0.0,
+        "tie_embeddings": True,
+    }
     return ModelConfig(**{**base, **kw})
 
 
@@ -117,9 +126,13 @@ def test_float32_option_matches_default(weights, reference, kw: dict) -> None:
     assert ref_loss > 1.0 and scale > 0.1  # a real loss and real gradients, not a degenerate case
 
 
-@pytest.mark.parametrize("kw", [pytest.param({}, id="bfloat16", marks=SLOW),
-                                pytest.param({"scan_layers": True, "remat": True, "loss_chunk": 7},
-                                             id="bfloat16-all-options")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        pytest.param({}, id="bfloat16", marks=SLOW),
+        pytest.param({"scan_layers": True, "remat": True, "loss_chunk": 7}, id="bfloat16-all-options"),
+    ],
+)
 def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: dict) -> None:
     ref_loss, ref_grads = reference
     loss, grads = loss_and_grads(model_with(weights, compute_dtype="bfloat16", **kw))
@@ -138,10 +151,13 @@ def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: d
 RECIPES = {"modern": {**MODERN, "n_layers": 3}, "2026": {**MODERN, **ALL_NEW, "n_layers": 5, "window_pattern": "SSL"}}
 SCAN_REMAT_CHUNK_XLA = {"scan_layers": True, "remat": True, "loss_chunk": 7, "attention": "xla"}
 RECIPE_OPTIONS = {
-    "modern-scan-layers": ("modern", {"scan_layers": True}), "modern-remat": ("modern", {"remat": True}),
+    "modern-scan-layers": ("modern", {"scan_layers": True}),
+    "modern-remat": ("modern", {"remat": True}),
     "modern-scan-remat-chunk-xla": ("modern", SCAN_REMAT_CHUNK_XLA),
-    "2026-scan-layers": ("2026", {"scan_layers": True}), "2026-remat": ("2026", {"remat": True}),
-    "2026-attention-xla": ("2026", {"attention": "xla"}), "2026-scan-remat-chunk-xla": ("2026", SCAN_REMAT_CHUNK_XLA),
+    "2026-scan-layers": ("2026", {"scan_layers": True}),
+    "2026-remat": ("2026", {"remat": True}),
+    "2026-attention-xla": ("2026", {"attention": "xla"}),
+    "2026-scan-remat-chunk-xla": ("2026", SCAN_REMAT_CHUNK_XLA),
 }
 
 
@@ -179,8 +195,9 @@ def test_recipe_with_speed_options_matches_its_default_path(recipe_reference, re
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_in_bfloat16_is_float32_within_its_precision(recipe_reference, recipe: str) -> None:
     weights, ref_loss, ref_grads = recipe_reference(recipe)
-    loss, grads = loss_and_grads(model_with(weights, **RECIPES[recipe], compute_dtype="bfloat16", scan_layers=True,
-                                            loss_chunk=7))
+    loss, grads = loss_and_grads(
+        model_with(weights, **RECIPES[recipe], compute_dtype="bfloat16", scan_layers=True, loss_chunk=7)
+    )
     assert loss != ref_loss and abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)
     for key, ref in ref_grads.items():
         g = grads[key].ravel().astype(np.float64)
@@ -193,8 +210,10 @@ def test_recipe_in_bfloat16_is_float32_within_its_precision(recipe_reference, re
 @SLOW  # several trainings or a memory profile: the whole suite only
 def test_dropout_masks_do_not_depend_on_the_layout(weights) -> None:
     # The same dropout key gives the same masks unrolled, scanned and rematerialised.
-    losses = [loss_and_grads(model_with(weights, drop_rate=0.2, **kw), rngs_seed=5)[0]
-              for kw in ({}, {"scan_layers": True}, {"remat": True})]
+    losses = [
+        loss_and_grads(model_with(weights, drop_rate=0.2, **kw), rngs_seed=5)[0]
+        for kw in ({}, {"scan_layers": True}, {"remat": True})
+    ]
     no_dropout = loss_and_grads(model_with(weights, drop_rate=0.2))[0]
     assert max(losses) - min(losses) <= F32_TOL, losses
     assert abs(losses[0] - no_dropout) > 1e-3  # dropout was on
@@ -220,9 +239,12 @@ def test_weight_decay_mask_counts_per_layer_rank() -> None:
         mask = matrix_mask(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
         flat = {".".join(map(str, k)): v for k, v in nnx.traversals.flatten_mapping(mask).items()}
         if model.cfg.scan_layers:
-            flat = {k: bool(v) for k, v in unstack_layer_weights({k: np.full(L, v) for k, v in flat.items()
-                                                                  if k.startswith("blocks.")}).items()} | {
-                k: v for k, v in flat.items() if not k.startswith("blocks.")}
+            flat = {
+                k: bool(v)
+                for k, v in unstack_layer_weights(
+                    {k: np.full(L, v) for k, v in flat.items() if k.startswith("blocks.")}
+                ).items()
+            } | {k: v for k, v in flat.items() if not k.startswith("blocks.")}
         return {k for k, v in flat.items() if v}
 
     unrolled = decayed(build_model(cfg()))
@@ -234,8 +256,14 @@ def test_weight_decay_mask_counts_per_layer_rank() -> None:
 @SLOW  # several trainings or a memory profile: the whole suite only
 def test_training_steps_match_with_every_float32_option(weights) -> None:
     """Three optimiser steps (k=2 accumulation, weight decay, clipping) through the real train_step."""
-    train = TrainConfig(microbatch_size=B, gradient_accumulation_steps=2, train_steps=3, learning_rate=1e-2,
-                        warmup_percent=0.0, weight_decay=0.5)
+    train = TrainConfig(
+        microbatch_size=B,
+        gradient_accumulation_steps=2,
+        train_steps=3,
+        learning_rate=1e-2,
+        warmup_percent=0.0,
+        weight_decay=0.5,
+    )
     rng = np.random.default_rng(3)
     ids = rng.integers(0, V, (3, 2, B, CTX + 1))
 
@@ -244,8 +272,13 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
         opt = make_optimizer(model, train, 3)
         losses = []
         for step in range(3):
-            out, _stats = train_step(model, opt, jnp.asarray(ids[step, :, :, :-1], jnp.int32),
-                                     jnp.asarray(ids[step, :, :, 1:], jnp.int32), step_key(0, step))
+            out, _stats = train_step(
+                model,
+                opt,
+                jnp.asarray(ids[step, :, :, :-1], jnp.int32),
+                jnp.asarray(ids[step, :, :, 1:], jnp.int32),
+                step_key(0, step),
+            )
             losses += np.asarray(out).tolist()
         return losses, ckpt.weights_to_numpy(model)
 
@@ -253,7 +286,7 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
         # The key part of qkv.bias has a zero gradient by construction (a softmax is blind to a
         # constant added to a row of scores), so Adam's g/sqrt(v) turns float noise there into
         # full +-lr steps on either path. Every other weight must agree.
-        return {k: np.delete(v, np.s_[C:2 * C]) if k.endswith("qkv.bias") else v for k, v in w.items()}
+        return {k: np.delete(v, np.s_[C : 2 * C]) if k.endswith("qkv.bias") else v for k, v in w.items()}
 
     ref_losses, ref_w = run()
     losses, w = run(scan_layers=True, remat=True, loss_chunk=7, attention="xla")
@@ -265,23 +298,30 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
     assert np.allclose(bf_losses, ref_losses, rtol=0.02), (bf_losses, ref_losses)
 
 
-@pytest.mark.parametrize("product", [pytest.param(plain_product, id="plain", marks=SLOW),
-                                     pytest.param(cpu_kernels.bf16_product, id="cpu")])
-@pytest.mark.parametrize("spec, a_shape, b_shape", [
-    ("nk,km->nm", (24, 16), (16, 8)),  # a dense layer
-    ("btk,km->btm", (2, 12, 16), (16, 8)),  # a dense layer on (B, T, K) activations
-    ("nc,vc->nv", (24, 16), (40, 16)),  # the tied head
-    ("btd,bsd->bts", (2, 12, 8), (2, 12, 8)),  # attention scores, one head
-    ("bts,bsd->btd", (2, 12, 12), (2, 12, 8)),  # attention values, one head
-    ("bthd,bshd->bhts", (2, 12, 3, 8), (2, 12, 3, 8)),  # attention scores, all heads
-    ("bhts,bshd->bthd", (2, 3, 12, 12), (2, 12, 3, 8)),  # attention values, all heads
-])
+@pytest.mark.parametrize(
+    "product", [pytest.param(plain_product, id="plain", marks=SLOW), pytest.param(cpu_kernels.bf16_product, id="cpu")]
+)
+@pytest.mark.parametrize(
+    "spec, a_shape, b_shape",
+    [
+        ("nk,km->nm", (24, 16), (16, 8)),  # a dense layer
+        ("btk,km->btm", (2, 12, 16), (16, 8)),  # a dense layer on (B, T, K) activations
+        ("nc,vc->nv", (24, 16), (40, 16)),  # the tied head
+        ("btd,bsd->bts", (2, 12, 8), (2, 12, 8)),  # attention scores, one head
+        ("bts,bsd->btd", (2, 12, 12), (2, 12, 8)),  # attention values, one head
+        ("bthd,bshd->bhts", (2, 12, 3, 8), (2, 12, 3, 8)),  # attention scores, all heads
+        ("bhts,bshd->bthd", (2, 3, 12, 12), (2, 12, 3, 8)),  # attention values, all heads
+    ],
+)
 def test_mixed_einsum_is_the_bfloat16_product_in_both_passes(spec: str, a_shape, b_shape, product) -> None:
     rng = np.random.default_rng(0)
     a, b = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (a_shape, b_shape))
     out_shape = jax.eval_shape(lambda a, b: jnp.einsum(spec, a, b), a, b).shape
     g = jnp.asarray(rng.standard_normal(out_shape), jnp.float32)
-    r16 = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)
+
+    def r16(t: jax.Array) -> jax.Array:
+        return t.astype(jnp.bfloat16).astype(jnp.float32)
+
     (sa, sb), so = spec.split("->")[0].split(","), spec.split("->")[1]
     # Expected: float32 arithmetic on bfloat16-rounded operands and cotangent, in numpy (float64).
     A, Bm, G = (np.asarray(r16(t), np.float64) for t in (a, b, g))
@@ -317,8 +357,13 @@ def dot_operand_dtypes(hlo: str) -> list[tuple[str, str, str]]:
     return found
 
 
-@pytest.mark.parametrize("kw", [pytest.param({}, id="default", marks=SLOW),
-                                pytest.param({"scan_layers": True, "loss_chunk": 7}, id="scan-chunked")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        pytest.param({}, id="default", marks=SLOW),
+        pytest.param({"scan_layers": True, "loss_chunk": 7}, id="scan-chunked"),
+    ],
+)
 def test_bfloat16_forward_and_backward_keep_every_dot_in_bfloat16(weights, kw: dict) -> None:
     """Every product of the bfloat16 path, weight gradients included, reaches XLA as a bfloat16 dot.
 
@@ -370,6 +415,7 @@ def test_bad_option_values_are_one_line_errors() -> None:
 @SLOW  # several trainings or a memory profile: the whole suite only
 def test_scan_layers_with_remat_cuts_the_step_memory() -> None:
     """XLA's own buffer accounting of one forward + backward (deterministic for a given XLA)."""
+
     def temp_bytes(**kw) -> int:
         model = build_model(cfg(n_layers=6, emb_dim=64, context_length=64, **kw))
         x = jnp.zeros((8, 64), jnp.int32)

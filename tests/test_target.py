@@ -25,11 +25,28 @@ from jaxgpt.tracking.history import read_record
 # Not in the fast tier (-m "not slow"): trainings end to end, one interrupted and resumed.
 pytestmark = pytest.mark.slow
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
-         "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-         "gradient_accumulation_steps": 2, "train_steps": 120, "learning_rate": 0.003,
-         "checkpoint_interval": 20, "validation_interval": 5, "validation_batches": 1, "keep_last_checkpoints": 2}
+MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 120,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 20,
+    "validation_interval": 5,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 2,
+}
 TOKENS_PER_STEP = 4 * 2 * 32
 
 
@@ -77,13 +94,18 @@ def check_reached(run: Path, straight: dict) -> dict:
     meta = ckpt.read_meta(latest)
     target = meta["target"]
     assert (target["value"], target["reached"], target["step"], target["tokens"]) == (
-        straight["target"], True, step, step * TOKENS_PER_STEP)
+        straight["target"],
+        True,
+        step,
+        step * TOKENS_PER_STEP,
+    )
     assert 0 < target["training_seconds"] == meta["training_s"] <= meta["elapsed_s"] + 1e-6
     assert meta["val_loss"] == straight["target"] and target["best_loss"] == straight["target"]
     lines = records(run)
     assert max(r["step"] for r in lines) == step  # nothing trained past it
-    assert [(r["step"], r["target/steps"], r["target/tokens"], r["target/seconds"]) for r in lines
-            if "target/steps" in r] == [(step, step, step * TOKENS_PER_STEP, target["training_seconds"])]
+    assert [
+        (r["step"], r["target/steps"], r["target/tokens"], r["target/seconds"]) for r in lines if "target/steps" in r
+    ] == [(step, step, step * TOKENS_PER_STEP, target["training_seconds"])]
     want = per_step_losses(straight["run"])
     got = per_step_losses(run)
     assert sorted(got) == list(range(1, step + 1))
@@ -94,8 +116,14 @@ def check_reached(run: Path, straight: dict) -> dict:
 def test_not_reached_is_recorded(straight: dict) -> None:
     meta = ckpt.read_meta(ckpt.latest_checkpoint(straight["run"]))
     best = min(straight["vals"].values())  # over every validation, not only the checkpoints'
-    assert meta["target"] == {"value": 1e-6, "reached": False, "step": 120, "tokens": 120 * TOKENS_PER_STEP,
-                              "training_seconds": meta["training_s"], "best_loss": best}
+    assert meta["target"] == {
+        "value": 1e-6,
+        "reached": False,
+        "step": 120,
+        "tokens": 120 * TOKENS_PER_STEP,
+        "training_seconds": meta["training_s"],
+        "best_loss": best,
+    }
     assert f"Target validation loss 1e-06 not reached in 120 steps (best {best:.4f})" in straight["out"]
     assert not [r for r in records(straight["run"]) if "target/steps" in r]
 
@@ -106,8 +134,10 @@ def test_reached_stops_there_with_a_checkpoint(tmp_path: Path, data_root: Path, 
     assert code == 0
     meta = check_reached(run, straight)
     step = straight["step"]
-    assert (f"Target validation loss {straight['target']:g} reached at step {step}: {step:,} steps, "
-            f"{step * TOKENS_PER_STEP:,} tokens, {meta['target']['training_seconds']:,.3f} training seconds") in out
+    assert (
+        f"Target validation loss {straight['target']:g} reached at step {step}: {step:,} steps, "
+        f"{step * TOKENS_PER_STEP:,} tokens, {meta['target']['training_seconds']:,.3f} training seconds"
+    ) in out
     # Once reached, a rerun says so in one line and trains nothing.
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
     code, out = run_main(run, data_root)
@@ -120,8 +150,14 @@ def test_reached_stops_there_with_a_checkpoint(tmp_path: Path, data_root: Path, 
 def test_reached_after_an_interrupt_and_a_resume(tmp_path: Path, data_root: Path, straight: dict) -> None:
     run = write_run(tmp_path / "run", MODEL, {**TRAIN, "target_val_loss": straight["target"]})
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_step(run, proc, TRAIN["checkpoint_interval"])
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)

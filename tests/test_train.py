@@ -23,15 +23,41 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.tracking.history import read_record
 
 A_TO_A_MODEL = {"architecture": "a-to-a", "vocab_size": 257, "context_length": 64, "emb_dim": 64}
-A_TO_A_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "targets": "same",
-                "microbatch_size": 8, "gradient_accumulation_steps": 2, "train_steps": 300,
-                "learning_rate": 0.02, "weight_decay": 0.0, "checkpoint_interval": 100,
-                "validation_batches": 2, "keep_last_checkpoints": 2, "charts_log_y": True}
-GPT_MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32,
-             "n_heads": 2, "n_layers": 1, "qkv_bias": True, "drop_rate": 0.1}
-GPT_TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 4,
-             "gradient_accumulation_steps": 2, "train_steps": 120, "learning_rate": 0.003,
-             "checkpoint_interval": 10, "validation_batches": 1, "keep_last_checkpoints": 2}
+A_TO_A_TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "targets": "same",
+    "microbatch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 300,
+    "learning_rate": 0.02,
+    "weight_decay": 0.0,
+    "checkpoint_interval": 100,
+    "validation_batches": 2,
+    "keep_last_checkpoints": 2,
+    "charts_log_y": True,
+}
+GPT_MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+GPT_TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 120,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 10,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 2,
+}
 
 
 def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
@@ -69,7 +95,8 @@ def test_a_to_a_converges_and_reproduces_the_stanza(tmp_path: Path, data_root: P
 
 @pytest.mark.parametrize("pace, drawn_at", [pytest.param(0, [10, 20, 30, 40], marks=SLOW), (10**9, [10, 40])])
 def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
-        tmp_path: Path, data_root: Path, monkeypatch, capsys, pace, drawn_at) -> None:
+    tmp_path: Path, data_root: Path, monkeypatch, capsys, pace, drawn_at
+) -> None:
     """A checkpoint redraws the charts once charts_pace x the last draw's time has passed, and
     always at the session's last checkpoint; the charts it leaves are those of the whole run."""
     import charts
@@ -98,8 +125,14 @@ def test_charts_are_redrawn_at_a_pace_and_always_at_the_last_checkpoint(
 def test_sigint_then_resume_matches_uninterrupted_run(tmp_path: Path, data_root: Path) -> None:
     interrupted = write_run(tmp_path / "interrupted", GPT_MODEL, GPT_TRAIN)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(interrupted), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(interrupted), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_step(interrupted, proc, 20)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
@@ -192,15 +225,20 @@ def test_speed_options_may_change_on_resume_and_old_checkpoints_resume(tmp_path:
     for key in ("compute_dtype", "attention", "remat", "scan_layers", "loss_chunk"):
         del saved[key]
     (latest / "model.json").write_text(json.dumps(saved))
-    write_run(run, {**A_TO_A_MODEL, "compute_dtype": "bfloat16", "loss_chunk": 8},
-              {**A_TO_A_TRAIN, "train_steps": 3, "checkpoint_interval": 1})
+    write_run(
+        run,
+        {**A_TO_A_MODEL, "compute_dtype": "bfloat16", "loss_chunk": 8},
+        {**A_TO_A_TRAIN, "train_steps": 3, "checkpoint_interval": 1},
+    )
     capsys.readouterr()
     assert run_main(run, data_root) == 0
     assert "compute_dtype='bfloat16'" in capsys.readouterr().out
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 3
     assert ckpt.read_meta(ckpt.latest_checkpoint(run))["compute_dtype"] == "bfloat16"
     # "auto" resolves once, on this backend, and the run records what it resolved to.
-    write_run(run, {**A_TO_A_MODEL, "compute_dtype": "auto"}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
+    write_run(
+        run, {**A_TO_A_MODEL, "compute_dtype": "auto"}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1}
+    )
     assert run_main(run, data_root) == 0
     resolved = ops.select(ModelConfig(**A_TO_A_MODEL, compute_dtype="auto")).compute_dtype
     assert resolved in ("float32", "bfloat16") and f"compute_dtype auto -> {resolved} on cpu" in capsys.readouterr().out
@@ -225,13 +263,20 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
 
     (tmp_path / "data" / "downloads").mkdir(parents=True)  # where train.py looks for the file offline
     (tmp_path / "data" / "downloads" / "hellaswag_val.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in fixture_records()))
+        "".join(json.dumps(r) + "\n" for r in fixture_records())
+    )
 
     text = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(400))
     (tmp_path / "corpus.txt").write_text(text)
-    train_cfg = {**GPT_TRAIN, "dataset": {"source": "text", "options": {"paths": [str(tmp_path / "corpus.txt")]}},
-                 "train_steps": 2, "checkpoint_interval": 2, "validation_batches": "all",
-                 "hellaswag_interval": 2, "hellaswag_examples": 5}
+    train_cfg = {
+        **GPT_TRAIN,
+        "dataset": {"source": "text", "options": {"paths": [str(tmp_path / "corpus.txt")]}},
+        "train_steps": 2,
+        "checkpoint_interval": 2,
+        "validation_batches": "all",
+        "hellaswag_interval": 2,
+        "hellaswag_examples": 5,
+    }
     run = write_run(tmp_path / "run", GPT_MODEL, train_cfg)
     assert run_main(run, tmp_path / "data") == 0
     val = open_dataset(tmp_path / "data" / "text-corpus-bytes").val
@@ -244,13 +289,15 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     assert r["tokens"] == meta["val_tokens"] and r["loss"] == pytest.approx(meta["val_loss"], rel=1e-6)
     examples = hellaswag.read_examples(tmp_path / "data" / "downloads" / "hellaswag_val.jsonl", 5)
     h = scoring.hellaswag_score(model, examples, BytesTokenizer(), progress=False)
-    assert meta["hellaswag"] == [{"step": 2, "acc": h["acc"], "acc_norm": h["acc_norm"], "examples": 5,
-                                  "tokenizer": "bytes"}]
+    assert meta["hellaswag"] == [
+        {"step": 2, "acc": h["acc"], "acc_norm": h["acc_norm"], "examples": 5, "tokenizer": "bytes"}
+    ]
     assert (run / "charts" / "hellaswag.png").stat().st_size > 1000
     # and in the run's records (metrics.jsonl; TensorBoard carries the same scalars)
     from jaxgpt.tracking import metrics
 
     lines = metrics.read_metrics(run / metrics.METRICS_FILE)
     assert [(r["hellaswag/acc"], r["hellaswag/acc_norm"]) for r in lines if "hellaswag/acc" in r] == [
-        (h["acc"], h["acc_norm"])]
+        (h["acc"], h["acc_norm"])
+    ]
     assert [r["val/tokens"] for r in lines if "val/tokens" in r] == [val.n_tokens - 1]

@@ -19,11 +19,17 @@ from jaxgpt.config import ConfigError, WandbConfig
 from jaxgpt.tracking import wandb_log
 from jaxgpt.tracking.metrics import read_metrics
 
-MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16,
-         "n_heads": 2, "n_layers": 1}
-TRAIN = {"dataset": {"source": "builtin"}, "tokenizer": "bytes", "microbatch_size": 2, "train_steps": 12,
-         "learning_rate": 0.003, "checkpoint_interval": 5, "validation_batches": 1,
-         "wandb": {"project": "jaxgpt-tests", "mode": "offline", "tags": ["tiny", "test"], "group": "g"}}
+MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 16, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
+TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 2,
+    "train_steps": 12,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 5,
+    "validation_batches": 1,
+    "wandb": {"project": "jaxgpt-tests", "mode": "offline", "tags": ["tiny", "test"], "group": "g"},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +50,13 @@ def run_main(run_dir: Path, data_root: Path) -> int:
 def wandb_records(run_file: Path, complete: bool = True) -> list[dict[str, Any]]:
     """Every record of a .wandb transaction log, as wandb's own reader prints them (complete=False:
     a log whose writer was killed, which the reader reads to its end and then reports)."""
-    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0 or not complete, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -66,7 +77,8 @@ def record_rows(run_dir: Path, steps: range) -> dict[int, dict[str, float]]:
     for line in read_metrics(run_dir / ckpt.METRICS_FILE):
         if line["step"] in steps and "configs" not in line and "checkpoint" not in line:
             rows.setdefault(line["step"], {}).update(
-                {k: v for k, v in line.items() if k not in ("step", "time") and v is not None})
+                {k: v for k, v in line.items() if k not in ("step", "time") and v is not None}
+            )
     return rows
 
 
@@ -80,8 +92,9 @@ def without_perf(rows: dict[int, dict[str, float]]) -> dict[int, dict[str, float
 
 
 @SLOW  # two training sessions and a W&B run
-def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Path, data_root: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offline_run_logs_the_record_and_resumes_into_the_same_run(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Session 1 dies after step 10 (its checkpoint at 10 fails; the one at 5 is the latest), session 2
     resumes from 5 into the same W&B run, trains 6-10 again and goes on to 12."""
     from jaxgpt.training import loop
@@ -139,8 +152,9 @@ def test_offline_run_logs_the_record_and_resumes_into_the_same_run(tmp_path: Pat
 
 
 @SLOW  # two training sessions and a W&B run
-def test_a_stop_finishes_the_run_as_preempting(tmp_path: Path, data_root: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_finishes_the_run_as_preempting(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ctrl-C (a real SIGINT to this process, caught by train.py's StopFlag) after step 5's checkpoint:
     the run stops with a checkpoint at step 6, exit 130, and W&B's run is finished marked preempting."""
     from jaxgpt.training import loop
@@ -174,8 +188,14 @@ def test_kill_9_then_resume_logs_into_the_same_run(tmp_path: Path, data_root: Pa
     # Without WANDB_SERVICE: wandb sets it in this process once an earlier test has started its service, and
     # a child would log through that service, which outlives the kill and keeps the run "in use".
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), str(run), "--data-dir", str(data_root)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_step(run, proc, 20)
         run_id = json.loads((run / ckpt.WANDB_FILE).read_text())["id"]
@@ -198,17 +218,22 @@ def test_kill_9_then_resume_logs_into_the_same_run(tmp_path: Path, data_root: Pa
     assert rows == {s: row for s, row in record_rows(run, range(1, 401)).items() if s > resumed_from}
 
 
-@pytest.mark.parametrize("mode, env", [("disabled", "offline"), ("offline", "disabled")],
-                         ids=["train.json disabled", "WANDB_MODE disabled"])
-def test_disabled_writes_nothing(tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch,
-                                 mode: str, env: str) -> None:
+@pytest.mark.parametrize(
+    "mode, env", [("disabled", "offline"), ("offline", "disabled")], ids=["train.json disabled", "WANDB_MODE disabled"]
+)
+def test_disabled_writes_nothing(
+    tmp_path: Path, data_root: Path, monkeypatch: pytest.MonkeyPatch, mode: str, env: str
+) -> None:
     """train.json mode "disabled", or WANDB_MODE=disabled over mode "offline": no W&B file at all."""
     if mode == "disabled":
         monkeypatch.delenv("WANDB_MODE")
     else:
         monkeypatch.setenv("WANDB_MODE", env)
-    run = write_run(tmp_path / "off", MODEL, {**TRAIN, "train_steps": 2, "checkpoint_interval": 2,
-                                              "wandb": {"project": "p", "mode": mode}})
+    run = write_run(
+        tmp_path / "off",
+        MODEL,
+        {**TRAIN, "train_steps": 2, "checkpoint_interval": 2, "wandb": {"project": "p", "mode": mode}},
+    )
     assert run_main(run, data_root) == 0
     assert ckpt.step_of(ckpt.latest_checkpoint(run)) == 2
     assert not (run / "wandb").exists() and not (run / ckpt.WANDB_FILE).exists()
@@ -227,8 +252,16 @@ BAD = [
 
 
 @pytest.mark.parametrize("what,section,env,words", BAD, ids=[c[0] for c in BAD])
-def test_bad_section_is_one_line_error(tmp_path: Path, data_root: Path, capsys, monkeypatch: pytest.MonkeyPatch,
-                                       what: str, section: dict, env: str, words: list[str]) -> None:
+def test_bad_section_is_one_line_error(
+    tmp_path: Path,
+    data_root: Path,
+    capsys,
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    section: dict,
+    env: str,
+    words: list[str],
+) -> None:
     monkeypatch.setenv("WANDB_MODE", env)
     run = write_run(tmp_path / "bad", MODEL, {**TRAIN, "wandb": section})
     assert run_main(run, data_root) == 2
@@ -239,8 +272,9 @@ def test_bad_section_is_one_line_error(tmp_path: Path, data_root: Path, capsys, 
     assert not (run / "checkpoints").exists() and not (run / "wandb").exists()
 
 
-def test_missing_package_or_bad_id_file_is_one_line_error(tmp_path: Path, data_root: Path, capsys,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_package_or_bad_id_file_is_one_line_error(
+    tmp_path: Path, data_root: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = write_run(tmp_path / "nopkg", MODEL, TRAIN)
     (run / ckpt.WANDB_FILE).write_text('{"id": "has/slash"}')
     assert run_main(run, data_root) == 2

@@ -55,8 +55,10 @@ class Assistant:
         model, _cfg, tok, ckpt = load_model(path)
         saved = read_template(ckpt)
         if template is None and saved is None:
-            raise TemplateError(f"{ckpt}: a base model (no chat template: it was not fine-tuned on conversations); "
-                                f"fine-tune it on a conversation dataset, or ask for raw text (--raw)")
+            raise TemplateError(
+                f"{ckpt}: a base model (no chat template: it was not fine-tuned on conversations); "
+                f"fine-tune it on a conversation dataset, or ask for raw text (--raw)"
+            )
         return cls(model, tok, template or saved, str(ckpt))
 
     def prompt(self, messages: Sequence[Mapping[str, Any]], room: int) -> tuple[list[int], int]:
@@ -64,7 +66,7 @@ class Assistant:
         answer: the oldest turns are left out until it fits. Returns (ids, turns left out)."""
         messages = list(messages)
         system = messages[:1] if messages and messages[0].get("role") == "system" else []
-        body = messages[len(system):]
+        body = messages[len(system) :]
         dropped = 0
         while True:
             ids = self.template.prompt(self.tok, system + body)
@@ -79,7 +81,7 @@ class Assistant:
         """An answer's ids without a (multi-token) end and what follows it."""
         n = len(self.end)
         for i in range(len(ids) - n + 1):
-            if ids[i:i + n] == self.end:
+            if ids[i : i + n] == self.end:
                 return ids[:i]
         return ids
 
@@ -89,38 +91,56 @@ class Assistant:
         prompt, _ = self.prompt(messages, room)
         ids: list[int] = []
         shown = ""
-        for (token,) in stream(self.model, [prompt], max_new_tokens=sampling.max_new_tokens,
-                               temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                               seed=sampling.seed, eot_id=self.stops, n_vocab=self.tok.n_vocab, on_full="stop"):
+        for (token,) in stream(
+            self.model,
+            [prompt],
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            eot_id=self.stops,
+            n_vocab=self.tok.n_vocab,
+            on_full="stop",
+        ):
             ids.append(token)
             kept = self._cut(ids)
             if len(kept) < len(ids):
                 break
             # Hold back a possible start of the end's ids, and an unfinished character.
             tail = next((k for k in range(min(len(self.end) - 1, len(ids)), 0, -1) if ids[-k:] == self.end[:k]), 0)
-            text = self.tok.decode(ids[:len(ids) - tail]).rstrip(REPLACEMENT)
+            text = self.tok.decode(ids[: len(ids) - tail]).rstrip(REPLACEMENT)
             if len(text) > len(shown) and text.startswith(shown):
-                yield text[len(shown):]
+                yield text[len(shown) :]
                 shown = text
         final = self.tok.decode(self._cut(ids))
         if final.startswith(shown) and len(final) > len(shown):
-            yield final[len(shown):]
+            yield final[len(shown) :]
 
     def answer(self, messages: Sequence[Mapping[str, Any]], sampling: Sampling) -> str:
         return "".join(self.stream(messages, sampling))
 
-    def answer_all(self, conversations: Sequence[Sequence[Mapping[str, Any]]], sampling: Sampling,
-                   batch_size: int = 16) -> list[str]:
+    def answer_all(
+        self, conversations: Sequence[Sequence[Mapping[str, Any]]], sampling: Sampling, batch_size: int = 16
+    ) -> list[str]:
         """Answers to many conversations (each ending with a user message), decoded in batches; each
         answer is the one the same conversation alone would get (every row its own seed's draws)."""
         out: list[str] = []
         room = min(sampling.max_new_tokens, self.context // 2)
         for lo in range(0, len(conversations), batch_size):
-            batch = conversations[lo:lo + batch_size]
+            batch = conversations[lo : lo + batch_size]
             prompts = [self.prompt(c, room)[0] for c in batch]
-            new = generate_batch(self.model, prompts, max_new_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 seed=[sampling.seed] * len(batch), eot_id=self.stops, n_vocab=self.tok.n_vocab,
-                                 on_full="stop")
+            new = generate_batch(
+                self.model,
+                prompts,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                seed=[sampling.seed] * len(batch),
+                eot_id=self.stops,
+                n_vocab=self.tok.n_vocab,
+                on_full="stop",
+            )
             out.extend(self.tok.decode(self._cut(ids)) for ids in new)
         return out

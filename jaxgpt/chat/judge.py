@@ -18,8 +18,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-RUBRIC = ("Given the input `{instruction}` and correct output `{reference}`, score the model response "
-          "`{answer}` on a scale from 0 to 100, where 100 is the best score. Respond with the integer number only.")
+RUBRIC = (
+    "Given the input `{instruction}` and correct output `{reference}`, score the model response "
+    "`{answer}` on a scale from 0 to 100, where 100 is the best score. Respond with the integer number only."
+)
 _NUMBER = re.compile(r"(?<![\d.])(\d{1,3})(?![\d.])")
 
 
@@ -52,8 +54,9 @@ class Judge:
     def score(self, instruction: str, reference: str, answer: str) -> Verdict:
         prompt = RUBRIC.format(instruction=instruction, reference=reference, answer=answer)
         try:
-            out = self.client.chat.completions.create(model=self.model, temperature=0.0,
-                                                      messages=[{"role": "user", "content": prompt}])
+            out = self.client.chat.completions.create(
+                model=self.model, temperature=0.0, messages=[{"role": "user", "content": prompt}]
+            )
         except self._errors as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             return Verdict(None, None, f"{type(e).__name__}: {first[:200]}")
@@ -64,7 +67,10 @@ class Judge:
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The mean over the scored answers, and how many were not scored (no number; a failed request)."""
     scores = [r["score"] for r in rows if r["score"] is not None]
-    return {"examples": len(rows), "scored": len(scores),
-            "mean": sum(scores) / len(scores) if scores else None,
-            "unparseable": sum(r["score"] is None and r["error"] is None for r in rows),
-            "failed": sum(r["error"] is not None for r in rows)}
+    return {
+        "examples": len(rows),
+        "scored": len(scores),
+        "mean": sum(scores) / len(scores) if scores else None,
+        "unparseable": sum(r["score"] is None and r["error"] is None for r in rows),
+        "failed": sum(r["error"] is not None for r in rows),
+    }

@@ -42,26 +42,53 @@ from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError, ModelConfig, Trai
 from jaxgpt.data.tokenizer import GPT2_EOT_ID, BytesTokenizer
 
 # name -> (n_layers, emb_dim, n_heads); all four have vocab 50257 and context 1024.
-VARIANTS = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20),
-            "gpt2-xl": (48, 1600, 25)}
+VARIANTS = {
+    "gpt2": (12, 768, 12),
+    "gpt2-medium": (24, 1024, 16),
+    "gpt2-large": (36, 1280, 20),
+    "gpt2-xl": (48, 1600, 25),
+}
 HUB_ORG = "openai-community"
 INIT_DIR = "pretrained"
 _LAYER = re.compile(r"^h\.(\d+)\.")
 _BUFFERS = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")  # causal masks, not weights
 # Our per-block name -> Hugging Face's (after "h.{i}.").
-_BLOCK = {"ln1.scale": "ln_1.weight", "ln1.bias": "ln_1.bias",
-          "attn.qkv.kernel": "attn.c_attn.weight", "attn.qkv.bias": "attn.c_attn.bias",
-          "attn.proj.kernel": "attn.c_proj.weight", "attn.proj.bias": "attn.c_proj.bias",
-          "ln2.scale": "ln_2.weight", "ln2.bias": "ln_2.bias",
-          "mlp.fc.kernel": "mlp.c_fc.weight", "mlp.fc.bias": "mlp.c_fc.bias",
-          "mlp.out.kernel": "mlp.c_proj.weight", "mlp.out.bias": "mlp.c_proj.bias"}
-_TOP = {"tok_emb.embedding": "wte.weight", "pos_emb.embedding": "wpe.weight",
-        "ln_f.scale": "ln_f.weight", "ln_f.bias": "ln_f.bias"}
+_BLOCK = {
+    "ln1.scale": "ln_1.weight",
+    "ln1.bias": "ln_1.bias",
+    "attn.qkv.kernel": "attn.c_attn.weight",
+    "attn.qkv.bias": "attn.c_attn.bias",
+    "attn.proj.kernel": "attn.c_proj.weight",
+    "attn.proj.bias": "attn.c_proj.bias",
+    "ln2.scale": "ln_2.weight",
+    "ln2.bias": "ln_2.bias",
+    "mlp.fc.kernel": "mlp.c_fc.weight",
+    "mlp.fc.bias": "mlp.c_fc.bias",
+    "mlp.out.kernel": "mlp.c_proj.weight",
+    "mlp.out.bias": "mlp.c_proj.bias",
+}
+_TOP = {
+    "tok_emb.embedding": "wte.weight",
+    "pos_emb.embedding": "wpe.weight",
+    "ln_f.scale": "ln_f.weight",
+    "ln_f.bias": "ln_f.bias",
+}
 # What a fresh import fine-tunes with; the user edits train.json to taste.
-FINETUNE = {"dataset": {"source": "builtin"}, "tokenizer": "gpt2", "init_from": INIT_DIR,
-            "microbatch_size": 8, "gradient_accumulation_steps": 2, "train_steps": 100,
-            "learning_rate": 1e-4, "warmup_percent": 5, "lr_end_factor": 0.1, "weight_decay": 0.1,
-            "checkpoint_interval": 25, "validation_batches": 8, "keep_last_checkpoints": 2}
+FINETUNE = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "gpt2",
+    "init_from": INIT_DIR,
+    "microbatch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 100,
+    "learning_rate": 1e-4,
+    "warmup_percent": 5,
+    "lr_end_factor": 0.1,
+    "weight_decay": 0.1,
+    "checkpoint_interval": 25,
+    "validation_batches": 8,
+    "keep_last_checkpoints": 2,
+}
 
 
 class WeightsError(ValueError):
@@ -88,8 +115,9 @@ def read_hf(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def infer_config(tensors: dict[str, np.ndarray], where: str, *, n_heads: int | None = None,
-                 hf_config: dict[str, Any] | None = None) -> ModelConfig:
+def infer_config(
+    tensors: dict[str, np.ndarray], where: str, *, n_heads: int | None = None, hf_config: dict[str, Any] | None = None
+) -> ModelConfig:
     """model.json for a GPT-2 state dict: sizes from the shapes, heads as the module docstring says."""
     for key in ("wte.weight", "wpe.weight"):
         if key not in tensors or tensors[key].ndim != 2:
@@ -107,7 +135,7 @@ def infer_config(tensors: dict[str, np.ndarray], where: str, *, n_heads: int | N
     if n_heads is None and hf_config and "n_head" in hf_config:
         n_heads = int(hf_config["n_head"])
     if n_heads is None:
-        n_heads = next((h for l, c, h in VARIANTS.values() if (l, c) == (L, C)), None)
+        n_heads = next((h for layers, c, h in VARIANTS.values() if (layers, c) == (L, C)), None)
     if n_heads is None and C % 64 == 0:
         n_heads = C // 64  # GPT-2's head size is 64 at every size
     if n_heads is None:
@@ -118,8 +146,18 @@ def infer_config(tensors: dict[str, np.ndarray], where: str, *, n_heads: int | N
     biases = [v for k, v in tensors.items() if k.endswith(".bias")]
     bias = not biases or any(np.any(v) for v in biases)
     try:
-        return ModelConfig(architecture="gpt2", vocab_size=int(vocab), context_length=int(ctx), emb_dim=int(C),
-                           n_heads=n_heads, n_layers=L, qkv_bias=bias, bias=bias, drop_rate=0.0, tie_embeddings=tied)
+        return ModelConfig(
+            architecture="gpt2",
+            vocab_size=int(vocab),
+            context_length=int(ctx),
+            emb_dim=int(C),
+            n_heads=n_heads,
+            n_layers=L,
+            qkv_bias=bias,
+            bias=bias,
+            drop_rate=0.0,
+            tie_embeddings=tied,
+        )
     except ConfigError as e:
         raise WeightsError(f"{where}: {e}") from None
 
@@ -148,28 +186,43 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str) -> 
         out["head.kernel"] = tensors["lm_head.weight"].T  # nn.Linear (V, C) -> kernel (C, V)
     for key, shape in expected.items():
         if tuple(out[key].shape) != shape:
-            raise WeightsError(f"{where}: {mapping.get(key, 'lm_head.weight')} has shape "
-                               f"{tuple(out[key].shape)}, expected {shape} for {cfg.n_layers} layers x {cfg.emb_dim} dims")
+            raise WeightsError(
+                f"{where}: {mapping.get(key, 'lm_head.weight')} has shape "
+                f"{tuple(out[key].shape)}, expected {shape} for {cfg.n_layers} layers x {cfg.emb_dim} dims"
+            )
     assert set(out) == set(expected), sorted(set(out) ^ set(expected))
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
 # model.json options whose function Hugging Face's GPT2LMHeadModel cannot compute, with the value
 # that it can (GPT-2's own); `norm_scale: false` and `bias: false` export as ones and zeros instead.
-_NOT_GPT2 = {"positions": "learned", "norm": "layernorm", "embed_norm": False, "qk_norm": False, "mlp": "gelu",
-             "logit_softcap": None, "value_embeds": False, "embed_skips": False, "unet_skips": False,
-             "window_pattern": None}
+_NOT_GPT2 = {
+    "positions": "learned",
+    "norm": "layernorm",
+    "embed_norm": False,
+    "qk_norm": False,
+    "mlp": "gelu",
+    "logit_softcap": None,
+    "value_embeds": False,
+    "embed_skips": False,
+    "unet_skips": False,
+    "window_pattern": None,
+}
 
 
 def gpt2_layout_problem(cfg: ModelConfig) -> str | None:
     """Why `cfg` has no Hugging Face GPT-2 layout (the first option that has none), or None."""
     if cfg.kv_heads != cfg.n_heads:
-        return (f"model.json n_kv_heads={cfg.n_kv_heads} has no Hugging Face GPT-2 layout (GPT-2's keys and values "
-                f"have every head, n_heads={cfg.n_heads}); export needs a GPT-2-shaped model")
+        return (
+            f"model.json n_kv_heads={cfg.n_kv_heads} has no Hugging Face GPT-2 layout (GPT-2's keys and values "
+            f"have every head, n_heads={cfg.n_heads}); export needs a GPT-2-shaped model"
+        )
     for key, gpt2 in _NOT_GPT2.items():
         if getattr(cfg, key) != gpt2:
-            return (f"model.json {key}={getattr(cfg, key)!r} has no Hugging Face GPT-2 layout (GPT-2's is "
-                    f"{gpt2!r}); export needs a GPT-2-shaped model")
+            return (
+                f"model.json {key}={getattr(cfg, key)!r} has no Hugging Face GPT-2 layout (GPT-2's is "
+                f"{gpt2!r}); export needs a GPT-2-shaped model"
+            )
     return None
 
 
@@ -177,6 +230,7 @@ def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np
     """Our parameters -> the Hugging Face GPT-2 layout. A bias the model has not (qkv_bias=false,
     bias=false) is written as zeros and a LayerNorm scale it has not (norm_scale=false) as ones,
     which compute the same: GPT-2's layout has no bias-free or scale-free form."""
+
     def get(ours: str) -> np.ndarray:
         if ours in weights or not ours.endswith((".bias", ".scale")):
             return weights[ours]
@@ -196,13 +250,27 @@ def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np
 
 def hf_config_json(cfg: ModelConfig, eot_id: int) -> dict[str, Any]:
     """config.json for transformers' GPT2LMHeadModel."""
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-            "n_positions": cfg.context_length, "n_ctx": cfg.context_length, "n_embd": cfg.emb_dim,
-            "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": None,
-            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": cfg.drop_rate,
-            "embd_pdrop": cfg.drop_rate, "attn_pdrop": cfg.drop_rate, "initializer_range": 0.02,
-            "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": eot_id, "eos_token_id": eot_id,
-            "torch_dtype": "float32"}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.context_length,
+        "n_ctx": cfg.context_length,
+        "n_embd": cfg.emb_dim,
+        "n_layer": cfg.n_layers,
+        "n_head": cfg.n_heads,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": cfg.drop_rate,
+        "embd_pdrop": cfg.drop_rate,
+        "attn_pdrop": cfg.drop_rate,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "torch_dtype": "float32",
+    }
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -223,16 +291,20 @@ def fetch(variant: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise WeightsError(f"{variant}: downloading needs huggingface_hub (uv sync, or "
-                           f"`uv run --with huggingface_hub ...`); or pass a local model.safetensors") from None
+        raise WeightsError(
+            f"{variant}: downloading needs huggingface_hub (uv sync, or "
+            f"`uv run --with huggingface_hub ...`); or pass a local model.safetensors"
+        ) from None
     repo = f"{HUB_ORG}/{variant}"
     try:
         path = Path(hf_hub_download(repo_id=repo, filename="model.safetensors"))
         hf_hub_download(repo_id=repo, filename="config.json")  # beside it in the cache: gives n_head
     except Exception as e:  # network, auth and cache errors come in many types; name the first line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise WeightsError(f"{repo}: download failed ({type(e).__name__}: {first[:200]}); "
-                           f"offline, pass a local model.safetensors instead") from e
+        raise WeightsError(
+            f"{repo}: download failed ({type(e).__name__}: {first[:200]}); "
+            f"offline, pass a local model.safetensors instead"
+        ) from e
     return path
 
 
@@ -248,8 +320,9 @@ def _source_file(source: str) -> tuple[Path, str]:
     raise WeightsError(f"{source}: neither a file nor a GPT-2 variant ({', '.join(VARIANTS)})")
 
 
-def import_run(source: str | Path, run_dir: Path, *, n_heads: int | None = None,
-               tokenizer: str = "gpt2", force: bool = False) -> Path:
+def import_run(
+    source: str | Path, run_dir: Path, *, n_heads: int | None = None, tokenizer: str = "gpt2", force: bool = False
+) -> Path:
     """Turn a GPT-2 safetensors file (or variant name) into a run directory; returns pretrained/."""
     run_dir = Path(run_dir)
     init = run_dir / INIT_DIR
@@ -276,9 +349,16 @@ def import_run(source: str | Path, run_dir: Path, *, n_heads: int | None = None,
     save_file(weights, str(tmp / ckpt.WEIGHTS))
     _write_json(tmp / MODEL_FILE, to_dict(cfg))
     _write_json(tmp / TRAIN_FILE, to_dict(train))
-    _write_json(tmp / ckpt.META, {  # last: marks the folder complete
-        "format": 1, "step": 0, "weights_only": True, "imported_from": described,
-        "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    _write_json(
+        tmp / ckpt.META,
+        {  # last: marks the folder complete
+            "format": 1,
+            "step": 0,
+            "weights_only": True,
+            "imported_from": described,
+            "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
     if init.exists():
         shutil.rmtree(init)
     os.rename(tmp, init)

@@ -58,15 +58,22 @@ def _gpt2_files() -> tuple[Path, Path]:
     (tiktoken/load.py read_file_cached). Building our GPT2Tokenizer first fetches them if missing, or
     fails with its own one-line message saying how to get them."""
     GPT2Tokenizer()
-    folder = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
+    folder = (
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or os.environ.get("DATA_GYM_CACHE_DIR")
         or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    encoder, merges = (Path(folder) / hashlib.sha1(f"{_TIKTOKEN_URL}{name}".encode()).hexdigest()
-                       for name in ("encoder.json", "vocab.bpe"))
+    )
+    encoder, merges = (
+        Path(folder) / hashlib.sha1(f"{_TIKTOKEN_URL}{name}".encode()).hexdigest()
+        for name in ("encoder.json", "vocab.bpe")
+    )
     missing = [p for p in (encoder, merges) if not p.is_file()]
     if missing:
-        raise ConversionError(f"{missing[0]}: tiktoken's cached GPT-2 file is missing (TIKTOKEN_CACHE_DIR="
-                              f"{os.environ.get('TIKTOKEN_CACHE_DIR', '<unset>')}); set TIKTOKEN_CACHE_DIR to the "
-                              f"folder tiktoken cached 'gpt2' in")
+        raise ConversionError(
+            f"{missing[0]}: tiktoken's cached GPT-2 file is missing (TIKTOKEN_CACHE_DIR="
+            f"{os.environ.get('TIKTOKEN_CACHE_DIR', '<unset>')}); set TIKTOKEN_CACHE_DIR to the "
+            f"folder tiktoken cached 'gpt2' in"
+        )
     return encoder, merges
 
 
@@ -103,9 +110,13 @@ def tokenizer_files(*, context_length: int, chat_template: str | None = None) ->
     template written as transformers' "chat_template" (apply_chat_template, vLLM's chat API)."""
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "pad_token": EOT_TEXT}
     config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": context_length,
-        "add_bos_token": False, "add_eos_token": False,  # our encode adds nothing: documents end with eot
-        "clean_up_tokenization_spaces": False}  # decoding gives the text back unchanged
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "model_max_length": context_length,
+        "add_bos_token": False,
+        "add_eos_token": False,  # our encode adds nothing: documents end with eot
+        "clean_up_tokenization_spaces": False,
+    }  # decoding gives the text back unchanged
     if chat_template is not None:
         config["chat_template"] = chat_template
     return config, special
@@ -141,8 +152,10 @@ def identify(folder: Path, hf_config: dict[str, Any]) -> tuple[str | None, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConversionError(f"{path}: not found; the import needs the folder's tokenizer as a tokenizers "
-                              f"tokenizer.json (convert a slow or tiktoken-only tokenizer first)") from None
+        raise ConversionError(
+            f"{path}: not found; the import needs the folder's tokenizer as a tokenizers "
+            f"tokenizer.json (convert a slow or tiktoken-only tokenizer first)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConversionError(f"{path}: unreadable ({e})") from None
     tok = _parse(text, str(path))  # first: a malformed file is one line naming it
@@ -177,8 +190,12 @@ def _is_bytes(data: dict[str, Any]) -> bool:
 def _looks_like_gpt2(data: dict[str, Any]) -> bool:
     """A cheap first look, so that a trained tokenizer's import never needs tiktoken's files."""
     vocab = _vocab_with_added(data)
-    return data.get("model", {}).get("type") == "BPE" and len(vocab) == 50257 and vocab.get(EOT_TEXT) == 50256 \
+    return (
+        data.get("model", {}).get("type") == "BPE"
+        and len(vocab) == 50257
+        and vocab.get(EOT_TEXT) == 50256
         and vocab.get("Ġthe") == 262
+    )
 
 
 def _is_gpt2(data: dict[str, Any]) -> bool:
@@ -192,8 +209,10 @@ def _bos_as_eot(text: str, tok: Any, folder: Path, hf_config: dict[str, Any]) ->
     post-processor's template), checked to keep its id and every encoding."""
     bos = _bos_token(folder, hf_config, tok)
     if bos is None:
-        raise ConversionError(f"{Path(folder) / TOKENIZER_FILE}: has no {EOT_TEXT} token and names no bos token "
-                              f"(tokenizer_config.json bos_token, config.json bos_token_id) to stand for it")
+        raise ConversionError(
+            f"{Path(folder) / TOKENIZER_FILE}: has no {EOT_TEXT} token and names no bos token "
+            f"(tokenizer_config.json bos_token, config.json bos_token_id) to stand for it"
+        )
 
     def rename(node: Any) -> Any:
         if isinstance(node, dict):
@@ -206,10 +225,14 @@ def _bos_as_eot(text: str, tok: Any, folder: Path, hf_config: dict[str, Any]) ->
     renamed = json.dumps(rename(json.loads(text)), ensure_ascii=False, indent=2)
     new = _parse(renamed, str(where))
     sample = "Every effort moves you, 1234 héllo 日本"
-    if new.token_to_id(EOT_TEXT) != tok.token_to_id(bos) or \
-            new.encode(sample, add_special_tokens=False).ids != tok.encode(sample, add_special_tokens=False).ids:
-        raise ConversionError(f"{where}: renaming its bos token {bos!r} to {EOT_TEXT} changes its ids; "
-                              f"this tokenizer cannot be used as a trained tokenizer")
+    if (
+        new.token_to_id(EOT_TEXT) != tok.token_to_id(bos)
+        or new.encode(sample, add_special_tokens=False).ids != tok.encode(sample, add_special_tokens=False).ids
+    ):
+        raise ConversionError(
+            f"{where}: renaming its bos token {bos!r} to {EOT_TEXT} changes its ids; "
+            f"this tokenizer cannot be used as a trained tokenizer"
+        )
     return renamed
 
 

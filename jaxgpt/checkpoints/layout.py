@@ -69,8 +69,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir()
-             if _NAME.match(p.name) and not p.is_symlink() and (p / META).is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and not p.is_symlink() and (p / META).is_file()]
     return sorted(found, key=lambda p: (step_of(p), p.name))
 
 
@@ -108,8 +107,12 @@ def read_meta(ckpt: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: corrupt meta.json (not UTF-8 text)") from None
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
-    if (not isinstance(meta, dict) or not isinstance(meta.get("step"), int)
-            or isinstance(meta["step"], bool) or meta["step"] < 0):
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(meta.get("step"), int)
+        or isinstance(meta["step"], bool)
+        or meta["step"] < 0
+    ):
         raise CheckpointError(f"{path}: corrupt meta.json (no non-negative integer 'step')")
     return meta
 
@@ -202,8 +205,9 @@ def archive_checkpoints(run_dir: Path) -> Path | None:
     """Start a run over: rename checkpoints/ to checkpoints.old-<UTC time>/ and move the run's
     metrics.jsonl, tensorboard/ and wandb.json into it, deleting nothing."""
     root = checkpoints_dir(run_dir)
-    records = [Path(run_dir) / name for name in (METRICS_FILE, TENSORBOARD_DIR, WANDB_FILE)
-               if (Path(run_dir) / name).exists()]
+    records = [
+        Path(run_dir) / name for name in (METRICS_FILE, TENSORBOARD_DIR, WANDB_FILE) if (Path(run_dir) / name).exists()
+    ]
     if not root.exists() and not records:
         return None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -339,5 +343,3 @@ def fsync_tree(path: Path) -> None:
         for f in files:
             fsync(Path(dirpath) / f)
         fsync(Path(dirpath))
-
-

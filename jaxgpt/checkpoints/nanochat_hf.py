@@ -49,7 +49,6 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from jaxgpt.data.chat_template import ChatTemplate, read_template
 from jaxgpt.checkpoints import hf_tokenizer as tk
 from jaxgpt.checkpoints.hf_tokenizer import ConversionError
 from jaxgpt.checkpoints.layout import (
@@ -70,26 +69,51 @@ from jaxgpt.config import (
     from_dict,
     to_dict,
 )
+from jaxgpt.data.chat_template import ChatTemplate, read_template
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TokenizerError, check_name
 
 __all__ = ["ConversionError", "export_problem", "export_run", "import_run"]
 
 INIT_DIR = "pretrained"
-HF_CONFIG, HF_WEIGHTS, HF_INDEX, GENERATION_CONFIG = ("config.json", "model.safetensors",
-                                                       "model.safetensors.index.json", "generation_config.json")
+HF_CONFIG, HF_WEIGHTS, HF_INDEX, GENERATION_CONFIG = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "generation_config.json",
+)
 RMS_EPS = 1e-6  # layers.py's RMSNorm epsilon (nnx.RMSNorm's default) = NanoChatConfig's rms_norm_eps default
 _ACT = {"relu2": "relu2", "gelu": "gelu_pytorch_tanh"}  # both tanh GELUs, torch's F.gelu(approximate="tanh")
 _ACT_BACK = {"relu2": "relu2", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}  # gelu_new: the same function
 # NanoChatConfig's defaults (configuration_nanochat.py): what transformers takes for a key a config.json lacks.
-_HF_DEFAULTS = {"vocab_size": 50304, "hidden_size": 768, "intermediate_size": 8192, "num_hidden_layers": 12,
-                "num_attention_heads": 6, "num_key_value_heads": None, "max_position_embeddings": 2048,
-                "hidden_act": "relu2", "rms_norm_eps": 1e-6, "final_logit_softcapping": 15.0,
-                "attention_bias": False, "tie_word_embeddings": False}
+_HF_DEFAULTS = {
+    "vocab_size": 50304,
+    "hidden_size": 768,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 6,
+    "num_key_value_heads": None,
+    "max_position_embeddings": 2048,
+    "hidden_act": "relu2",
+    "rms_norm_eps": 1e-6,
+    "final_logit_softcapping": 15.0,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+}
 # What a fresh import fine-tunes with (import_gpt2.py's; copied, not imported: gpt2.py loads JAX).
-FINETUNE = {"dataset": {"source": "builtin"}, "init_from": INIT_DIR, "microbatch_size": 8,
-            "gradient_accumulation_steps": 2, "train_steps": 100, "learning_rate": 1e-4, "warmup_percent": 5,
-            "lr_end_factor": 0.1, "weight_decay": 0.1, "checkpoint_interval": 25, "validation_batches": 8,
-            "keep_last_checkpoints": 2}
+FINETUNE = {
+    "dataset": {"source": "builtin"},
+    "init_from": INIT_DIR,
+    "microbatch_size": 8,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 100,
+    "learning_rate": 1e-4,
+    "warmup_percent": 5,
+    "lr_end_factor": 0.1,
+    "weight_decay": 0.1,
+    "checkpoint_interval": 25,
+    "validation_batches": 8,
+    "keep_last_checkpoints": 2,
+}
 
 # model.json options NanoChat cannot compute, in model.json's key order: (key, refused?, why). What is
 # not here exports: drop_rate (inference has no dropout), tie_embeddings, logit_softcap null, mlp gelu,
@@ -107,8 +131,11 @@ _REFUSED = (
     ("value_embeds", lambda c: c.value_embeds, "NanoChat's values are the v_proj output alone"),
     ("embed_skips", lambda c: c.embed_skips, "a NanoChat block's input is the residual stream alone"),
     ("unet_skips", lambda c: c.unet_skips, "a NanoChat block's input is the residual stream alone"),
-    ("window_pattern", lambda c: min(c.layer_windows(), default=c.context_length) < c.context_length,
-     "NanoChat's every layer attends to the whole context"),
+    (
+        "window_pattern",
+        lambda c: min(c.layer_windows(), default=c.context_length) < c.context_length,
+        "NanoChat's every layer attends to the whole context",
+    ),
 )
 
 
@@ -133,8 +160,9 @@ def our_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "attn.qkv.kernel"] = (C, 3 * C)
         else:
             shapes.update({p + "attn.q.kernel": (C, C), p + "attn.kv.kernel": (C, 2 * K * D)})
-        shapes.update({p + "attn.proj.kernel": (C, C), p + "mlp.fc.kernel": (C, 4 * C),
-                       p + "mlp.out.kernel": (4 * C, C)})
+        shapes.update(
+            {p + "attn.proj.kernel": (C, C), p + "mlp.fc.kernel": (C, 4 * C), p + "mlp.out.kernel": (4 * C, C)}
+        )
     if not cfg.tie_embeddings:
         shapes["head.kernel"] = (C, V)
     return shapes
@@ -146,9 +174,16 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, C)}
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "self_attn.q_proj.weight": (C, C), p + "self_attn.k_proj.weight": (KD, C),
-                       p + "self_attn.v_proj.weight": (KD, C), p + "self_attn.o_proj.weight": (C, C),
-                       p + "mlp.fc1.weight": (4 * C, C), p + "mlp.fc2.weight": (C, 4 * C)})
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (C, C),
+                p + "self_attn.k_proj.weight": (KD, C),
+                p + "self_attn.v_proj.weight": (KD, C),
+                p + "self_attn.o_proj.weight": (C, C),
+                p + "mlp.fc1.weight": (4 * C, C),
+                p + "mlp.fc2.weight": (C, 4 * C),
+            }
+        )
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (V, C)
     return shapes
@@ -157,7 +192,7 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def _flip_rotary(w: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
     """(heads*D, C) q or k rows with the second half of every head negated (module docstring)."""
     w = np.array(w, copy=True).reshape(heads, head_dim, -1)
-    np.negative(w[:, head_dim // 2:], out=w[:, head_dim // 2:])
+    np.negative(w[:, head_dim // 2 :], out=w[:, head_dim // 2 :])
     return w.reshape(heads * head_dim, -1)
 
 
@@ -171,12 +206,16 @@ def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np
             q, k, v = np.split(weights[ours + "attn.qkv.kernel"], 3, axis=1)  # (C, C) each
         else:
             q, (k, v) = weights[ours + "attn.q.kernel"], np.split(weights[ours + "attn.kv.kernel"], 2, axis=1)
-        out.update({theirs + "self_attn.q_proj.weight": _flip_rotary(q.T, H, D),
-                    theirs + "self_attn.k_proj.weight": _flip_rotary(k.T, K, D),
-                    theirs + "self_attn.v_proj.weight": v.T,
-                    theirs + "self_attn.o_proj.weight": weights[ours + "attn.proj.kernel"].T,
-                    theirs + "mlp.fc1.weight": weights[ours + "mlp.fc.kernel"].T,
-                    theirs + "mlp.fc2.weight": weights[ours + "mlp.out.kernel"].T})
+        out.update(
+            {
+                theirs + "self_attn.q_proj.weight": _flip_rotary(q.T, H, D),
+                theirs + "self_attn.k_proj.weight": _flip_rotary(k.T, K, D),
+                theirs + "self_attn.v_proj.weight": v.T,
+                theirs + "self_attn.o_proj.weight": weights[ours + "attn.proj.kernel"].T,
+                theirs + "mlp.fc1.weight": weights[ours + "mlp.fc.kernel"].T,
+                theirs + "mlp.fc2.weight": weights[ours + "mlp.out.kernel"].T,
+            }
+        )
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = weights["head.kernel"].T
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
@@ -195,9 +234,13 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np
             out[ours + "attn.qkv.kernel"] = np.concatenate([q, k, v], axis=1)
         else:
             out.update({ours + "attn.q.kernel": q, ours + "attn.kv.kernel": np.concatenate([k, v], axis=1)})
-        out.update({ours + "attn.proj.kernel": tensors[theirs + "self_attn.o_proj.weight"].T,
-                    ours + "mlp.fc.kernel": tensors[theirs + "mlp.fc1.weight"].T,
-                    ours + "mlp.out.kernel": tensors[theirs + "mlp.fc2.weight"].T})
+        out.update(
+            {
+                ours + "attn.proj.kernel": tensors[theirs + "self_attn.o_proj.weight"].T,
+                ours + "mlp.fc.kernel": tensors[theirs + "mlp.fc1.weight"].T,
+                ours + "mlp.out.kernel": tensors[theirs + "mlp.fc2.weight"].T,
+            }
+        )
     if not cfg.tie_embeddings:
         out["head.kernel"] = tensors["lm_head.weight"].T
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
@@ -206,8 +249,9 @@ def hf_to_ours(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np
 def _check_tensors(tensors: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], where: str) -> None:
     missing, unexpected = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
     if missing or unexpected:
-        raise ConversionError(f"{where}: tensors do not match the config (missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]})")
+        raise ConversionError(
+            f"{where}: tensors do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     for key, shape in shapes.items():
         if tuple(tensors[key].shape) != shape:
             raise ConversionError(f"{where}: {key} has shape {tuple(tensors[key].shape)}, the config needs {shape}")
@@ -218,16 +262,32 @@ def _check_tensors(tensors: dict[str, np.ndarray], shapes: dict[str, tuple[int, 
 
 def hf_config(cfg: ModelConfig, eot_id: int) -> dict[str, Any]:
     """config.json for NanoChatForCausalLM; the tokenizer's end-of-text is bos, eos and pad."""
-    return {"architectures": ["NanoChatForCausalLM"], "model_type": "nanochat", "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.emb_dim, "intermediate_size": 4 * cfg.emb_dim, "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads,
-            "max_position_embeddings": cfg.context_length, "hidden_act": _ACT[cfg.mlp], "rms_norm_eps": RMS_EPS,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
-            "final_logit_softcapping": cfg.logit_softcap, "attention_bias": False, "attention_dropout": 0.0,
-            "initializer_range": 0.02, "tie_word_embeddings": cfg.tie_embeddings, "use_cache": True,
-            "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id,
-            # transformers 5 writes "dtype"; "torch_dtype" is what 4.x-era readers look for (5 still accepts it).
-            "dtype": "float32", "torch_dtype": "float32"}
+    return {
+        "architectures": ["NanoChatForCausalLM"],
+        "model_type": "nanochat",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.emb_dim,
+        "intermediate_size": 4 * cfg.emb_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "max_position_embeddings": cfg.context_length,
+        "hidden_act": _ACT[cfg.mlp],
+        "rms_norm_eps": RMS_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        "final_logit_softcapping": cfg.logit_softcap,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "use_cache": True,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "pad_token_id": eot_id,
+        # transformers 5 writes "dtype"; "torch_dtype" is what 4.x-era readers look for (5 still accepts it).
+        "dtype": "float32",
+        "torch_dtype": "float32",
+    }
 
 
 def model_config(hf: dict[str, Any], where: str) -> ModelConfig:
@@ -241,13 +301,31 @@ def model_config(hf: dict[str, Any], where: str) -> ModelConfig:
     rope = get("rope_parameters") or get("rope_scaling") or {}
     theta = rope.get("rope_theta", get("rope_theta") or 10000.0)  # transformers' default_theta
     try:
-        return from_dict(ModelConfig, {
-            "architecture": "gpt2", "vocab_size": get("vocab_size"), "context_length": get("max_position_embeddings"),
-            "emb_dim": get("hidden_size"), "n_heads": H, "n_layers": get("num_hidden_layers"), "qkv_bias": False,
-            "bias": False, "drop_rate": 0.0, "tie_embeddings": get("tie_word_embeddings"), "positions": "rotary",
-            "rope_base": theta, "norm": "rmsnorm", "norm_scale": False, "embed_norm": True, "qk_norm": True,
-            "mlp": _ACT_BACK[get("hidden_act")], "logit_softcap": get("final_logit_softcapping"),
-            "n_kv_heads": None if K == H else K}, where)
+        return from_dict(
+            ModelConfig,
+            {
+                "architecture": "gpt2",
+                "vocab_size": get("vocab_size"),
+                "context_length": get("max_position_embeddings"),
+                "emb_dim": get("hidden_size"),
+                "n_heads": H,
+                "n_layers": get("num_hidden_layers"),
+                "qkv_bias": False,
+                "bias": False,
+                "drop_rate": 0.0,
+                "tie_embeddings": get("tie_word_embeddings"),
+                "positions": "rotary",
+                "rope_base": theta,
+                "norm": "rmsnorm",
+                "norm_scale": False,
+                "embed_norm": True,
+                "qk_norm": True,
+                "mlp": _ACT_BACK[get("hidden_act")],
+                "logit_softcap": get("final_logit_softcapping"),
+                "n_kv_heads": None if K == H else K,
+            },
+            where,
+        )
     except ConfigError as e:  # ModelConfig's own checks, in our names: say theirs
         msg = str(e).removeprefix(f"{where}: ").removeprefix(f"{MODEL_FILE}: ")
         msg = re.sub(r"\b(" + "|".join(_THEIR_NAMES) + r")\b", lambda m: _THEIR_NAMES[m.group(1)], msg)
@@ -256,30 +334,48 @@ def model_config(hf: dict[str, Any], where: str) -> ModelConfig:
 
 def _check_hf_config(get: Any, where: str) -> None:
     """The config.json keys whose values our model has no form for (NanoChat's sizes aside)."""
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
-                "num_key_value_heads"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "num_key_value_heads",
+    ):
         value = get(key)
         if (value is not None or key != "num_key_value_heads") and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ConversionError(f"{where}: {key}={value!r} must be a positive integer")
     C, H = get("hidden_size"), get("num_attention_heads")
     rope = get("rope_parameters") or get("rope_scaling") or {}
-    checks = (("hidden_act", get("hidden_act") in _ACT_BACK, f"one of {sorted(_ACT_BACK)}"),
-              ("rms_norm_eps", get("rms_norm_eps") == RMS_EPS, f"{RMS_EPS} (our RMSNorm's epsilon)"),
-              ("attention_bias", get("attention_bias") is False, "false (our q/k/v/o projections have no bias)"),
-              ("intermediate_size", get("intermediate_size") == 4 * C, "4 * hidden_size (our MLP's width)"),
-              ("head_dim", get("head_dim") in (None, C // H), "hidden_size / num_attention_heads"),
-              ("rope_parameters", isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default"))
-               == "default", "rope_type 'default' (plain rotary)"),
-              ("tie_word_embeddings", isinstance(get("tie_word_embeddings"), bool), "true or false"))
+    checks = (
+        ("hidden_act", get("hidden_act") in _ACT_BACK, f"one of {sorted(_ACT_BACK)}"),
+        ("rms_norm_eps", get("rms_norm_eps") == RMS_EPS, f"{RMS_EPS} (our RMSNorm's epsilon)"),
+        ("attention_bias", get("attention_bias") is False, "false (our q/k/v/o projections have no bias)"),
+        ("intermediate_size", get("intermediate_size") == 4 * C, "4 * hidden_size (our MLP's width)"),
+        ("head_dim", get("head_dim") in (None, C // H), "hidden_size / num_attention_heads"),
+        (
+            "rope_parameters",
+            isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) == "default",
+            "rope_type 'default' (plain rotary)",
+        ),
+        ("tie_word_embeddings", isinstance(get("tie_word_embeddings"), bool), "true or false"),
+    )
     for key, ok, want in checks:
         if not ok:
             raise ConversionError(f"{where}: {key}={get(key)!r} has no jaxgpt counterpart; it must be {want}")
 
 
-_THEIR_NAMES = {"emb_dim": "hidden_size", "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
-                "n_layers": "num_hidden_layers", "context_length": "max_position_embeddings",
-                "logit_softcap": "final_logit_softcapping", "rope_base": "rope_theta"}
+_THEIR_NAMES = {
+    "emb_dim": "hidden_size",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "n_layers": "num_hidden_layers",
+    "context_length": "max_position_embeddings",
+    "logit_softcap": "final_logit_softcapping",
+    "rope_base": "rope_theta",
+}
 
 
 # ----------------------------------------------------------------------------- export
@@ -307,8 +403,9 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
     tokenizer_json = _tokenizer_json(ckpt_dir, name)
     eot_id, n_vocab = tk.eot_of(tokenizer_json, f"{ckpt_dir}: tokenizer {name!r}")
     if n_vocab > cfg.vocab_size:
-        raise ConversionError(f"{ckpt_dir}: tokenizer {name!r} has {n_vocab} ids, more than model.json "
-                              f"vocab_size={cfg.vocab_size}")
+        raise ConversionError(
+            f"{ckpt_dir}: tokenizer {name!r} has {n_vocab} ids, more than model.json vocab_size={cfg.vocab_size}"
+        )
     weights = _read_safetensors(ckpt_dir / WEIGHTS)
     _check_tensors(weights, our_shapes(cfg), str(ckpt_dir / WEIGHTS))
     tok_config, special = tk.tokenizer_files(context_length=cfg.context_length, chat_template=chat_template)
@@ -323,8 +420,10 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
     write_json(out_dir / tk.SPECIAL_TOKENS_MAP, special)
     # A fine-tuned model's answers end at its template's end token too (nanochat's <|assistant_end|>).
     stops = [eot_id] if saved is None else _stop_ids(saved, tokenizer_json, eot_id)
-    write_json(out_dir / GENERATION_CONFIG, {"bos_token_id": eot_id, "eos_token_id": stops[0] if len(stops) == 1
-                                             else stops, "pad_token_id": eot_id})
+    write_json(
+        out_dir / GENERATION_CONFIG,
+        {"bos_token_id": eot_id, "eos_token_id": stops[0] if len(stops) == 1 else stops, "pad_token_id": eot_id},
+    )
     write_json(out_dir / HF_CONFIG, hf_config(cfg, eot_id))  # last: a folder with config.json is complete
     return out_dir
 
@@ -414,8 +513,9 @@ def import_run(hf_folder: Path, run_dir: Path, force: bool = False, *, tokenizer
         name = _trained_name(hf_folder, tokenizer_name)
     _, n_vocab = tk.eot_of(tokenizer_json, str(hf_folder / tk.TOKENIZER_FILE))
     if n_vocab > cfg.vocab_size:
-        raise ConversionError(f"{hf_folder / tk.TOKENIZER_FILE}: {n_vocab} ids, more than config.json "
-                              f"vocab_size={cfg.vocab_size}")
+        raise ConversionError(
+            f"{hf_folder / tk.TOKENIZER_FILE}: {n_vocab} ids, more than config.json vocab_size={cfg.vocab_size}"
+        )
     tensors = read_hf_tensors(hf_folder)
     cfg = _untie_if_different(tensors, cfg)
     _check_tensors(tensors, hf_shapes(cfg), str(hf_folder))
@@ -440,8 +540,9 @@ def _trained_name(hf_folder: Path, asked: str | None) -> str:
         raise ConversionError(f"--tokenizer-name: {e}") from None
 
 
-def _write_init(init: Path, weights: dict[str, np.ndarray], cfg: ModelConfig, train: TrainConfig,
-                files: dict[str, str], source: str) -> None:
+def _write_init(
+    init: Path, weights: dict[str, np.ndarray], cfg: ModelConfig, train: TrainConfig, files: dict[str, str], source: str
+) -> None:
     """The weights-only checkpoint train.json init_from names, assembled aside and renamed into place."""
     init.parent.mkdir(parents=True, exist_ok=True)
     tmp = init.parent / f".tmp-{init.name}"
@@ -453,9 +554,16 @@ def _write_init(init: Path, weights: dict[str, np.ndarray], cfg: ModelConfig, tr
         (tmp / filename).write_text(text, encoding="utf-8")
     write_json(tmp / MODEL_FILE, to_dict(cfg))
     write_json(tmp / TRAIN_FILE, to_dict(train))
-    write_json(tmp / META, {  # last: marks the folder complete
-        "format": 1, "step": 0, "weights_only": True, "imported_from": source,
-        "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
+    write_json(
+        tmp / META,
+        {  # last: marks the folder complete
+            "format": 1,
+            "step": 0,
+            "weights_only": True,
+            "imported_from": source,
+            "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    )
     if init.exists():
         shutil.rmtree(init)
     os.rename(tmp, init)

@@ -103,7 +103,8 @@ def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
         raise CheckpointError(
-            f"{where}: weights do not match model.json (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            f"{where}: weights do not match model.json (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     new = []
     for path, var in flat:
         key = ".".join(map(str, path))
@@ -120,9 +121,17 @@ def assign_weights(model: nnx.Module, tensors: dict[str, np.ndarray], where: str
 # ----------------------------------------------------------------------------- save
 
 
-def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
-                    meta: dict[str, Any], configs: dict[str, dict[str, Any]], *,
-                    keep_last: int, now: dt.datetime | None = None, files: dict[str, bytes] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    meta: dict[str, Any],
+    configs: dict[str, dict[str, Any]],
+    *,
+    keep_last: int,
+    now: dt.datetime | None = None,
+    files: dict[str, bytes] | None = None,
+) -> Path:
     """Write one checkpoint atomically, move `latest` (and `best` if meta["is_best"]), prune.
 
     meta.json records every file's size and sha256 (`files`), so a damaged checkpoint is found on
@@ -168,8 +177,13 @@ def save_checkpoint(run_dir: Path, model: nnx.Module, optimizer: nnx.Optimizer,
     return final
 
 
-def _write_files(tmp: Path, weights: dict[str, np.ndarray], configs: dict[str, dict[str, Any]],
-                 meta: dict[str, Any], files: dict[str, bytes]) -> None:
+def _write_files(
+    tmp: Path,
+    weights: dict[str, np.ndarray],
+    configs: dict[str, dict[str, Any]],
+    meta: dict[str, Any],
+    files: dict[str, bytes],
+) -> None:
     save_file(weights, str(tmp / WEIGHTS))
     for filename, cfg in configs.items():
         write_json(tmp / filename, cfg)
@@ -217,10 +231,17 @@ def _os_error(e: Exception) -> OSError | None:
 def _write_failure(root: Path, step: int, e: OSError) -> str:
     latest = latest_checkpoint(root.parent)
     kept = f"checkpoints/latest is still {latest.name}" if latest is not None else "no checkpoint was written yet"
-    what = {errno.ENOSPC: "the disk is full: free space there", errno.EDQUOT: "the disk quota is full",
-            errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
-            errno.EFBIG: "a file grew past the size limit (ulimit -f)"}.get(e.errno, e.strerror or type(e).__name__)
-    return f"{root}: cannot write the step {step} checkpoint ({what}; {e.filename or root}); {kept}: fix that and rerun to resume"
+    what = {
+        errno.ENOSPC: "the disk is full: free space there",
+        errno.EDQUOT: "the disk quota is full",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "no permission to write there",
+        errno.EFBIG: "a file grew past the size limit (ulimit -f)",
+    }.get(e.errno, e.strerror or type(e).__name__)
+    return (
+        f"{root}: cannot write the step {step} checkpoint ({what}; {e.filename or root}); {kept}: fix that "
+        f"and rerun to resume"
+    )
 
 
 # ----------------------------------------------------------------------------- load
@@ -238,14 +259,16 @@ def load_checkpoint(ckpt: Path, model: nnx.Module, optimizer: nnx.Optimizer | No
         # Orbax needs the target structure (an abstract pytree) to rebuild optax's state
         # objects; without it, it returns plain dicts that the optimiser cannot take.
         abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            nnx.state(optimizer))
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), nnx.state(optimizer)
+        )
         try:
             restored = ocp.v1.load(target.absolute(), abstract)
         except Exception as e:  # Orbax raises many types for a damaged folder; name it once
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{target}: cannot restore optimizer state ({first[:200]}); if it was "
-                                  f"written by an older version or another optimiser, use --restart") from e
+            raise CheckpointError(
+                f"{target}: cannot restore optimizer state ({first[:200]}); if it was "
+                f"written by an older version or another optimiser, use --restart"
+            ) from e
         nnx.update(optimizer, restored)
     return meta
 
@@ -275,5 +298,3 @@ def _agreed_time(now: dt.datetime | None) -> dt.datetime:
         return now
     stamp = multihost_utils.broadcast_one_to_all(np.int64(now.timestamp()))
     return dt.datetime.fromtimestamp(int(stamp), dt.timezone.utc)
-
-

@@ -46,7 +46,8 @@ def bf16_product(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
         natural = "".join(batch + free + [c for c in sr if c in so and c not in batch])
         # bytes copied: the (bfloat16) left operand if it must move, the float32 output if it must
         cost = (left.size * left.dtype.itemsize if order != list(sl) else 0) + (
-            4 * math.prod(extent[c] for c in so) if natural != so else 0)
+            4 * math.prod(extent[c] for c in so) if natural != so else 0
+        )
         plans.append((cost, sl, left, sr, right, order, natural))
     _, sl, left, sr, right, order, natural = min(plans, key=lambda plan: plan[0])
     if order != list(sl):
@@ -60,9 +61,15 @@ def _row_major(a: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(a.reshape(-1)).reshape(a.shape)
 
 
-def per_head_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
-                       dropout: Callable[[jax.Array], jax.Array] | None = None,
-                       window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
+def per_head_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    einsum: Callable[..., jax.Array],
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    window: int | jax.Array | None = None,
+    segments: jax.Array | None = None,
+) -> jax.Array:
     """Causal softmax attention, one head at a time. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The same function as ops.causal_attention: scores, softmax and the weights' dropout are
@@ -122,8 +129,14 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, object]:
     states), from /proc/cpuinfo as `cpu_flags`; model None where it is not known."""
     fields = _first_processor(cpuinfo)
     flags = frozenset(fields.get("flags", "").split())
-    return {"model": fields.get("model name"), "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags, "amx_tile": "amx_tile" in flags, "native_bf16": native_bf16(flags)}
+    return {
+        "model": fields.get("model name"),
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "amx_tile": "amx_tile" in flags,
+        "native_bf16": native_bf16(flags),
+    }
 
 
 def _first_processor(cpuinfo: str | None) -> dict[str, str]:

@@ -42,7 +42,7 @@ def _thp_mode() -> str | None:
         text = THP_MODE.read_text()
     except OSError:
         return None
-    return text[text.index("[") + 1:text.index("]")] if "[" in text else None
+    return text[text.index("[") + 1 : text.index("]")] if "[" in text else None
 
 
 def needed(environ: dict[str, str] | None = None) -> bool:

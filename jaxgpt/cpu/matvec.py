@@ -96,8 +96,14 @@ def _build_key(cxx: Sequence[str]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), shlex.join(cxx).encode(), version.encode(), " ".join(FLAGS).encode(),
-                 jax.__version__.encode(), jaxlib.__version__.encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        shlex.join(cxx).encode(),
+        version.encode(),
+        " ".join(FLAGS).encode(),
+        jax.__version__.encode(),
+        jaxlib.__version__.encode(),
+    ):
         digest.update(part + b"\0")
     return digest.hexdigest()[:16]
 
@@ -112,8 +118,11 @@ def library() -> Path:
     dest = caches.cache_root() / "native" / cpu / _build_key(cxx)
     if (dest / LIBRARY).is_file():
         return dest / LIBRARY
-    print(f"note: building {SHOWN} (the CPU's bfloat16 decode kernel; once per machine and JAX version)",
-          file=sys.stderr, flush=True)
+    print(
+        f"note: building {SHOWN} (the CPU's bfloat16 decode kernel; once per machine and JAX version)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         return build(dest, cxx=cxx)
     except OSError:  # the cache folder is not writable
@@ -144,8 +153,12 @@ def available() -> bool:
                 _state["reason"] = None
             except (BuildError, OSError, AttributeError) as e:
                 _state["reason"] = str(e).splitlines()[0] if str(e) else type(e).__name__
-                print(f"note: {SHOWN} unavailable ({_state['reason']}): bfloat16 models decode through "
-                      f"XLA's float32 kernels, slower on the CPU ({SWITCH}=0 silences this)", file=sys.stderr, flush=True)
+                print(
+                    f"note: {SHOWN} unavailable ({_state['reason']}): bfloat16 models decode through "
+                    f"XLA's float32 kernels, slower on the CPU ({SWITCH}=0 silences this)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return _state["reason"] is None
 
 

@@ -29,8 +29,10 @@ def check_ids(split: TokenSplit, tokens: np.ndarray, starts: np.ndarray) -> None
         return
     row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
     file, offset = split.locate(int(starts[row]) + col)
-    raise DataError(f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
-                    f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)")
+    raise DataError(
+        f"{file}: token id {int(tokens[row, col])} at offset {offset} exceeds the manifest's "
+        f"max_token_id {limit} (shard changed or corrupt; check with download_dataset.py --verify)"
+    )
 
 
 class BatchSampler:
@@ -41,13 +43,22 @@ class BatchSampler:
     epoch = s // n_windows, so each epoch visits every window exactly once.
     """
 
-    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, seed: int,
-                 targets: str = "next", shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        split: TokenSplit,
+        *,
+        microbatch_size: int,
+        seq_len: int,
+        seed: int,
+        targets: str = "next",
+        shuffle: bool = True,
+    ) -> None:
         if targets not in ("next", "same"):
             raise DataError(f"{split.name} split: targets must be 'next' or 'same', got {targets!r}")
         if microbatch_size < 1 or seq_len < 1:
             raise DataError(
-                f"{split.name} split: microbatch_size and seq_len must be >= 1, got {microbatch_size}, {seq_len}")
+                f"{split.name} split: microbatch_size and seq_len must be >= 1, got {microbatch_size}, {seq_len}"
+            )
         if seed < 0:  # numpy's SeedSequence rejects negative entropy
             raise DataError(f"{split.name} split: seed must be >= 0, got {seed}")
         self.split = split
@@ -60,7 +71,8 @@ class BatchSampler:
         if self.n_windows < microbatch_size:
             raise DataError(
                 f"{split.name} split: dataset too small: {split.n_tokens} tokens make {self.n_windows} windows of "
-                f"seq_len {seq_len}, fewer than microbatch_size {microbatch_size}")
+                f"seq_len {seq_len}, fewer than microbatch_size {microbatch_size}"
+            )
         # Windows read seq_len+1 tokens for "next" targets (y is x shifted by one).
         self._width = seq_len + 1 if targets == "next" else seq_len
         self._perms: dict[int, np.ndarray] = {}  # epoch -> permutation; a permutation of millions costs ~0.1 s
@@ -142,8 +154,10 @@ class WholeSplit:
 
     def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, targets: str = "next") -> None:
         if targets not in ("next", "same") or microbatch_size < 1 or seq_len < 1:
-            raise DataError(f"{split.name} split: need targets 'next' or 'same' and sizes >= 1, got "
-                            f"{targets!r}, microbatch_size {microbatch_size}, seq_len {seq_len}")
+            raise DataError(
+                f"{split.name} split: need targets 'next' or 'same' and sizes >= 1, got "
+                f"{targets!r}, microbatch_size {microbatch_size}, seq_len {seq_len}"
+            )
         self.split, self.microbatch_size, self.seq_len, self.targets = split, microbatch_size, seq_len, targets
         self.shift = int(targets == "next")
         self.n_targets = max(0, split.n_tokens - self.shift)
@@ -163,7 +177,7 @@ class WholeSplit:
         for row, window in enumerate(windows):
             n = int(min(T, self.n_targets - window * T))  # targets in this window; <= 0: a padding row
             if n > 0:
-                self.split.read_into(int(window) * T, tokens[row, :n + self.shift])
+                self.split.read_into(int(window) * T, tokens[row, : n + self.shift])
                 weights[row, :n] = 1.0
         check_ids(self.split, tokens, windows * T)
         if self.shift:

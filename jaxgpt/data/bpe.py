@@ -50,8 +50,10 @@ from jaxgpt.files import fsync
 
 # nanochat's GPT-4-style split: \p{N}{1,2} rather than GPT-4's {1,3}, which wastes fewer tokens on
 # numbers at small vocabulary sizes (nanochat/tokenizer.py).
-SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
-                 r"""|\s*[\r\n]|\s+(?!\S)|\s+""")
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = (EOT_TEXT, *ROLE_TOKENS)
@@ -70,8 +72,10 @@ _CHUNK_CHARS = 1 << 25  # characters of validation documents held at once while 
 
 def check_vocab_size(vocab_size: object) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
-        raise TokenizerError(f"--vocab-size must be a whole number in {MIN_VOCAB}..{MAX_VOCAB} (256 bytes + "
-                             f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
+        raise TokenizerError(
+            f"--vocab-size must be a whole number in {MIN_VOCAB}..{MAX_VOCAB} (256 bytes + "
+            f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}"
+        )
     return vocab_size
 
 
@@ -84,14 +88,22 @@ def _hf_bpe(vocab_size: int, progress: bool) -> tuple[Any, Any]:
 
     tok = HFTokenizer(BPE(byte_fallback=True, unk_token=None, fuse_unk=False))
     tok.normalizer = None
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(pattern=Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(pattern=Regex(SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = None
     # The special tokens are added after training, so they take the last ids (end-of-text first).
-    trainer = BpeTrainer(vocab_size=vocab_size - len(SPECIAL_TOKENS), show_progress=progress, min_frequency=0,
-                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trainer = BpeTrainer(
+        vocab_size=vocab_size - len(SPECIAL_TOKENS),
+        show_progress=progress,
+        min_frequency=0,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
     return tok, trainer
 
 
@@ -131,14 +143,24 @@ def compression(documents: Iterable[str], tokenizers: dict[str, Tokenizer]) -> d
         n_bytes += sum(len(doc.encode("utf-8")) for doc in chunk)
         for key, tok in tokenizers.items():  # prepare.py's encoder, as the dataset is encoded
             tokens[key] += sum(int(ids.size) for ids in tokenize_documents(tok, chunk, eot=False))
-    return {"documents": n_docs, "bytes": n_bytes,
-            **{key: {"tokens": n, "bytes_per_token": n_bytes / n if n else None} for key, n in tokens.items()}}
+    return {
+        "documents": n_docs,
+        "bytes": n_bytes,
+        **{key: {"tokens": n, "bytes_per_token": n_bytes / n if n else None} for key, n in tokens.items()},
+    }
 
 
 def _request(source: str, options: dict, fingerprint: str, vocab_size: int) -> dict[str, Any]:
     """What decides the tokenizer: a folder whose meta.json records the same request is reused."""
-    return {"format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
-            "vocab_size": vocab_size, "split_pattern": SPLIT_PATTERN, "special_tokens": list(SPECIAL_TOKENS)}
+    return {
+        "format": FORMAT_VERSION,
+        "source": source,
+        "options": options,
+        "fingerprint": fingerprint,
+        "vocab_size": vocab_size,
+        "split_pattern": SPLIT_PATTERN,
+        "special_tokens": list(SPECIAL_TOKENS),
+    }
 
 
 def read_meta(folder: Path) -> dict[str, Any] | None:
@@ -165,8 +187,10 @@ def _existing(folder: Path, request: dict[str, Any], name: str, force: bool) -> 
     else:  # the first setting that differs: the corpus itself (fingerprint) changes with any edit of its files
         key = next((k for k in request if meta.get(k) != request[k]), None)
         what = f"its {key} is {meta.get(key)!r}, now {request[key]!r}" if key else f"no {TOKENIZER_FILE}"
-    raise TokenizerError(f"{folder}: already holds a different tokenizer {name!r} ({what}); pass --force to "
-                         "replace it (datasets prepared with it are then rebuilt) or choose another name")
+    raise TokenizerError(
+        f"{folder}: already holds a different tokenizer {name!r} ({what}); pass --force to "
+        "replace it (datasets prepared with it are then rebuilt) or choose another name"
+    )
 
 
 def _replace(tmp: Path, folder: Path) -> None:
@@ -178,24 +202,28 @@ def _replace(tmp: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int, options: dict | None = None,
-                    from_path: Path | None = None, force: bool = False, progress: bool | None = None,
-                    log: Callable[[str], None] = print, edu_val_chars: int = EDU_VAL_CHARS) -> Path:
+def train_tokenizer(
+    name: str,
+    source: str,
+    data_root: Path,
+    *,
+    vocab_size: int,
+    options: dict | None = None,
+    from_path: Path | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+    log: Callable[[str], None] = print,
+    edu_val_chars: int = EDU_VAL_CHARS,
+) -> Path:
     """Train (or reuse) the tokenizer `name` on `source`'s train split; returns its folder,
     data_root/tokenizers/<name>. Every bad input is a one-line TokenizerError or DataError, raised
     before training. progress: tokenizers' progress bars (None: when stdout is a terminal).
     edu_val_chars: FineWeb-Edu's compression is measured on the validation shard's first documents
     up to this many characters."""
-    check_name(name)
-    if name in TOKENIZER_NAMES:
-        raise TokenizerError(f"tokenizer name {name!r} is built in; choose another name for a trained one")
-    if source not in TEXT_SOURCES:
-        raise DataError(f"cannot train a tokenizer on {source!r}; choose one of {', '.join(TEXT_SOURCES)}")
-    check_vocab_size(vocab_size)
-    if from_path is not None and source not in _FROM_SOURCES:
-        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
-    resolved, fingerprint, splits = _source(source, options, data_root, from_path, log,
-                                            edu_val_chars)  # bad paths fail here
+    _check_request(name, source, vocab_size, from_path)
+    resolved, fingerprint, splits = _source(
+        source, options, data_root, from_path, log, edu_val_chars
+    )  # bad paths fail here
     folder = trained_dir(name, data_root)
     request = _request(source, resolved, fingerprint, vocab_size)
     with dataset_lock(folder, log):
@@ -209,38 +237,85 @@ def train_tokenizer(name: str, source: str, data_root: Path, *, vocab_size: int,
         log(f"training a {vocab_size}-token byte-level BPE on the {source} train split ...")
         hf.train_from_iterator(seen, trainer)
         hf.add_special_tokens(list(SPECIAL_TOKENS))
-        _remove_stale(folder)
-        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        tmp.mkdir(parents=True)
-        try:
-            (tmp / TOKENIZER_FILE).write_text(hf.to_str(pretty=True), encoding="utf-8")
-            tok = TrainedTokenizer(name, tmp / TOKENIZER_FILE)  # measured as it will be used
-            if tok.n_vocab < vocab_size:
-                log(f"note: the train split has only enough distinct pairs for {tok.n_vocab} tokens, "
-                    f"fewer than the {vocab_size} asked for")
-            others = _gpt2(log)
-            figures = compression(val_docs, {"tokenizer": tok, **others})
-            meta = {**request, "name": name, "n_vocab": tok.n_vocab, "eot_id": tok.eot_id, "sha256": tok.sha256,
-                    "library": f"tokenizers {_version()}",
-                    "train_split": {"documents": seen.count, "bytes": seen.bytes},
-                    "validation_split": how, "compression": figures}
-            (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-            for path in (tmp / TOKENIZER_FILE, tmp / META_FILE, tmp):  # on disk before the rename makes them current
-                fsync(path)
-            _replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    log(f"saved {folder}: {tok.n_vocab} tokens (end-of-text id {tok.eot_id}), trained on {seen.count:,} "
-        f"documents / {seen.bytes:,} bytes in {time.perf_counter() - started:.1f} s")
+        tok, figures = _save(folder, name, hf, request, seen, val_docs, how, log)
+    log(
+        f"saved {folder}: {tok.n_vocab} tokens (end-of-text id {tok.eot_id}), trained on {seen.count:,} "
+        f"documents / {seen.bytes:,} bytes in {time.perf_counter() - started:.1f} s"
+    )
     log(compression_line(figures))
     return folder
+
+
+def _check_request(name: str, source: str, vocab_size: int, from_path: Path | None) -> None:
+    """The arguments checked before anything is read: a one-line TokenizerError or DataError."""
+    check_name(name)
+    if name in TOKENIZER_NAMES:
+        raise TokenizerError(f"tokenizer name {name!r} is built in; choose another name for a trained one")
+    if source not in TEXT_SOURCES:
+        raise DataError(f"cannot train a tokenizer on {source!r}; choose one of {', '.join(TEXT_SOURCES)}")
+    check_vocab_size(vocab_size)
+    if from_path is not None and source not in _FROM_SOURCES:
+        raise DataError(f"{source}: --from applies only to {' and '.join(_FROM_SOURCES)}")
+
+
+def _save(
+    folder: Path,
+    name: str,
+    hf: Any,
+    request: dict[str, Any],
+    seen: _Counted,
+    val_docs: Iterator[str],
+    how: str,
+    log: Callable[[str], None],
+) -> tuple[TrainedTokenizer, dict[str, Any]]:
+    """Write the trained tokenizer and its meta.json (with its compression on the validation
+    documents) into a temporary folder, then swap it in whole: a kill never leaves half a tokenizer
+    current. Returns the tokenizer as measured and the compression figures."""
+    vocab_size = request["vocab_size"]
+    _remove_stale(folder)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / TOKENIZER_FILE).write_text(hf.to_str(pretty=True), encoding="utf-8")
+        tok = TrainedTokenizer(name, tmp / TOKENIZER_FILE)  # measured as it will be used
+        if tok.n_vocab < vocab_size:
+            log(
+                f"note: the train split has only enough distinct pairs for {tok.n_vocab} tokens, "
+                f"fewer than the {vocab_size} asked for"
+            )
+        others = _gpt2(log)
+        figures = compression(val_docs, {"tokenizer": tok, **others})
+        meta = {
+            **request,
+            "name": name,
+            "n_vocab": tok.n_vocab,
+            "eot_id": tok.eot_id,
+            "sha256": tok.sha256,
+            "library": f"tokenizers {_version()}",
+            "train_split": {"documents": seen.count, "bytes": seen.bytes},
+            "validation_split": how,
+            "compression": figures,
+        }
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        for path in (tmp / TOKENIZER_FILE, tmp / META_FILE, tmp):  # on disk before the rename makes them current
+            fsync(path)
+        _replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok, figures
 
 
 Splits = Callable[[], tuple[Iterator[str], Iterator[str], str]]
 
 
-def _source(source: str, options: dict | None, data_root: Path, from_path: Path | None,
-            log: Callable[[str], None], edu_val_chars: int) -> tuple[dict, str, Splits]:
+def _source(
+    source: str,
+    options: dict | None,
+    data_root: Path,
+    from_path: Path | None,
+    log: Callable[[str], None],
+    edu_val_chars: int,
+) -> tuple[dict, str, Splits]:
     """(resolved options, corpus fingerprint, the function that opens the train and validation documents)."""
     if source == FINEWEB_EDU:
         return _fineweb_edu(options, data_root, from_path, log, edu_val_chars)
@@ -249,8 +324,9 @@ def _source(source: str, options: dict | None, data_root: Path, from_path: Path 
     return resolved, corpus.fingerprint, lambda: _splits(corpus, resolved["validation_fraction"])
 
 
-def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None, log: Callable[[str], None],
-                 val_chars: int) -> tuple[dict, str, Splits]:
+def _fineweb_edu(
+    options: dict | None, data_root: Path, from_dir: Path | None, log: Callable[[str], None], val_chars: int
+) -> tuple[dict, str, Splits]:
     """nanochat's tokenizer corpus: the train files' first max_chars characters, documents cut to
     doc_cap. The files are chosen (and fetched) one by one by counting their characters first, so the
     fingerprint (their names and sizes) is known before the reuse check; the text is read again to train.
@@ -263,15 +339,19 @@ def _fineweb_edu(options: dict | None, data_root: Path, from_dir: Path | None, l
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DataError(f"{FINEWEB_EDU}: --{key.replace('_', '-')} must be a positive whole number, got {value!r}")
     downloads = Path(data_root) / "downloads" / FINEWEB_EDU
-    paths = fineweb_edu.tokenizer_files(resolved["max_chars"], resolved["doc_cap"], from_dir=from_dir,
-                                        downloads=downloads, log=log)
+    paths = fineweb_edu.tokenizer_files(
+        resolved["max_chars"], resolved["doc_cap"], from_dir=from_dir, downloads=downloads, log=log
+    )
     fingerprint = " ".join(f"{path.name}:{path.stat().st_size}" for path in paths)
 
     def splits() -> tuple[Iterator[str], Iterator[str], str]:
         val = fineweb_edu.locate(fineweb_edu.VAL_FILE, from_dir=from_dir, downloads=downloads, log=log)
         how = f"the fixed validation file {fineweb_edu.VAL_FILE}: its first {val_chars:,} characters of documents"
-        return (fineweb_edu.capped_documents(paths, resolved["max_chars"], resolved["doc_cap"]),
-                _first_chars(parquet_documents(val, fineweb_edu.TEXT_COLUMN), val_chars), how)
+        return (
+            fineweb_edu.capped_documents(paths, resolved["max_chars"], resolved["doc_cap"]),
+            _first_chars(parquet_documents(val, fineweb_edu.TEXT_COLUMN), val_chars),
+            how,
+        )
 
     return resolved, fingerprint, splits
 
@@ -301,8 +381,10 @@ def _splits(corpus: Any, fraction: float) -> tuple[Iterator[str], Iterator[str],
 def compression_line(figures: dict[str, Any]) -> str:
     """The compression report: this tokenizer's bytes per token against GPT-2's on the validation split."""
     mine = figures["tokenizer"]["bytes_per_token"]
-    line = (f"compression on the validation split ({figures['documents']:,} documents, {figures['bytes']:,} bytes): "
-            f"{mine:.3f} bytes per token")
+    line = (
+        f"compression on the validation split ({figures['documents']:,} documents, {figures['bytes']:,} bytes): "
+        f"{mine:.3f} bytes per token"
+    )
     gpt2 = figures.get("gpt2")
     if gpt2 is None:
         return line + "; gpt2 not measured (tiktoken's gpt2 files not available)"

@@ -46,11 +46,14 @@ Conversation = list[dict]
 def check_options(source: str, resolved: dict) -> None:
     """Options of the two conversation sources, checked in place (prepare.resolve_options calls it)."""
     if not isinstance(resolved["pack"], bool):
-        raise DataError(f"{source}: option 'pack' must be true (whole conversations packed into rows) or false (one "
-                        f"per row), got {resolved['pack']!r}")
+        raise DataError(
+            f"{source}: option 'pack' must be true (whole conversations packed into rows) or false (one "
+            f"per row), got {resolved['pack']!r}"
+        )
     if resolved["too_long"] not in TOO_LONG:
-        raise DataError(f"{source}: option 'too_long' must be one of {', '.join(map(repr, TOO_LONG))}, "
-                        f"got {resolved['too_long']!r}")
+        raise DataError(
+            f"{source}: option 'too_long' must be one of {', '.join(map(repr, TOO_LONG))}, got {resolved['too_long']!r}"
+        )
     if resolved["template"] is not None:
         try:
             template_named(resolved["template"], f"{source}: option 'template'")
@@ -72,8 +75,9 @@ def corpus(source: str, options: dict) -> tuple[str, Callable[[], Iterator[tuple
         fingerprint = f"instructions-v1-{options['examples']}-{options['validation_examples']}-{options['seed']}"
 
         def generated() -> Iterator[tuple[bool, str, Conversation]]:
-            train, val = instructions.instruction_splits(options["examples"], options["validation_examples"],
-                                                         options["seed"], options["tasks"])
+            train, val = instructions.instruction_splits(
+                options["examples"], options["validation_examples"], options["seed"], options["tasks"]
+            )
             yield from ((True, f"instructions val {i}", c) for i, c in enumerate(val))
             yield from ((False, f"instructions train {i}", c) for i, c in enumerate(train))
 
@@ -85,8 +89,10 @@ def corpus(source: str, options: dict) -> tuple[str, Callable[[], Iterator[tuple
         n = sum(1 for _ in conversations.read_conversations(files))  # every record checked before writing
         held = hold_out_mask(n, options["validation_fraction"], where)
         if held is None:
-            raise DataError(f"{where}: {n} conversation(s) are too few to hold out "
-                            f"{options['validation_fraction']:.0%} for validation; add more or raise validation_fraction")
+            raise DataError(
+                f"{where}: {n} conversation(s) are too few to hold out "
+                f"{options['validation_fraction']:.0%} for validation; add more or raise validation_fraction"
+            )
         for i, (place, messages) in enumerate(conversations.read_conversations(files)):
             yield bool(held[i]), place, messages
 
@@ -117,24 +123,50 @@ class _Shards:
         if not self.ids:
             return
         starts = np.cumsum([0] + [a.size for a in self.ids[:-1]], dtype=np.int64)
-        self.writer.add_shard(self.split, np.concatenate(self.ids), documents=len(self.ids), conversations=len(self.ids),
-                              tensors={LOSS_MASK: np.concatenate(self.masks), STARTS: starts})
+        self.writer.add_shard(
+            self.split,
+            np.concatenate(self.ids),
+            documents=len(self.ids),
+            conversations=len(self.ids),
+            tensors={LOSS_MASK: np.concatenate(self.masks), STARTS: starts},
+        )
         self.ids, self.masks, self.n = [], [], 0
 
     def close(self) -> dict:
         self.flush()
         lengths = np.asarray(self.lengths or [0])
-        return {"conversations": self.count, "trained_tokens": self.trained,
-                "length": {"max": int(lengths.max()), "mean": round(float(lengths.mean()), 1),
-                           "p99": int(np.percentile(lengths, 99))}}
+        return {
+            "conversations": self.count,
+            "trained_tokens": self.trained,
+            "length": {
+                "max": int(lengths.max()),
+                "mean": round(float(lengths.mean()), 1),
+                "p99": int(np.percentile(lengths, 99)),
+            },
+        }
 
 
-def write_conversations(path: Path, *, source: str, options: dict, fingerprint: str, tok: Tokenizer,
-                        template: ChatTemplate, records: Iterable[tuple[bool, str, Conversation]]) -> dict:
+def write_conversations(
+    path: Path,
+    *,
+    source: str,
+    options: dict,
+    fingerprint: str,
+    tok: Tokenizer,
+    template: ChatTemplate,
+    records: Iterable[tuple[bool, str, Conversation]],
+) -> dict:
     """Render and write every conversation (atomically: see DatasetWriter); returns the manifest."""
-    with DatasetWriter(path, source=source, options=options, fingerprint=fingerprint, tokenizer=tok.name,
-                       vocab_size=tok.n_vocab, eot_id=tok.eot_id,
-                       tokenizer_sha256=getattr(tok, "sha256", None)) as writer:
+    with DatasetWriter(
+        path,
+        source=source,
+        options=options,
+        fingerprint=fingerprint,
+        tokenizer=tok.name,
+        vocab_size=tok.n_vocab,
+        eot_id=tok.eot_id,
+        tokenizer_sha256=getattr(tok, "sha256", None),
+    ) as writer:
         shards = {split: _Shards(writer, split) for split in SPLITS}
         held: list[str] = []
         for is_val, where, messages in records:
@@ -150,8 +182,11 @@ def write_conversations(path: Path, *, source: str, options: dict, fingerprint: 
         for split in SPLITS:
             if not shards[split].count:
                 raise DataError(f"{path}: no {split} conversations")
-        writer.manifest.update(kind=KIND_CONVERSATIONS, template=template.to_dict(),
-                               conversations={split: shards[split].close() for split in SPLITS})
+        writer.manifest.update(
+            kind=KIND_CONVERSATIONS,
+            template=template.to_dict(),
+            conversations={split: shards[split].close() for split in SPLITS},
+        )
         writer.add_file(VAL_FILE, ("\n".join(held) + "\n").encode("utf-8"))
         return writer.commit()
 
@@ -171,18 +206,31 @@ def describe(manifest: dict, path: Path, seconds: float) -> str:
     parts = []
     for split in SPLITS:
         c = manifest["conversations"][split]
-        parts.append(f"{split} {c['conversations']:,} conversations / {manifest['splits'][split]['tokens']:,} tokens "
-                     f"({c['trained_tokens']:,} trained on; longest {c['length']['max']:,})")
+        parts.append(
+            f"{split} {c['conversations']:,} conversations / {manifest['splits'][split]['tokens']:,} tokens "
+            f"({c['trained_tokens']:,} trained on; longest {c['length']['max']:,})"
+        )
     return f"wrote {path}: {'; '.join(parts)}; template {manifest['template']['name']!r}; {seconds:.1f} s"
 
 
-def prepare(path: Path, source: str, tok: Tokenizer, options: dict, log: Callable[[str], None],
-            reuse_problem: Callable[[Path, dict], str | None]) -> Path:
+def prepare(
+    path: Path,
+    source: str,
+    tok: Tokenizer,
+    options: dict,
+    log: Callable[[str], None],
+    reuse_problem: Callable[[Path, dict], str | None],
+) -> Path:
     """Make sure `path` holds the conversation dataset these options describe (reused when it does)."""
     template = resolve_template(options, tok, source)
     fingerprint, read = corpus(source, options)
-    expected = {"source": source, "options": options, "fingerprint": fingerprint, "tokenizer": tok.name,
-                "template": template.to_dict()}
+    expected = {
+        "source": source,
+        "options": options,
+        "fingerprint": fingerprint,
+        "tokenizer": tok.name,
+        "template": template.to_dict(),
+    }
     if getattr(tok, "sha256", None) is not None:
         expected["tokenizer_sha256"] = tok.sha256
     problem = reuse_problem(path, expected)
@@ -191,7 +239,8 @@ def prepare(path: Path, source: str, tok: Tokenizer, options: dict, log: Callabl
         return path
     log(f"preparing dataset {path}: {problem}")
     started = time.perf_counter()
-    manifest = write_conversations(path, source=source, options=options, fingerprint=fingerprint, tok=tok,
-                                   template=template, records=read())
+    manifest = write_conversations(
+        path, source=source, options=options, fingerprint=fingerprint, tok=tok, template=template, records=read()
+    )
     log(describe(manifest, path, time.perf_counter() - started))
     return path

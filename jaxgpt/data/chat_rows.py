@@ -67,20 +67,34 @@ def _shuffled_rows(row_ptr: np.ndarray, unit: np.ndarray, rng: np.random.Generat
     sizes = np.diff(row_ptr)
     order = rng.permutation(len(sizes))
     new_ptr = np.concatenate([[0], np.cumsum(sizes[order])]).astype(np.int64)
-    return new_ptr, np.concatenate([unit[row_ptr[r]:row_ptr[r + 1]] for r in order]) if len(order) else unit
+    return new_ptr, np.concatenate([unit[row_ptr[r] : row_ptr[r + 1]] for r in order]) if len(order) else unit
 
 
 class ConversationRows:
     """Training (shuffle=True) or validation (shuffle=False) rows of a conversation split (module docstring)."""
 
-    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, seed: int, too_long: str = "drop",
-                 shuffle: bool = True, pack: bool = True, buffer: int = BUFFER) -> None:
+    def __init__(
+        self,
+        split: TokenSplit,
+        *,
+        microbatch_size: int,
+        seq_len: int,
+        seed: int,
+        too_long: str = "drop",
+        shuffle: bool = True,
+        pack: bool = True,
+        buffer: int = BUFFER,
+    ) -> None:
         if split.conversation_starts is None or split.masks is None:
-            raise DataError(f"{split.name} split: not a conversation dataset (no loss mask); prepare it with the "
-                            f"conversations or instructions source")
+            raise DataError(
+                f"{split.name} split: not a conversation dataset (no loss mask); prepare it with the "
+                f"conversations or instructions source"
+            )
         if microbatch_size < 1 or seq_len < 1 or seed < 0 or too_long not in ("drop", "crop"):
-            raise DataError(f"{split.name} split: need microbatch_size, seq_len >= 1, seed >= 0 and too_long drop or "
-                            f"crop, got {microbatch_size}, {seq_len}, {seed}, {too_long!r}")
+            raise DataError(
+                f"{split.name} split: need microbatch_size, seq_len >= 1, seed >= 0 and too_long drop or "
+                f"crop, got {microbatch_size}, {seq_len}, {seed}, {too_long!r}"
+            )
         self.split, self.microbatch_size, self.seq_len, self.seed = split, microbatch_size, seq_len, seed
         self.shuffle, self.buffer, self.too_long, self.targets = shuffle, buffer, too_long, "next"
         self.pack = pack
@@ -89,15 +103,19 @@ class ConversationRows:
         self.n_conversations = len(starts)
         self.starts, self.lengths, self.too_long_count = self._fitting(starts, lengths)
         if not len(self.starts):
-            raise DataError(f"{split.name} split: none of its {self.n_conversations} conversations fits a row of "
-                            f"{seq_len + 1} tokens; raise sequence_length (or context_length)")
+            raise DataError(
+                f"{split.name} split: none of its {self.n_conversations} conversations fits a row of "
+                f"{seq_len + 1} tokens; raise sequence_length (or context_length)"
+            )
         self._plans: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._rows_before: list[int] = [0]
         self._lock = threading.RLock()  # a prefetch thread may call batch() while the main thread does too
         self.n_windows = len(self.plan(0)[0]) - 1  # rows per epoch (the first's)
         if shuffle and self.n_windows < microbatch_size:
-            raise DataError(f"{split.name} split: its conversations pack into {self.n_windows} rows of {seq_len + 1} "
-                            f"tokens, fewer than microbatch_size {microbatch_size}")
+            raise DataError(
+                f"{split.name} split: its conversations pack into {self.n_windows} rows of {seq_len + 1} "
+                f"tokens, fewer than microbatch_size {microbatch_size}"
+            )
 
     def _fitting(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """The conversations training uses: those that fit a row, and (crop) the cut ones with an answer
@@ -117,8 +135,11 @@ class ConversationRows:
         """Epoch `epoch`'s rows as (row_ptr, conversation index per slot), planned once."""
         with self._lock:
             if epoch not in self._plans:
-                order = (np.random.default_rng([self.seed, epoch]).permutation(len(self.starts)) if self.shuffle
-                         else np.arange(len(self.starts)))
+                order = (
+                    np.random.default_rng([self.seed, epoch]).permutation(len(self.starts))
+                    if self.shuffle
+                    else np.arange(len(self.starts))
+                )
                 if self.pack:
                     row_ptr, unit = pack_padded(self.lengths[order], self.seq_len + 1, self.buffer)
                 else:  # one conversation per row, padded (the book's collate)
@@ -148,26 +169,33 @@ class ConversationRows:
         epoch, row = self._locate(seq) if self.shuffle else (0, seq)
         row_ptr, units = self.plan(epoch)
         pos = 0
-        for number, c in enumerate(units[row_ptr[row]:row_ptr[row + 1]], start=1):
+        for number, c in enumerate(units[row_ptr[row] : row_ptr[row + 1]], start=1):
             start, length = int(self.starts[c]), int(self.lengths[c])
-            self.split.read_into(start, tokens[pos:pos + length])
-            self.split.read_mask_into(start, mask[pos:pos + length])
-            seg[pos:pos + length] = number
+            self.split.read_into(start, tokens[pos : pos + length])
+            self.split.read_mask_into(start, mask[pos : pos + length])
+            seg[pos : pos + length] = number
             pos += length
 
     def _rows(self, seqs: list[int | None]) -> Batch:
         T1 = self.seq_len + 1
-        tokens, mask, seg = np.empty((len(seqs), T1), np.int32), np.empty((len(seqs), T1), np.uint8), \
-            np.empty((len(seqs), T1), np.int32)
+        tokens, mask, seg = (
+            np.empty((len(seqs), T1), np.int32),
+            np.empty((len(seqs), T1), np.uint8),
+            np.empty((len(seqs), T1), np.int32),
+        )
         for i, seq in enumerate(seqs):
             self._row(seq, (tokens[i], mask[i], seg[i]))
         if self.split.max_token_id is not None and tokens.size and int(tokens.max()) > self.split.max_token_id:
             r, c = (int(i) for i in np.argwhere(tokens > self.split.max_token_id)[0])
-            check_ids(self.split, tokens[r:r + 1, c:c + 1], np.zeros(1, np.int64))
+            check_ids(self.split, tokens[r : r + 1, c : c + 1], np.zeros(1, np.int64))
         same = (seg[:, :-1] == seg[:, 1:]) & (seg[:, :-1] > 0)  # target t belongs to input t's conversation
         weights = (mask[:, 1:] * same).astype(np.float32)
-        return (np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:]), weights,
-                np.ascontiguousarray(seg[:, :-1]))
+        return (
+            np.ascontiguousarray(tokens[:, :-1]),
+            np.ascontiguousarray(tokens[:, 1:]),
+            weights,
+            np.ascontiguousarray(seg[:, :-1]),
+        )
 
     def microbatch(self, index: int, rows: slice = slice(None)) -> Batch:
         """(B, T) inputs, targets, float32 weights and int32 segments of microbatch `index` (its `rows`);
@@ -203,11 +231,16 @@ class ConversationRows:
         rows = len(row_ptr) - 1
         dropped = ""
         if self.too_long_count:
-            kept = len(self.starts) - int((np.diff(np.append(self.split.conversation_starts, self.split.n_tokens))
-                                           <= self.seq_len + 1).sum())
-            dropped = (f"; {self.too_long_count:,} longer than a row: " + (
+            kept = len(self.starts) - int(
+                (np.diff(np.append(self.split.conversation_starts, self.split.n_tokens)) <= self.seq_len + 1).sum()
+            )
+            dropped = f"; {self.too_long_count:,} longer than a row: " + (
                 f"cropped ({self.too_long_count - kept:,} of them dropped, no answer left in the row)"
-                if self.too_long == "crop" else "dropped (dataset option too_long)"))
-        return (f"packing conversations: {len(self.starts):,} of {self.n_conversations:,} in the {self.split.name} split "
-                f"into {rows:,} rows of {self.seq_len + 1} tokens, {1 - used / max(rows * (self.seq_len + 1), 1):.1%} "
-                f"padding{dropped}")
+                if self.too_long == "crop"
+                else "dropped (dataset option too_long)"
+            )
+        return (
+            f"packing conversations: {len(self.starts):,} of {self.n_conversations:,} in the {self.split.name} split "
+            f"into {rows:,} rows of {self.seq_len + 1} tokens, {1 - used / max(rows * (self.seq_len + 1), 1):.1%} "
+            f"padding{dropped}"
+        )

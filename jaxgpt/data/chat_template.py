@@ -49,8 +49,9 @@ TEMPLATE_FILE = "chat_template.json"  # in a checkpoint folder, beside model.jso
 CONTENT = "{content}"
 ROLES = ("system", "user", "assistant")
 _SPECIAL = re.compile(r"(<\|[A-Za-z0-9_]+\|>)")
-ALPACA_SYSTEM = ("Below is an instruction that describes a task. "
-                 "Write a response that appropriately completes the request.")
+ALPACA_SYSTEM = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+)
 
 
 class TemplateError(ValueError):
@@ -113,13 +114,20 @@ class ChatTemplate:
         for part in (self.user, self.assistant, self.end, self.system or "", self.bos or ""):
             for name in _SPECIAL.findall(part):
                 if name not in specials:
-                    hint = (" (train the tokenizer again with download_dataset.py tokenizer: it adds nanochat's role "
-                            "tokens)" if name in ROLE_TOKENS else "")
-                    raise TemplateError(f"chat template {self.name!r} uses the special token {name}, which the "
-                                        f"{tok.name} tokenizer lacks{hint}; choose another template")
+                    hint = (
+                        " (train the tokenizer again with download_dataset.py tokenizer: it adds nanochat's role "
+                        "tokens)"
+                        if name in ROLE_TOKENS
+                        else ""
+                    )
+                    raise TemplateError(
+                        f"chat template {self.name!r} uses the special token {name}, which the "
+                        f"{tok.name} tokenizer lacks{hint}; choose another template"
+                    )
 
-    def render(self, tok: Tokenizer, messages: Sequence[Mapping[str, Any]],
-               for_prompt: bool = False) -> tuple[list[int], list[int]]:
+    def render(
+        self, tok: Tokenizer, messages: Sequence[Mapping[str, Any]], for_prompt: bool = False
+    ) -> tuple[list[int], list[int]]:
         """(ids, mask) of a whole conversation (it must end with an assistant message); for_prompt:
         the messages end with a user message, followed by the assistant's opening (mask all 0)."""
         turns = check_messages(messages, for_prompt=for_prompt)
@@ -177,6 +185,7 @@ class ChatTemplate:
     def jinja(self) -> str:
         """The same template in Jinja, as transformers' tokenizer_config.json "chat_template" and
         vLLM read it (text, not ids: special tokens appear as their text)."""
+
         def lit(s: str) -> str:
             return json.dumps(s)
 
@@ -188,23 +197,34 @@ class ChatTemplate:
         before, _, after = self.input.partition(CONTENT)
         user = f"(m['content'] + ({lit(before)} + m['input'] + {lit(after)} if m.get('input') else ''))"
         merge = self.system is None
-        out = [f"{{{{ {lit(self.bos)} }}}}" if self.bos else "",
-               "{% set ns = namespace(system=" + sys_default + ") %}",
-               ("{% if messages and messages[0]['role'] == 'system' %}{% set ns.system = messages[0]['content'] %}"
-                "{% set messages = messages[1:] %}{% endif %}")]
+        out = [
+            f"{{{{ {lit(self.bos)} }}}}" if self.bos else "",
+            "{% set ns = namespace(system=" + sys_default + ") %}",
+            (
+                "{% if messages and messages[0]['role'] == 'system' %}{% set ns.system = messages[0]['content'] %}"
+                "{% set messages = messages[1:] %}{% endif %}"
+            ),
+        ]
         if not merge:
             out.append("{% if ns.system is not none %}" + part(self.system, "ns.system") + "{% endif %}")
         out.append("{% for m in messages %}{% if m['role'] == 'user' %}")
         if merge:
-            out.append("{% if loop.first and ns.system is not none %}"
-                       + part(self.user, f"ns.system + '\\n\\n' + {user}") + "{% else %}"
-                       + part(self.user, user) + "{% endif %}")
+            out.append(
+                "{% if loop.first and ns.system is not none %}"
+                + part(self.user, f"ns.system + '\\n\\n' + {user}")
+                + "{% else %}"
+                + part(self.user, user)
+                + "{% endif %}"
+            )
         else:
             out.append(part(self.user, user))
-        out.append("{% else %}" + part(self.assistant, "m['content']") + f"{{{{ {lit(self.end)} }}}}"
-                   "{% endif %}{% endfor %}")
-        out.append("{% if add_generation_prompt %}" + f"{{{{ {lit(self.assistant.partition(CONTENT)[0])} }}}}"
-                   "{% endif %}")
+        out.append(
+            "{% else %}" + part(self.assistant, "m['content']") + f"{{{{ {lit(self.end)} }}}}"
+            "{% endif %}{% endfor %}"
+        )
+        out.append(
+            "{% if add_generation_prompt %}" + f"{{{{ {lit(self.assistant.partition(CONTENT)[0])} }}}}{{% endif %}}"
+        )
         return "".join(out)
 
 
@@ -234,16 +254,20 @@ def check_messages(messages: Any, for_prompt: bool = False) -> list[dict[str, An
         if m["role"] == "assistant" and m.get("weight", 1) not in (0, 1):
             raise TemplateError(f"message {i} (assistant): weight must be 0 or 1, got {m.get('weight')!r}")
         if not isinstance(m.get("input", ""), str) or (m.get("input") and m["role"] != "user"):
-            raise TemplateError(f"message {i} ({m['role']}): 'input' is an Alpaca instruction's input: a string, "
-                                f"on a user message, got {m.get('input')!r:.60}")
+            raise TemplateError(
+                f"message {i} ({m['role']}): 'input' is an Alpaca instruction's input: a string, "
+                f"on a user message, got {m.get('input')!r:.60}"
+            )
         out.append(dict(m))
     body = out[1:] if out[0]["role"] == "system" else out
     for i, m in enumerate(body):
         want = "user" if i % 2 == 0 else "assistant"
         if m["role"] != want:
             at = i + len(out) - len(body)
-            raise TemplateError(f"message {at}: expected a {want} message (a system message first, if any, then "
-                                f"user and assistant in turn), got {m['role']}")
+            raise TemplateError(
+                f"message {at}: expected a {want} message (a system message first, if any, then "
+                f"user and assistant in turn), got {m['role']}"
+            )
     last = "user" if for_prompt else "assistant"
     if not body or body[-1]["role"] != last:
         raise TemplateError(f"the conversation must end with a{'n' if last == 'assistant' else ''} {last} message")
@@ -253,13 +277,24 @@ def check_messages(messages: Any, for_prompt: bool = False) -> list[dict[str, An
 BUILTIN: dict[str, ChatTemplate] = {
     # Raschka's format_input (chapter 7): the preamble, "### Instruction:", "### Input:" when the
     # record has an input, "### Response:"; the book's collate appends <|endoftext|> to the response.
-    "alpaca": ChatTemplate(name="alpaca", system="{content}\n\n", default_system=ALPACA_SYSTEM,
-                           user="### Instruction:\n{content}\n\n", assistant="### Response:\n{content}",
-                           end=EOT_TEXT, input="\n\n### Input:\n{content}"),
+    "alpaca": ChatTemplate(
+        name="alpaca",
+        system="{content}\n\n",
+        default_system=ALPACA_SYSTEM,
+        user="### Instruction:\n{content}\n\n",
+        assistant="### Response:\n{content}",
+        end=EOT_TEXT,
+        input="\n\n### Input:\n{content}",
+    ),
     # nanochat's render_conversation: <|bos|> (our end-of-text), the system text merged into the first
     # user turn, each turn between its role's start and end tokens.
-    "nanochat": ChatTemplate(name="nanochat", bos=EOT_TEXT, user="<|user_start|>{content}<|user_end|>",
-                             assistant="<|assistant_start|>{content}", end="<|assistant_end|>"),
+    "nanochat": ChatTemplate(
+        name="nanochat",
+        bos=EOT_TEXT,
+        user="<|user_start|>{content}<|user_end|>",
+        assistant="<|assistant_start|>{content}",
+        end="<|assistant_end|>",
+    ),
 }
 
 
@@ -267,8 +302,10 @@ def template_named(spec: str | Mapping[str, Any], where: str = "chat template") 
     """A built-in template by name, or a user's template from its JSON form."""
     if isinstance(spec, str):
         if spec not in BUILTIN:
-            raise TemplateError(f"{where}: unknown template {spec!r}; built in: {', '.join(BUILTIN)} "
-                                f"(or give the template itself as a JSON object)")
+            raise TemplateError(
+                f"{where}: unknown template {spec!r}; built in: {', '.join(BUILTIN)} "
+                f"(or give the template itself as a JSON object)"
+            )
         return BUILTIN[spec]
     return ChatTemplate.from_dict(spec, where)
 

@@ -75,11 +75,15 @@ def to_messages(record: Any, where: str) -> Conversation:
         extra = record.get("input") or ""
         if not isinstance(extra, str):
             raise DataError(f"{where}: Alpaca 'input' must be a string, got {extra!r:.60}")
-        messages = [{"role": "user", "content": record["instruction"], **({"input": extra} if extra else {})},
-                    {"role": "assistant", "content": record["output"]}]
+        messages = [
+            {"role": "user", "content": record["instruction"], **({"input": extra} if extra else {})},
+            {"role": "assistant", "content": record["output"]},
+        ]
     else:
-        raise DataError(f"{where}: neither an Alpaca record (instruction, input, output) nor a chat record "
-                        f"(messages); keys: {sorted(record)[:8]}")
+        raise DataError(
+            f"{where}: neither an Alpaca record (instruction, input, output) nor a chat record "
+            f"(messages); keys: {sorted(record)[:8]}"
+        )
     try:
         messages = check_messages(messages)
     except TemplateError as e:
@@ -128,8 +132,9 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
     names = pf.schema_arrow.names
     columns = ["messages"] if "messages" in names else [c for c in ("instruction", "input", "output") if c in names]
     if columns != ["messages"] and not {"instruction", "output"} <= set(columns):
-        raise DataError(f"{path}: needs a 'messages' column or 'instruction' and 'output' columns "
-                        f"(columns: {', '.join(names)})")
+        raise DataError(
+            f"{path}: needs a 'messages' column or 'instruction' and 'output' columns (columns: {', '.join(names)})"
+        )
     row = 0
     for group in range(pf.num_row_groups):
         try:

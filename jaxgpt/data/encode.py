@@ -57,8 +57,15 @@ class Progress:
         if enabled if enabled is not None else sys.stderr.isatty():
             from tqdm import tqdm  # here: importing it costs a small corpus's preparation ~40 ms
 
-            self.bar = tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1000, dynamic_ncols=True,
-                            file=sys.stderr, mininterval=0.5)
+            self.bar = tqdm(
+                desc=desc,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                mininterval=0.5,
+            )
 
     def update(self, nbytes: int, tokens: int) -> None:
         self.tokens += tokens
@@ -97,16 +104,23 @@ def _encode_chunk(tokenizer: Tokenizer, chunk: list[str], dtype: np.dtype, eot: 
     out = []
     for ids in tokenizer.encode_batch(chunk):
         doc = np.empty(ids.size + int(eot), dtype=dtype)
-        doc[:ids.size] = ids
+        doc[: ids.size] = ids
         if eot:
             doc[-1] = tokenizer.eot_id
         out.append(doc)
     return out
 
 
-def encode_documents(tokenizer: Tokenizer, documents: Iterable[str], *, eot: bool = True, workers: int | None = None,
-                     progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
-                     chunk_documents: int = CHUNK_DOCUMENTS) -> Iterator[np.ndarray]:
+def encode_documents(
+    tokenizer: Tokenizer,
+    documents: Iterable[str],
+    *,
+    eot: bool = True,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+) -> Iterator[np.ndarray]:
     """One token array per document, in order (see the module docstring); workers: threads
     (default: every core; 1 encodes in the calling thread, no pool); chunk_bytes, chunk_documents:
     the text of one encode_batch call (the defaults; a test passes small ones to make many chunks)."""

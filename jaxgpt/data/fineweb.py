@@ -62,8 +62,10 @@ def read_bin(path: Path) -> np.memmap:
         raise DataError(f"{path}: .bin version {header[1]} is not supported (expected {VERSION}: uint16 tokens)")
     n = int(header[2])
     if size != HEADER_BYTES + 2 * n:
-        raise DataError(f"{path}: truncated or padded .bin file ({size:,} bytes; its header says {n:,} tokens, "
-                        f"{HEADER_BYTES + 2 * n:,} bytes)")
+        raise DataError(
+            f"{path}: truncated or padded .bin file ({size:,} bytes; its header says {n:,} tokens, "
+            f"{HEADER_BYTES + 2 * n:,} bytes)"
+        )
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
 
 
@@ -79,14 +81,15 @@ def hub_download(name: str, downloads: Path, *, repo_id: str = REPO_ID, kind: st
     # Read at call time (huggingface_hub reads it once, at import).
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
     try:
-        return Path(hf_hub_download(repo_id, name, repo_type="dataset", local_dir=downloads,
-                                    local_files_only=offline))
+        return Path(hf_hub_download(repo_id, name, repo_type="dataset", local_dir=downloads, local_files_only=offline))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         first_line = str(exc).splitlines()[0][:100] if str(exc) else ""
         why = "offline: HF_HUB_OFFLINE is set" if offline else f"{type(exc).__name__}: {first_line}"
-        raise DataError(f"cannot fetch {name} from https://huggingface.co/datasets/{repo_id} ({why}); download it "
-                        f"where there is network access and put it in {downloads}, or pass --from <folder with the "
-                        f"{kind} files> to download_dataset.py") from None
+        raise DataError(
+            f"cannot fetch {name} from https://huggingface.co/datasets/{repo_id} ({why}); download it "
+            f"where there is network access and put it in {downloads}, or pass --from <folder with the "
+            f"{kind} files> to download_dataset.py"
+        ) from None
 
 
 def locate(name: str, *, from_dir: Path | None, downloads: Path, log: Callable[[str], None]) -> Path:
@@ -123,16 +126,27 @@ def _previous_manifest(path: Path) -> dict | None:
 def _by_source_file(manifest: dict | None, path: Path) -> dict[str, tuple[Path, dict]]:
     if manifest is None:
         return {}
-    return {entry["source_file"]: (path / entry["file"], entry)
-            for meta in manifest["splits"].values() for entry in meta["shards"] if "source_file" in entry}
+    return {
+        entry["source_file"]: (path / entry["file"], entry)
+        for meta in manifest["splits"].values()
+        for entry in meta["shards"]
+        if "source_file" in entry
+    }
 
 
 def _source_files(manifest: dict) -> dict[str, list[str]]:
     return {split: [entry.get("source_file") for entry in meta["shards"]] for split, meta in manifest["splits"].items()}
 
 
-def _choose_train_files(train_shards: int | None, train_tokens: int | None, previous: dict, *,
-                        from_dir: Path | None, downloads: Path, log: Callable[[str], None]) -> dict[str, Path | None]:
+def _choose_train_files(
+    train_shards: int | None,
+    train_tokens: int | None,
+    previous: dict,
+    *,
+    from_dir: Path | None,
+    downloads: Path,
+    log: Callable[[str], None],
+) -> dict[str, Path | None]:
     """The first train files that hold train_tokens (or exactly train_shards); a Path when fetched now."""
     chosen: dict[str, Path | None] = {}
     total = 0
@@ -147,18 +161,28 @@ def _choose_train_files(train_shards: int | None, train_tokens: int | None, prev
             n = int(read_bin(chosen[name]).size)
         total += n
     if train_shards is None and train_tokens and total < train_tokens:
-        log(f"note: the run needs {train_tokens:,} tokens, all {N_TRAIN_FILES} train files hold {total:,}; "
-            "it will see the data more than once")
+        log(
+            f"note: the run needs {train_tokens:,} tokens, all {N_TRAIN_FILES} train files hold {total:,}; "
+            "it will see the data more than once"
+        )
     return chosen
 
 
-def prepare(path: Path, options: dict, *, train_tokens: int | None, from_dir: Path | None, downloads: Path,
-            log: Callable[[str], None] = print) -> Path:
+def prepare(
+    path: Path,
+    options: dict,
+    *,
+    train_tokens: int | None,
+    from_dir: Path | None,
+    downloads: Path,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Make `path` hold the val file and the first train files the run needs; reuse what is already there."""
     old = _previous_manifest(path)
     previous = _by_source_file(old, path)
-    chosen = _choose_train_files(options["train_shards"], train_tokens, previous,
-                                 from_dir=from_dir, downloads=downloads, log=log)
+    chosen = _choose_train_files(
+        options["train_shards"], train_tokens, previous, from_dir=from_dir, downloads=downloads, log=log
+    )
     names = {"train": list(chosen), "val": [VAL_FILE]}
     if old is not None and _source_files(old) == names and old.get("options") == options:
         log(f"reusing dataset {path} ({len(chosen)} train file(s), manifest matches)")
@@ -166,17 +190,34 @@ def prepare(path: Path, options: dict, *, train_tokens: int | None, from_dir: Pa
     if VAL_FILE not in previous:  # fetch everything before converting anything
         chosen[VAL_FILE] = locate(VAL_FILE, from_dir=from_dir, downloads=downloads, log=log)
     fingerprint = f"hf:{REPO_ID} train_files={len(names['train'])}"
-    log(f"preparing dataset {path}: {len(names['train'])} train file(s) + {VAL_FILE}"
-        + (f" (reusing {sum(n in previous for files in names.values() for n in files)} converted shard(s))"
-           if previous else ""))
-    with DatasetWriter(path, source=SOURCE, options=options, fingerprint=fingerprint, tokenizer="gpt2",
-                       vocab_size=GPT2_N_VOCAB, eot_id=GPT2_EOT_ID) as writer:
+    log(
+        f"preparing dataset {path}: {len(names['train'])} train file(s) + {VAL_FILE}"
+        + (
+            f" (reusing {sum(n in previous for files in names.values() for n in files)} converted shard(s))"
+            if previous
+            else ""
+        )
+    )
+    with DatasetWriter(
+        path,
+        source=SOURCE,
+        options=options,
+        fingerprint=fingerprint,
+        tokenizer="gpt2",
+        vocab_size=GPT2_N_VOCAB,
+        eot_id=GPT2_EOT_ID,
+    ) as writer:
         for split, files in names.items():
             for name in files:
                 _add(writer, split, name, previous, chosen.get(name))
         manifest = writer.commit()
-    log(f"wrote {path}: " + ", ".join(f"{split} {meta['tokens']:,} tokens / {len(meta['shards'])} shard(s)"
-                                      for split, meta in manifest["splits"].items()))
+    log(
+        f"wrote {path}: "
+        + ", ".join(
+            f"{split} {meta['tokens']:,} tokens / {len(meta['shards'])} shard(s)"
+            for split, meta in manifest["splits"].items()
+        )
+    )
     return path
 
 

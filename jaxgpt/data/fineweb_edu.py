@@ -113,15 +113,28 @@ def _staged(folder: Path, name: str, tok: Tokenizer, log: Callable[[str], None])
         log(f"{exc}; tokenizing {name} again")
         return None
     m = staged.manifest
-    if (m.get("fingerprint"), staged.tokenizer, staged.vocab_size, staged.eot_id, m.get("tokenizer_sha256")) != \
-            (_fingerprint(name), tok.name, tok.n_vocab, tok.eot_id, getattr(tok, "sha256", None)):
+    if (m.get("fingerprint"), staged.tokenizer, staged.vocab_size, staged.eot_id, m.get("tokenizer_sha256")) != (
+        _fingerprint(name),
+        tok.name,
+        tok.n_vocab,
+        tok.eot_id,
+        getattr(tok, "sha256", None),
+    ):
         log(f"{folder}: made from another file or tokenizer; tokenizing {name} again")
         return None
     return staged
 
 
-def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, downloads: Path, shard_tokens: int,
-           log: Callable[[str], None]) -> tuple[Dataset, bool]:
+def _stage(
+    name: str,
+    staging: Path,
+    tok: Tokenizer,
+    *,
+    from_dir: Path | None,
+    downloads: Path,
+    shard_tokens: int,
+    log: Callable[[str], None],
+) -> tuple[Dataset, bool]:
     """(the staged shard of parquet file `name`, whether it was there already): the finished one if
     there is one, else tokenized now."""
     folder = staging / Path(name).stem
@@ -130,12 +143,20 @@ def _stage(name: str, staging: Path, tok: Tokenizer, *, from_dir: Path | None, d
         return staged, True
     local = locate(name, from_dir=from_dir, downloads=downloads, log=log)
     started = time.perf_counter()
-    write_dataset(folder, source=_STAGED_SOURCE, options={"source_file": name}, fingerprint=_fingerprint(name),
-                  tokenizer=tok, shard_tokens=shard_tokens,
-                  splits={"train": encode_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []})
+    write_dataset(
+        folder,
+        source=_STAGED_SOURCE,
+        options={"source_file": name},
+        fingerprint=_fingerprint(name),
+        tokenizer=tok,
+        shard_tokens=shard_tokens,
+        splits={"train": encode_documents(tok, parquet_documents(local, TEXT_COLUMN)), "val": []},
+    )
     staged = open_dataset(folder)
-    log(f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
-        f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s")
+    log(
+        f"tokenized {local}: {staged.manifest['splits']['train']['documents']:,} documents, "
+        f"{staged.train.n_tokens:,} tokens, {time.perf_counter() - started:.1f} s"
+    )
     return staged, False
 
 
@@ -147,8 +168,13 @@ def _listing(names: list[str]) -> str:
 # ----------------------------------------------------------------------------- the dataset
 
 
-def _choose_train_files(train_shards: int | None, train_tokens: int | None, stage: Callable[[str], Dataset],
-                        log: Callable[[str], None], n_train_files: int) -> dict[str, Dataset]:
+def _choose_train_files(
+    train_shards: int | None,
+    train_tokens: int | None,
+    stage: Callable[[str], Dataset],
+    log: Callable[[str], None],
+    n_train_files: int,
+) -> dict[str, Dataset]:
     """The first train files that hold train_tokens (or exactly train_shards), each staged; at most
     all n_train_files of them."""
     chosen: dict[str, Dataset] = {}
@@ -160,15 +186,20 @@ def _choose_train_files(train_shards: int | None, train_tokens: int | None, stag
         chosen[name] = stage(name)
         total += chosen[name].train.n_tokens
     if train_shards is None and train_tokens and total < train_tokens:
-        log(f"note: the run needs {train_tokens:,} tokens, all {n_train_files} train files hold {total:,}; "
-            "it will see the data more than once")
+        log(
+            f"note: the run needs {train_tokens:,} tokens, all {n_train_files} train files hold {total:,}; "
+            "it will see the data more than once"
+        )
     return chosen
 
 
 def _entries(staged: dict[str, Dataset]) -> list[tuple[str, Path, np.memmap, dict]]:
     """(source file, staged shard path, its tokens, its manifest entry) of every shard, in order."""
-    return [(name, ds.train.files[k], ds.train.shards[k], entry)
-            for name, ds in staged.items() for k, entry in enumerate(ds.manifest["splits"]["train"]["shards"])]
+    return [
+        (name, ds.train.files[k], ds.train.shards[k], entry)
+        for name, ds in staged.items()
+        for k, entry in enumerate(ds.manifest["splits"]["train"]["shards"])
+    ]
 
 
 def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[str, Dataset]]) -> bool:
@@ -177,16 +208,33 @@ def _matches(path: Path, options: dict, tok: Tokenizer, splits: dict[str, dict[s
         old = open_dataset(path).manifest  # the cheap checks: every shard present, right size
     except DataError:
         return False
-    if (old.get("source"), old.get("options"), old.get("tokenizer"), old.get("vocab_size"),
-            old.get("tokenizer_sha256")) != (SOURCE, options, tok.name, tok.n_vocab, getattr(tok, "sha256", None)):
+    if (
+        old.get("source"),
+        old.get("options"),
+        old.get("tokenizer"),
+        old.get("vocab_size"),
+        old.get("tokenizer_sha256"),
+    ) != (SOURCE, options, tok.name, tok.n_vocab, getattr(tok, "sha256", None)):
         return False
-    return all([(e.get("source_file"), e.get("sha256")) for e in old["splits"][split]["shards"]] ==
-               [(name, entry["sha256"]) for name, _, _, entry in _entries(staged)] for split, staged in splits.items())
+    return all(
+        [(e.get("source_file"), e.get("sha256")) for e in old["splits"][split]["shards"]]
+        == [(name, entry["sha256"]) for name, _, _, entry in _entries(staged)]
+        for split, staged in splits.items()
+    )
 
 
-def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: int | None, from_dir: Path | None,
-            downloads: Path, shard_tokens: int, log: Callable[[str], None] = print,
-            n_train_files: int = N_TRAIN_FILES) -> Path:
+def prepare(
+    path: Path,
+    options: dict,
+    *,
+    tokenizer: Tokenizer,
+    train_tokens: int | None,
+    from_dir: Path | None,
+    downloads: Path,
+    shard_tokens: int,
+    log: Callable[[str], None] = print,
+    n_train_files: int = N_TRAIN_FILES,
+) -> Path:
     """Make `path` hold the validation shard and the first train shards the run needs, tokenized with
     `tokenizer`; reuse every shard already tokenized (also one finished before a kill). n_train_files:
     the train shards published (a run longer than all of them takes every one)."""
@@ -198,34 +246,61 @@ def prepare(path: Path, options: dict, *, tokenizer: Tokenizer, train_tokens: in
     reused: list[str] = []
 
     def stage(name: str) -> Dataset:
-        staged, was_there = _stage(name, staging, tokenizer, from_dir=from_dir, downloads=downloads,
-                                   shard_tokens=shard_tokens, log=log)
+        staged, was_there = _stage(
+            name, staging, tokenizer, from_dir=from_dir, downloads=downloads, shard_tokens=shard_tokens, log=log
+        )
         reused.extend([name] if was_there else [])
         return staged
 
     splits = {"val": {VAL_FILE: stage(VAL_FILE)}}  # fixed, and needed by every run: first
     if splits["val"][VAL_FILE].train.n_tokens == 0:
-        raise DataError(f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
-                        f"{splits['val'][VAL_FILE].path}); the validation split would be empty")
+        raise DataError(
+            f"{VAL_FILE}: its column {TEXT_COLUMN!r} holds no text (tokenized into "
+            f"{splits['val'][VAL_FILE].path}); the validation split would be empty"
+        )
     splits["train"] = _choose_train_files(options["train_shards"], train_tokens, stage, log, n_train_files)
     if reused:
         log(f"reused {len(reused)} tokenized shard(s) from {staging}: {_listing(reused)}")
     if _matches(path, options, tokenizer, splits):
         log(f"reusing dataset {path} ({len(splits['train'])} train file(s), manifest matches)")
         return path
+    _link_dataset(path, options, tokenizer, splits, log)
+    return path
+
+
+def _link_dataset(
+    path: Path,
+    options: dict,
+    tokenizer: Tokenizer,
+    splits: dict[str, dict[str, Dataset]],
+    log: Callable[[str], None],
+) -> None:
+    """Write `path` from the staged shards (hard links where it can: no second copy on disk), each with
+    its document count, and log what each split holds."""
     fingerprint = f"hf:{REPO_ID} train_files={len(splits['train'])}"
-    with DatasetWriter(path, source=SOURCE, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
-                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id,
-                       tokenizer_sha256=getattr(tokenizer, "sha256", None)) as writer:
+    with DatasetWriter(
+        path,
+        source=SOURCE,
+        options=options,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.n_vocab,
+        eot_id=tokenizer.eot_id,
+        tokenizer_sha256=getattr(tokenizer, "sha256", None),
+    ) as writer:
         for split in ("train", "val"):
             for name, shard, tokens, entry in _entries(splits[split]):
                 # Each document ends with one end-of-text id, which ordinary text never encodes to.
                 documents = int(np.count_nonzero(tokens == tokenizer.eot_id))
                 writer.link_shard(split, shard, {**entry, "source_file": name, "documents": documents})
         manifest = writer.commit()
-    log(f"wrote {path}: " + ", ".join(f"{split} {meta['tokens']:,} tokens / {meta['documents']:,} documents / "
-                                      f"{len(meta['shards'])} shard(s)" for split, meta in manifest["splits"].items()))
-    return path
+    log(
+        f"wrote {path}: "
+        + ", ".join(
+            f"{split} {meta['tokens']:,} tokens / {meta['documents']:,} documents / {len(meta['shards'])} shard(s)"
+            for split, meta in manifest["splits"].items()
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- text for a tokenizer
@@ -236,8 +311,9 @@ def _capped_chars(path: Path, doc_cap: int) -> int:
     return sum(min(len(doc), doc_cap) for doc in parquet_documents(path, TEXT_COLUMN))
 
 
-def tokenizer_files(max_chars: int, doc_cap: int, *, from_dir: Path | None, downloads: Path,
-                    log: Callable[[str], None]) -> list[Path]:
+def tokenizer_files(
+    max_chars: int, doc_cap: int, *, from_dir: Path | None, downloads: Path, log: Callable[[str], None]
+) -> list[Path]:
     """The train files, from shard_00000 in order, that capped_documents reads: each located (or
     fetched) only once the ones before it hold no more than max_chars characters (documents cut to
     doc_cap), so no file is touched that the training will not read. Never the validation file."""

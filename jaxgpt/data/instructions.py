@@ -64,18 +64,26 @@ def _larger(rng: np.random.Generator) -> Pair:
 
 
 TASKS: dict[str, Callable[[np.random.Generator], Pair]] = {
-    "reverse": _reverse, "spell": _spell, "sort": _sort, "upper": _upper, "add": _add, "larger": _larger}
+    "reverse": _reverse,
+    "spell": _spell,
+    "sort": _sort,
+    "upper": _upper,
+    "add": _add,
+    "larger": _larger,
+}
 
 
 def check_tasks(tasks: object) -> list[str]:
     if not isinstance(tasks, list) or not tasks or any(t not in TASKS for t in tasks) or len(set(tasks)) < len(tasks):
-        raise DataError(f"instructions: option 'tasks' must be a list of distinct names from "
-                        f"{', '.join(TASKS)}, got {tasks!r}")
+        raise DataError(
+            f"instructions: option 'tasks' must be a list of distinct names from {', '.join(TASKS)}, got {tasks!r}"
+        )
     return tasks
 
 
-def instruction_splits(examples: int, validation_examples: int, seed: int,
-                       tasks: Sequence[str] = tuple(TASKS)) -> tuple[list[list[dict]], list[list[dict]]]:
+def instruction_splits(
+    examples: int, validation_examples: int, seed: int, tasks: Sequence[str] = tuple(TASKS)
+) -> tuple[list[list[dict]], list[list[dict]]]:
     """(train, val) conversations: the tasks taken in turn, each instruction distinct across both splits."""
     rng = np.random.default_rng([seed, 0x5EED])
     seen: set[str] = set()
@@ -85,8 +93,10 @@ def instruction_splits(examples: int, validation_examples: int, seed: int,
         instruction, answer = TASKS[tasks[len(out) % len(tasks)]](rng)
         attempts += 1
         if attempts > 50 * (validation_examples + examples):
-            raise DataError(f"instructions: cannot draw {validation_examples + examples} distinct instructions "
-                            f"from tasks {list(tasks)}; ask for fewer examples")
+            raise DataError(
+                f"instructions: cannot draw {validation_examples + examples} distinct instructions "
+                f"from tasks {list(tasks)}; ask for fewer examples"
+            )
         if instruction in seen:
             continue
         seen.add(instruction)

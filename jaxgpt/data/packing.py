@@ -102,27 +102,42 @@ class DocumentSampler:
     """BatchSampler's interface over document-aligned rows (module docstring); a pure function of
     (seed, index), so resuming needs only the step."""
 
-    def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, seed: int, eot_id: int,
-                 targets: str = "next", buffer: int = BUFFER) -> None:
+    def __init__(
+        self,
+        split: TokenSplit,
+        *,
+        microbatch_size: int,
+        seq_len: int,
+        seed: int,
+        eot_id: int,
+        targets: str = "next",
+        buffer: int = BUFFER,
+    ) -> None:
         if targets != "next":
             raise DataError(f"{split.name} split: packed documents have next-token targets, got {targets!r}")
         if microbatch_size < 1 or seq_len < 1 or seed < 0:
-            raise DataError(f"{split.name} split: need microbatch_size, seq_len >= 1 and seed >= 0, got "
-                            f"{microbatch_size}, {seq_len}, {seed}")
+            raise DataError(
+                f"{split.name} split: need microbatch_size, seq_len >= 1 and seed >= 0, got "
+                f"{microbatch_size}, {seq_len}, {seed}"
+            )
         self.split, self.microbatch_size, self.seq_len, self.seed = split, microbatch_size, seq_len, seed
         self.buffer, self.targets = buffer, "next"
         self.starts, self.lengths = document_units(split, eot_id)
         if len(self.starts) < 2:
-            raise DataError(f"{split.files[0] if split.files else split.name}: the {split.name} split holds "
-                            f"{len(self.starts)} document(s) (no end-of-text id {eot_id} between texts); "
-                            f"packing 'documents' needs a corpus of many documents, use 'windows'")
+            raise DataError(
+                f"{split.files[0] if split.files else split.name}: the {split.name} split holds "
+                f"{len(self.starts)} document(s) (no end-of-text id {eot_id} between texts); "
+                f"packing 'documents' needs a corpus of many documents, use 'windows'"
+            )
         self._plans: dict[int, Plan] = {}
         self._rows_before: list[int] = [0]  # rows in epochs 0 .. e-1, for each e planned so far
         self._lock = threading.RLock()  # a prefetch thread may call batch() while the main thread does too
         self.n_windows = self.plan(0).rows  # rows per epoch (the first's): what a run's length is checked against
         if self.n_windows < microbatch_size:
-            raise DataError(f"{split.name} split: its {len(self.starts)} documents pack into {self.n_windows} rows "
-                            f"of {seq_len + 1} tokens, fewer than microbatch_size {microbatch_size}")
+            raise DataError(
+                f"{split.name} split: its {len(self.starts)} documents pack into {self.n_windows} rows "
+                f"of {seq_len + 1} tokens, fewer than microbatch_size {microbatch_size}"
+            )
 
     def plan(self, epoch: int) -> Plan:
         """Epoch `epoch`'s rows, planned once (and the epochs before it, for the row count)."""
@@ -132,8 +147,9 @@ class DocumentSampler:
                 row_ptr, unit, take = best_fit(self.lengths[order], self.seq_len + 1, self.buffer)
                 units = order[np.asarray(unit, np.int64)]
                 taken = np.asarray(take, np.int64)
-                self._plans[epoch] = Plan(np.asarray(row_ptr, np.int64), self.starts[units], taken,
-                                          int(self.lengths.sum() - taken.sum()))
+                self._plans[epoch] = Plan(
+                    np.asarray(row_ptr, np.int64), self.starts[units], taken, int(self.lengths.sum() - taken.sum())
+                )
                 if len(self._plans) > 2:  # consecutive batches touch at most two epochs; bound the memory
                     self._plans.pop(max((e for e in self._plans if e != epoch), key=lambda e: abs(e - epoch)))
             return self._plans[epoch]
@@ -159,7 +175,7 @@ class DocumentSampler:
         for out, seq in zip(tokens, seqs):
             pos = 0
             for start, length in zip(*self._segments(int(seq))):
-                self.split.read_into(start, out[pos:pos + length])
+                self.split.read_into(start, out[pos : pos + length])
                 pos += length
         self._check_ids(tokens, seqs)
         return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
@@ -171,7 +187,7 @@ class DocumentSampler:
             return
         row, col = (int(i) for i in np.argwhere(tokens > limit)[0])
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(*self._segments(int(seqs[row])))])
-        check_ids(self.split, tokens[row:row + 1, col:col + 1], positions[col:col + 1])
+        check_ids(self.split, tokens[row : row + 1, col : col + 1], positions[col : col + 1])
 
     def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
         """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
@@ -196,6 +212,8 @@ class DocumentSampler:
     def describe(self) -> str:
         """One line for the start of a run: documents, rows and what cropping cost in epoch 0."""
         plan = self.plan(0)
-        return (f"packing documents: {len(self.starts):,} documents of the train split into {plan.rows:,} rows of "
-                f"{self.seq_len + 1} tokens an epoch, {plan.cropped / max(int(self.lengths.sum()), 1):.1%} of their "
-                f"tokens cropped (epoch 0)")
+        return (
+            f"packing documents: {len(self.starts):,} documents of the train split into {plan.rows:,} rows of "
+            f"{self.seq_len + 1} tokens an epoch, {plan.cropped / max(int(self.lengths.sum()), 1):.1%} of their "
+            f"tokens cropped (epoch 0)"
+        )

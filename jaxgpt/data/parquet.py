@@ -45,8 +45,10 @@ def open_parquet(path: Path, column: str) -> pq.ParquetFile:
         raise DataError(f"{path}: not a parquet file or corrupt ({_first_line(exc)})") from None
     schema = pf.schema_arrow
     if column not in schema.names:
-        raise DataError(f"{path}: no column {column!r} (columns: {', '.join(map(repr, schema.names)) or 'none'}); "
-                        "name the text column with --text-column")
+        raise DataError(
+            f"{path}: no column {column!r} (columns: {', '.join(map(repr, schema.names)) or 'none'}); "
+            "name the text column with --text-column"
+        )
     kind = schema.field(column).type
     if not _is_text(kind):
         raise DataError(f"{path}: column {column!r} holds {kind}, not strings")
@@ -60,7 +62,7 @@ def parquet_documents(path: Path, column: str) -> Iterator[str]:
         try:
             values = pf.read_row_group(group, columns=[column]).column(0).to_pylist()
         except _READ_ERRORS as exc:
-            raise DataError(f"{path}: row group {group} of {pf.num_row_groups} is unreadable "
-                            f"({_first_line(exc)})") from None
+            raise DataError(
+                f"{path}: row group {group} of {pf.num_row_groups} is unreadable ({_first_line(exc)})"
+            ) from None
         yield from (text for text in values if text)  # None (null) and "" are empty documents
-

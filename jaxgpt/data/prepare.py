@@ -71,10 +71,23 @@ DEFAULT_OPTIONS: dict[str, dict] = {
     # Conversation datasets (chat_prepare.py): template, a built-in name or a template object (null: the
     # tokenizer's default); too_long, what training does with a conversation longer than a row; pack,
     # whether a row holds as many whole conversations as fit (chat_rows.py) or one.
-    "conversations": {"paths": None, "name": None, "validation_fraction": 0.05, "template": None, "too_long": "drop",
-                      "pack": True},
-    "instructions": {"examples": 24000, "validation_examples": 600, "seed": 0, "tasks": list(instructions.TASKS),
-                     "template": None, "too_long": "drop", "pack": True},
+    "conversations": {
+        "paths": None,
+        "name": None,
+        "validation_fraction": 0.05,
+        "template": None,
+        "too_long": "drop",
+        "pack": True,
+    },
+    "instructions": {
+        "examples": 24000,
+        "validation_examples": 600,
+        "seed": 0,
+        "tasks": list(instructions.TASKS),
+        "template": None,
+        "too_long": "drop",
+        "pack": True,
+    },
 }
 assert CONVERSATION_SOURCES == ("conversations", "instructions")
 SOURCES = tuple(DEFAULT_OPTIONS)
@@ -135,8 +148,10 @@ def resolve_options(source: str, options: dict | None) -> dict:
     if source in CONVERSATION_SOURCES:
         chat_prepare.check_options(source, resolved)
     if resolved.get("split", "nanogpt") not in TINYSHAKESPEARE_SPLITS:
-        raise DataError(f"{source}: option 'split' must be one of {', '.join(map(repr, TINYSHAKESPEARE_SPLITS))}, "
-                        f"got {resolved['split']!r}")
+        raise DataError(
+            f"{source}: option 'split' must be one of {', '.join(map(repr, TINYSHAKESPEARE_SPLITS))}, "
+            f"got {resolved['split']!r}"
+        )
     shards = resolved.get("train_shards")
     most = fineweb_edu.N_TRAIN_FILES if source == FINEWEB_EDU else fineweb.N_TRAIN_FILES
     if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= most):
@@ -159,17 +174,31 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(tokenizer: Tokenizer, documents: Iterable[str], eot: bool = True, *,
-                       workers: int | None = None, progress: Progress | None = None, chunk_bytes: int = CHUNK_BYTES,
-                       chunk_documents: int = CHUNK_DOCUMENTS) -> Iterator[np.ndarray]:
+def tokenize_documents(
+    tokenizer: Tokenizer,
+    documents: Iterable[str],
+    eot: bool = True,
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    chunk_documents: int = CHUNK_DOCUMENTS,
+) -> Iterator[np.ndarray]:
     """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
     eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it).
 
     The tokenizer runs on `workers` threads (default: every core) while the caller consumes the
     arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens.
     chunk_bytes, chunk_documents: the text handed to a thread at a time (encode.encode_documents)."""
-    return encode_documents(tokenizer, documents, eot=eot, workers=workers, progress=progress,
-                            chunk_bytes=chunk_bytes, chunk_documents=chunk_documents)
+    return encode_documents(
+        tokenizer,
+        documents,
+        eot=eot,
+        workers=workers,
+        progress=progress,
+        chunk_bytes=chunk_bytes,
+        chunk_documents=chunk_documents,
+    )
 
 
 @dataclass(frozen=True)
@@ -183,8 +212,9 @@ class _Encoding:
     one_read_bytes: int
 
 
-def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]], eot: bool,
-                     progress: Progress, encoding: _Encoding) -> Iterator[tuple[str, np.ndarray]]:
+def _tokenize_routed(
+    tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]], eot: bool, progress: Progress, encoding: _Encoding
+) -> Iterator[tuple[str, np.ndarray]]:
     """(split, tokens) per (held out?, document): both splits tokenized as one stream, so the
     corpus is read once for them (write_dataset takes the pairs)."""
     held_out: collections.deque[bool] = collections.deque()  # documents read ahead by the tokenizer's threads
@@ -194,22 +224,29 @@ def _tokenize_routed(tokenizer: Tokenizer, documents: Iterable[tuple[bool, str]]
             held_out.append(is_val)
             yield doc
 
-    for tokens in tokenize_documents(tokenizer, texts(), eot, progress=progress, workers=encoding.workers,
-                                     chunk_bytes=encoding.chunk_bytes):
+    for tokens in tokenize_documents(
+        tokenizer, texts(), eot, progress=progress, workers=encoding.workers, chunk_bytes=encoding.chunk_bytes
+    ):
         yield ("val" if held_out.popleft() else "train"), tokens
 
 
-def _tokenized_while_counted(tokenizer: Tokenizer, documents: Callable[[], Iterator[str]], fraction: float,
-                             where: str, progress: Progress, encoding: _Encoding
-                             ) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
+def _tokenized_while_counted(
+    tokenizer: Tokenizer,
+    documents: Callable[[], Iterator[str]],
+    fraction: float,
+    where: str,
+    progress: Progress,
+    encoding: _Encoding,
+) -> tuple[Iterator[tuple[str, np.ndarray]], str] | None:
     """A small corpus in one read: every document tokenized while they are counted, the arrays kept
     (a shard's worth at most, as the writer holds anyway), then given to their split once the count
     decides the hold-out. None when the corpus is larger than that after all, or has too few
     documents to hold out whole ones (the text's tail is held out instead): read it again then."""
     kept: list[np.ndarray] = []
     n_tokens = 0
-    stream = tokenize_documents(tokenizer, documents(), progress=progress, workers=encoding.workers,
-                                chunk_bytes=encoding.chunk_bytes)
+    stream = tokenize_documents(
+        tokenizer, documents(), progress=progress, workers=encoding.workers, chunk_bytes=encoding.chunk_bytes
+    )
     for tokens in stream:
         kept.append(tokens)
         n_tokens += tokens.size
@@ -246,12 +283,20 @@ def _in_order(train: Iterable[str], val: Iterable[str]) -> Iterator[tuple[bool, 
     return itertools.chain(((False, doc) for doc in train), ((True, doc) for doc in val))
 
 
-def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None, log: Callable[[str], None], *,
-            one_read_bytes: int = ONE_READ_BYTES, tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE
-            ) -> _Corpus:
+def _corpus(
+    source: str,
+    options: dict,
+    data_root: Path,
+    from_path: Path | None,
+    log: Callable[[str], None],
+    *,
+    one_read_bytes: int = ONE_READ_BYTES,
+    tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE,
+) -> _Corpus:
     """The source's documents; local text of at most one_read_bytes is read once (_Corpus.read_once);
     tinyshakespeare: the file to fetch, its address, size and hash."""
     if source == "builtin":
+
         def split_builtin(fraction: float) -> tuple[Iterator[tuple[bool, str]], str]:
             docs = builtin.builtin_documents()
             train, val = split_documents(docs, fraction)
@@ -261,14 +306,22 @@ def _corpus(source: str, options: dict, data_root: Path, from_path: Path | None,
     if source == "text":
         files = sources.find_text_files(options["paths"])
         where = f"text {' '.join(options['paths'])}"
-        read = lambda: sources.read_documents(files, options["text_column"])
+
+        def read() -> Iterator[str]:
+            return sources.read_documents(files, options["text_column"])
+
         # Whole files only, too few to hold out whole documents: the tail is held out, read twice anyway.
-        few = (all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
-               and round(options["validation_fraction"] * len(files)) == 0)
+        few = (
+            all(f.suffix.lower() in sources.WHOLE_FILE_SUFFIXES for f in files)
+            and round(options["validation_fraction"] * len(files)) == 0
+        )
         small = not few and sum(f.stat().st_size for f in files) <= one_read_bytes
-        return _Corpus(sources.files_fingerprint(files),
-                       lambda fraction: sources.hold_out_routed(read, fraction, where),
-                       read_once=read if small else None, where=where)
+        return _Corpus(
+            sources.files_fingerprint(files),
+            lambda fraction: sources.hold_out_routed(read, fraction, where),
+            read_once=read if small else None,
+            where=where,
+        )
     assert source == "tinyshakespeare", source
     remote, downloads = tinyshakespeare, Path(data_root) / "downloads"
     if from_path is not None:  # checked (and copied) now, even when the prepared dataset is reused
@@ -307,8 +360,16 @@ def _reuse_problem(path: Path, expected: dict) -> str | None:
     return None
 
 
-def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, corpus: _Corpus,
-                       log: Callable[[str], None], data_root: Path, encoding: _Encoding) -> Path:
+def _prepare_documents(
+    path: Path,
+    source: str,
+    tokenizer: str,
+    options: dict,
+    corpus: _Corpus,
+    log: Callable[[str], None],
+    data_root: Path,
+    encoding: _Encoding,
+) -> Path:
     started = time.perf_counter()
     expected = {"source": source, "options": options, "fingerprint": corpus.fingerprint, "tokenizer": tokenizer}
     trained = None if tokenizer in TOKENIZER_NAMES else get_tokenizer(tokenizer, data_root)
@@ -324,33 +385,52 @@ def _prepare_documents(path: Path, source: str, tokenizer: str, options: dict, c
     try:
         once = None
         if corpus.read_once is not None:
-            once = _tokenized_while_counted(tok, corpus.read_once, options["validation_fraction"], corpus.where,
-                                            progress, encoding)
+            once = _tokenized_while_counted(
+                tok, corpus.read_once, options["validation_fraction"], corpus.where, progress, encoding
+            )
         if once is not None:
             splits, how = once
         else:
             progress.restart()
             documents, how = corpus.documents(options["validation_fraction"])
             splits = _tokenize_routed(tok, documents, corpus.eot, progress, encoding)
-        manifest = write_dataset(path, source=source, options=options, fingerprint=corpus.fingerprint,
-                                 tokenizer=tok, shard_tokens=encoding.shard_tokens, splits=splits)
+        manifest = write_dataset(
+            path,
+            source=source,
+            options=options,
+            fingerprint=corpus.fingerprint,
+            tokenizer=tok,
+            shard_tokens=encoding.shard_tokens,
+            splits=splits,
+        )
     finally:
         progress.close()
     splits = manifest["splits"]
     share = splits["val"]["tokens"] / max(1, splits["train"]["tokens"] + splits["val"]["tokens"])
-    counts = ", ".join(f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
-                       for name, s in splits.items())
-    log(f"wrote {path}: {counts}; validation = {how}, {share:.1%} of the tokens; "
-        f"{time.perf_counter() - started:.1f} s")
+    counts = ", ".join(
+        f"{name} {s['tokens']:,} tokens / {s['documents']} documents / {len(s['shards'])} shard(s)"
+        for name, s in splits.items()
+    )
+    log(f"wrote {path}: {counts}; validation = {how}, {share:.1%} of the tokens; {time.perf_counter() - started:.1f} s")
     return path
 
 
-def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: dict | None = None,
-                    train_tokens: int | None = None, from_path: Path | None = None,
-                    log: Callable[[str], None] = print, shard_tokens: int = SHARD_TOKENS,
-                    one_read_bytes: int = ONE_READ_BYTES, workers: int | None = None, chunk_bytes: int = CHUNK_BYTES,
-                    tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE,
-                    edu_train_files: int = fineweb_edu.N_TRAIN_FILES) -> Path:
+def prepare_dataset(
+    source: str,
+    tokenizer: str,
+    data_root: Path,
+    *,
+    options: dict | None = None,
+    train_tokens: int | None = None,
+    from_path: Path | None = None,
+    log: Callable[[str], None] = print,
+    shard_tokens: int = SHARD_TOKENS,
+    one_read_bytes: int = ONE_READ_BYTES,
+    workers: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    tinyshakespeare: sources.RemoteFile = sources.TINYSHAKESPEARE,
+    edu_train_files: int = fineweb_edu.N_TRAIN_FILES,
+) -> Path:
     """Make sure data_root holds the requested dataset (see dataset_dir) and return its path.
 
     Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
@@ -366,30 +446,81 @@ def prepare_dataset(source: str, tokenizer: str, data_root: Path, *, options: di
     FineWeb-Edu train shards are published.
     """
     resolved = resolve_options(source, options)
-    check_name(tokenizer)  # bytes, gpt2 or a trained tokenizer's name (<data_root>/tokenizers/<name>)
-    if tokenizer not in _TOKENIZERS.get(source, (tokenizer,)):
-        raise DataError(f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
-                        f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}")
-    if from_path is not None and source not in _FROM_SOURCES:
-        raise DataError(f"{source}: --from applies only to {', '.join(_FROM_SOURCES[:-1])} and {_FROM_SOURCES[-1]}")
+    _check_request(source, tokenizer, from_path)
     path = dataset_dir(data_root, source, tokenizer, resolved.get("name"))
-    if source == FINEWEB:
-        with dataset_lock(path, log):
-            return fineweb.prepare(path, resolved, train_tokens=train_tokens, from_dir=from_path,
-                                   downloads=Path(data_root) / "downloads" / FINEWEB, log=log)
-    if source == FINEWEB_EDU:
-        tok = get_tokenizer(tokenizer, data_root)  # before any lock or download: a missing one fails fast
-        with dataset_lock(path, log):
-            return fineweb_edu.prepare(path, resolved, tokenizer=tok, train_tokens=train_tokens, from_dir=from_path,
-                                       downloads=Path(data_root) / "downloads" / FINEWEB_EDU,
-                                       shard_tokens=shard_tokens, n_train_files=edu_train_files, log=log)
+    if source in (FINEWEB, FINEWEB_EDU):
+        return _prepare_hub(
+            source,
+            path,
+            resolved,
+            tokenizer,
+            data_root,
+            train_tokens=train_tokens,
+            from_path=from_path,
+            shard_tokens=shard_tokens,
+            edu_train_files=edu_train_files,
+            log=log,
+        )
     if source in CONVERSATION_SOURCES:
         tok = get_tokenizer(tokenizer, data_root)
         with dataset_lock(path, log):
             return chat_prepare.prepare(path, source, tok, resolved, log, _reuse_problem)
-    corpus = _corpus(source, resolved, data_root, from_path, log, one_read_bytes=one_read_bytes,
-                     tinyshakespeare=tinyshakespeare)  # bad paths fail here, before any lock file
-    encoding = _Encoding(workers=workers, chunk_bytes=chunk_bytes, shard_tokens=shard_tokens,
-                         one_read_bytes=one_read_bytes)
+    corpus = _corpus(
+        source, resolved, data_root, from_path, log, one_read_bytes=one_read_bytes, tinyshakespeare=tinyshakespeare
+    )  # bad paths fail here, before any lock file
+    encoding = _Encoding(
+        workers=workers, chunk_bytes=chunk_bytes, shard_tokens=shard_tokens, one_read_bytes=one_read_bytes
+    )
     with dataset_lock(path, log):
         return _prepare_documents(path, source, tokenizer, resolved, corpus, log, data_root, encoding)
+
+
+def _check_request(source: str, tokenizer: str, from_path: Path | None) -> None:
+    """The tokenizer and --from checked against the source before anything is read or locked."""
+    check_name(tokenizer)  # bytes, gpt2 or a trained tokenizer's name (<data_root>/tokenizers/<name>)
+    if tokenizer not in _TOKENIZERS.get(source, (tokenizer,)):
+        raise DataError(
+            f"{source}: holds {_TOKENIZERS[source][0]} tokens, so the tokenizer must be "
+            f"{_TOKENIZERS[source][0]!r}, got {tokenizer!r}"
+        )
+    if from_path is not None and source not in _FROM_SOURCES:
+        raise DataError(f"{source}: --from applies only to {', '.join(_FROM_SOURCES[:-1])} and {_FROM_SOURCES[-1]}")
+
+
+def _prepare_hub(
+    source: str,
+    path: Path,
+    resolved: dict,
+    tokenizer: str,
+    data_root: Path,
+    *,
+    train_tokens: int | None,
+    from_path: Path | None,
+    shard_tokens: int,
+    edu_train_files: int,
+    log: Callable[[str], None],
+) -> Path:
+    """FineWeb or FineWeb-Edu: shard files from the Hub (or --from), prepared by their own modules."""
+    if source == FINEWEB:  # its files are GPT-2 ids already: no tokenizer to load
+        with dataset_lock(path, log):
+            return fineweb.prepare(
+                path,
+                resolved,
+                train_tokens=train_tokens,
+                from_dir=from_path,
+                downloads=Path(data_root) / "downloads" / FINEWEB,
+                log=log,
+            )
+    tok = get_tokenizer(tokenizer, data_root)  # before any lock or download: a missing one fails fast
+    with dataset_lock(path, log):
+        return fineweb_edu.prepare(
+            path,
+            resolved,
+            tokenizer=tok,
+            train_tokens=train_tokens,
+            from_dir=from_path,
+            downloads=Path(data_root) / "downloads" / FINEWEB_EDU,
+            shard_tokens=shard_tokens,
+            n_train_files=edu_train_files,
+            log=log,
+        )

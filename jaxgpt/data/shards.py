@@ -65,7 +65,7 @@ def _pid_alive(pid: int) -> bool:
 def _remove_stale(dataset_dir: Path) -> None:
     """Delete `<dir>.tmp-<pid>` / `<dir>.old-<pid>` folders left by writers that were killed (SIGKILL, power cut)."""
     for sibling in dataset_dir.parent.glob(f"{dataset_dir.name}.*-*"):
-        kind, _, pid = sibling.name[len(dataset_dir.name) + 1:].partition("-")
+        kind, _, pid = sibling.name[len(dataset_dir.name) + 1 :].partition("-")
         if kind in ("tmp", "old") and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
             shutil.rmtree(sibling, ignore_errors=True)
 
@@ -97,15 +97,31 @@ class DatasetWriter:
     temporary folder.
     """
 
-    def __init__(self, dataset_dir: Path, *, source: str, options: dict, fingerprint: str,
-                 tokenizer: str, vocab_size: int, eot_id: int, tokenizer_sha256: str | None = None) -> None:
+    def __init__(
+        self,
+        dataset_dir: Path,
+        *,
+        source: str,
+        options: dict,
+        fingerprint: str,
+        tokenizer: str,
+        vocab_size: int,
+        eot_id: int,
+        tokenizer_sha256: str | None = None,
+    ) -> None:
         self.path = Path(dataset_dir)
         self.vocab_size = vocab_size
         self.dtype = token_dtype(vocab_size)
         self.tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
         self.manifest: dict[str, Any] = {
-            "format": FORMAT_VERSION, "source": source, "options": options, "fingerprint": fingerprint,
-            "tokenizer": tokenizer, "vocab_size": int(vocab_size), "eot_id": int(eot_id), "dtype": self.dtype.name,
+            "format": FORMAT_VERSION,
+            "source": source,
+            "options": options,
+            "fingerprint": fingerprint,
+            "tokenizer": tokenizer,
+            "vocab_size": int(vocab_size),
+            "eot_id": int(eot_id),
+            "dtype": self.dtype.name,
             "splits": {split: {"tokens": 0, "documents": 0, "shards": []} for split in SPLITS},
         }
         if tokenizer_sha256 is not None:  # a trained tokenizer: its file, so a retrained one of that name is noticed
@@ -132,8 +148,16 @@ class DatasetWriter:
         meta["documents"] += documents
         return entry
 
-    def add_shard(self, split: str, tokens: np.ndarray, *, documents: int | None = None, where: Path | str = "",
-                  tensors: dict[str, np.ndarray] | None = None, **extra: Any) -> dict[str, Any]:
+    def add_shard(
+        self,
+        split: str,
+        tokens: np.ndarray,
+        *,
+        documents: int | None = None,
+        where: Path | str = "",
+        tensors: dict[str, np.ndarray] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         """Write one 1-D shard; ids outside the vocabulary are a DataError naming `where` (the data's origin).
 
         `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry;
@@ -148,8 +172,13 @@ class DatasetWriter:
             raise DataError(f"{where or self.path}: token id {lo if lo < 0 else hi} outside 0..{self.vocab_size - 1}")
         name = self._next_name(split)
         path = self.tmp / name
-        save_file({"tokens": np.ascontiguousarray(tokens, dtype=self.dtype),
-                   **{k: np.ascontiguousarray(v) for k, v in (tensors or {}).items()}}, str(path))
+        save_file(
+            {
+                "tokens": np.ascontiguousarray(tokens, dtype=self.dtype),
+                **{k: np.ascontiguousarray(v) for k, v in (tensors or {}).items()},
+            },
+            str(path),
+        )
         os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
         fsync(path)
         entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": sha256(path), **extra}
@@ -208,11 +237,14 @@ class _SplitShards:
             return
         if not np.issubdtype(doc.dtype, np.integer):
             raise DataError(
-                f"{writer.path}: {split} document {self.n_docs - 1} has dtype {doc.dtype}, expected integers")
+                f"{writer.path}: {split} document {self.n_docs - 1} has dtype {doc.dtype}, expected integers"
+            )
         lo, hi = int(doc.min()), int(doc.max())
         if lo < 0 or hi >= writer.vocab_size:  # checked before the cast, which would silently wrap
-            raise DataError(f"{writer.path}: {split} document {self.n_docs - 1} has token id {lo if lo < 0 else hi} "
-                            f"outside 0..{writer.vocab_size - 1}")
+            raise DataError(
+                f"{writer.path}: {split} document {self.n_docs - 1} has token id {lo if lo < 0 else hi} "
+                f"outside 0..{writer.vocab_size - 1}"
+            )
         self.pending.append(doc.astype(writer.dtype, copy=False))
         self.n_pending += doc.size
         if self.n_pending >= shard_tokens:
@@ -220,8 +252,8 @@ class _SplitShards:
             flat = np.concatenate(self.pending)
             n_full = flat.size // shard_tokens
             for i in range(n_full):
-                writer.add_shard(split, flat[i * shard_tokens:(i + 1) * shard_tokens])
-            rest = flat[n_full * shard_tokens:]
+                writer.add_shard(split, flat[i * shard_tokens : (i + 1) * shard_tokens])
+            rest = flat[n_full * shard_tokens :]
             self.pending, self.n_pending = ([rest] if rest.size else []), int(rest.size)
 
     def close(self) -> None:
@@ -230,9 +262,16 @@ class _SplitShards:
         self.writer.manifest["splits"][self.split]["documents"] = self.n_docs
 
 
-def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint: str, tokenizer: Tokenizer,
-                  splits: Mapping[str, Iterable[np.ndarray]] | Iterable[tuple[str, np.ndarray]],
-                  shard_tokens: int = 2**27) -> dict:
+def write_dataset(
+    dataset_dir: Path,
+    *,
+    source: str,
+    options: dict,
+    fingerprint: str,
+    tokenizer: Tokenizer,
+    splits: Mapping[str, Iterable[np.ndarray]] | Iterable[tuple[str, np.ndarray]],
+    shard_tokens: int = 2**27,
+) -> dict:
     """Write a dataset atomically (see DatasetWriter) and return its manifest.
 
     `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
@@ -246,9 +285,16 @@ def write_dataset(dataset_dir: Path, *, source: str, options: dict, fingerprint:
         raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
     if shard_tokens < 1:
         raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
-    with DatasetWriter(dataset_dir, source=source, options=options, fingerprint=fingerprint, tokenizer=tokenizer.name,
-                       vocab_size=tokenizer.n_vocab, eot_id=tokenizer.eot_id,
-                       tokenizer_sha256=getattr(tokenizer, "sha256", None)) as writer:
+    with DatasetWriter(
+        dataset_dir,
+        source=source,
+        options=options,
+        fingerprint=fingerprint,
+        tokenizer=tokenizer.name,
+        vocab_size=tokenizer.n_vocab,
+        eot_id=tokenizer.eot_id,
+        tokenizer_sha256=getattr(tokenizer, "sha256", None),
+    ) as writer:
         shards = {split: _SplitShards(writer, split, shard_tokens) for split in SPLITS}
         if isinstance(splits, Mapping):
             for split in SPLITS:
@@ -310,8 +356,7 @@ def _read_header(path: Path) -> tuple[int, dict[str, Any], int]:
     return header_len, header, size
 
 
-def _map_tensor(path: Path, header_len: int, header: dict[str, Any], name: str, dtype: np.dtype,
-                n: int) -> np.memmap:
+def _map_tensor(path: Path, header_len: int, header: dict[str, Any], name: str, dtype: np.dtype, n: int) -> np.memmap:
     """Memory-map the 1-D tensor `name` of n values of `dtype` (DataError if the header says otherwise)."""
     try:
         info = header[name]
@@ -326,8 +371,9 @@ def _map_tensor(path: Path, header_len: int, header: dict[str, Any], name: str, 
     return np.memmap(path, dtype=dtype, mode="r", offset=8 + header_len + begin, shape=(n,))
 
 
-def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool,
-                extra: dict[str, tuple[np.dtype, int]] | None = None) -> tuple[np.memmap, dict[str, np.memmap]]:
+def _open_shard(
+    path: Path, entry: dict, dtype: np.dtype, verify: bool, extra: dict[str, tuple[np.dtype, int]] | None = None
+) -> tuple[np.memmap, dict[str, np.memmap]]:
     """Memory-map the "tokens" tensor of one shard after cheap consistency checks (and the `extra`
     tensors: name -> (dtype, length))."""
     header_len, header, size = _read_header(path)
@@ -339,8 +385,9 @@ def _open_shard(path: Path, entry: dict, dtype: np.dtype, verify: bool,
     if size != 8 + header_len + end:  # before any mapping: a short file cannot back the tensors
         raise DataError(f"{path}: truncated shard ({size} bytes, expected {8 + header_len + end})")
     tokens = _map_tensor(path, header_len, header, "tokens", dtype, n)
-    others = {name: _map_tensor(path, header_len, header, name, dt, count)
-              for name, (dt, count) in (extra or {}).items()}
+    others = {
+        name: _map_tensor(path, header_len, header, name, dt, count) for name, (dt, count) in (extra or {}).items()
+    }
     if verify and sha256(path) != entry["sha256"]:
         raise DataError(f"{path}: sha256 mismatch (file changed or corrupt; delete the folder and prepare it again)")
     return tokens, others
@@ -396,7 +443,7 @@ class TokenSplit:
             shard_start = int(self._ends[k - 1]) if k else 0
             lo = start + done - shard_start
             take = min(length - done, arrays[k].size - lo)
-            out[done:done + take] = arrays[k][lo:lo + take]
+            out[done : done + take] = arrays[k][lo : lo + take]
             done += take
             k += 1
 
@@ -405,8 +452,10 @@ def _checked_starts(path: Path, starts: np.ndarray, n_tokens: int) -> np.ndarray
     """A shard's conversation starts as int64, checked: 0 first, increasing, inside the shard."""
     starts = np.asarray(starts, np.int64)
     if not starts.size or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= n_tokens:
-        raise DataError(f"{path}: tensor {STARTS!r} is not increasing from 0 within the shard's {n_tokens} tokens "
-                        f"(corrupt; prepare the dataset again)")
+        raise DataError(
+            f"{path}: tensor {STARTS!r} is not increasing from 0 within the shard's {n_tokens} tokens "
+            f"(corrupt; prepare the dataset again)"
+        )
     return starts
 
 
@@ -445,36 +494,69 @@ def open_dataset(dataset_dir: Path, *, verify: bool = False) -> Dataset:
     splits: dict[str, TokenSplit] = {}
     max_token_id = -1
     for split in SPLITS:
-        meta = splits_meta.get(split)
-        if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
-            raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
-        maps, masks, starts, files, split_max = [], [], [], [], -1
-        for entry in meta["shards"]:
-            if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
-                raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
-            if not isinstance(entry["tokens"], int) or not isinstance(entry["max_token_id"], int):
-                raise DataError(f"{where}: shard {entry['file']!r} has non-integer 'tokens' or 'max_token_id'")
-            if chat and not isinstance(entry.get("conversations"), int):
-                raise DataError(f"{where}: shard {entry['file']!r} has no integer 'conversations'")
-            # Shards live in the dataset folder itself: a manifest must not point elsewhere.
-            if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
-                raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
-            files.append(dataset_dir / entry["file"])
-            extra = ({LOSS_MASK: (np.dtype(np.uint8), entry["tokens"]),
-                      STARTS: (np.dtype(np.int64), entry["conversations"])} if chat else None)
-            tokens, others = _open_shard(files[-1], entry, dtype, verify, extra)
-            maps.append(tokens)
-            if chat:
-                masks.append(others[LOSS_MASK])
-                starts.append(_checked_starts(files[-1], others[STARTS], entry["tokens"]) + sum(m.size for m in maps[:-1]))
-            split_max = max(split_max, int(entry["max_token_id"]))
+        splits[split], split_max = _open_split(dataset_dir, split, splits_meta.get(split), dtype, chat, verify)
         max_token_id = max(max_token_id, split_max)
-        splits[split] = TokenSplit(split, maps, files, split_max, masks=masks if chat else None,
-                                   conversation_starts=np.concatenate(starts) if chat and starts else None)
-        if splits[split].n_tokens != meta.get("tokens"):
-            raise DataError(
-                f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {splits[split].n_tokens}")
     if max_token_id >= vocab_size:
         raise DataError(f"{where}: max_token_id {max_token_id} >= vocab_size {vocab_size}")
-    return Dataset(manifest=manifest, path=dataset_dir, train=splits["train"], val=splits["val"], tokenizer=tokenizer,
-                   vocab_size=vocab_size, eot_id=eot_id, max_token_id=max_token_id)
+    return Dataset(
+        manifest=manifest,
+        path=dataset_dir,
+        train=splits["train"],
+        val=splits["val"],
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        eot_id=eot_id,
+        max_token_id=max_token_id,
+    )
+
+
+def _check_entry(entry: object, split: str, chat: bool, where: Path) -> dict[str, Any]:
+    """A manifest's shard entry, checked before its file is opened: typed fields, a bare file name."""
+    if not isinstance(entry, dict) or not {"file", "tokens", "max_token_id", "sha256"} <= entry.keys():
+        raise DataError(f"{where}: malformed shard entry in split {split!r}: {entry!r}")
+    if not isinstance(entry["tokens"], int) or not isinstance(entry["max_token_id"], int):
+        raise DataError(f"{where}: shard {entry['file']!r} has non-integer 'tokens' or 'max_token_id'")
+    if chat and not isinstance(entry.get("conversations"), int):
+        raise DataError(f"{where}: shard {entry['file']!r} has no integer 'conversations'")
+    # Shards live in the dataset folder itself: a manifest must not point elsewhere.
+    if not isinstance(entry["file"], str) or Path(entry["file"]).name != entry["file"]:
+        raise DataError(f"{where}: shard file name {entry['file']!r} must not contain a path")
+    return entry
+
+
+def _open_split(
+    dataset_dir: Path, split: str, meta: object, dtype: np.dtype, chat: bool, verify: bool
+) -> tuple[TokenSplit, int]:
+    """One split's shards mapped and checked against its manifest entry; (the split, its largest token id)."""
+    where = dataset_dir / MANIFEST
+    if not isinstance(meta, dict) or not isinstance(meta.get("shards"), list):
+        raise DataError(f"{where}: split {split!r} is missing or has no 'shards' list")
+    maps, masks, starts, files, split_max = [], [], [], [], -1
+    for entry in meta["shards"]:
+        entry = _check_entry(entry, split, chat, where)
+        files.append(dataset_dir / entry["file"])
+        extra = (
+            {LOSS_MASK: (np.dtype(np.uint8), entry["tokens"]), STARTS: (np.dtype(np.int64), entry["conversations"])}
+            if chat
+            else None
+        )
+        tokens, others = _open_shard(files[-1], entry, dtype, verify, extra)
+        maps.append(tokens)
+        if chat:
+            masks.append(others[LOSS_MASK])
+            # the shard's starts as positions in the whole split: after the tokens of the shards before it
+            starts.append(_checked_starts(files[-1], others[STARTS], entry["tokens"]) + sum(m.size for m in maps[:-1]))
+        split_max = max(split_max, int(entry["max_token_id"]))
+    token_split = TokenSplit(
+        split,
+        maps,
+        files,
+        split_max,
+        masks=masks if chat else None,
+        conversation_starts=np.concatenate(starts) if chat and starts else None,
+    )
+    if token_split.n_tokens != meta.get("tokens"):
+        raise DataError(
+            f"{where}: split {split!r} says {meta.get('tokens')} tokens, shards hold {token_split.n_tokens}"
+        )
+    return token_split, split_max

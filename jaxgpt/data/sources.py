@@ -72,8 +72,9 @@ def _copy_atomic(source: Path, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def download(url: str, dest: Path, *, check: Callable[[Path], None], offline_hint: str,
-             error: type[DataError] = DataError) -> None:
+def download(
+    url: str, dest: Path, *, check: Callable[[Path], None], offline_hint: str, error: type[DataError] = DataError
+) -> None:
     """url -> dest through a temporary name in dest's folder: `check(tmp)` raises on a wrong file
     before the rename, so dest is the whole, checked file or absent. A network or file error is
     one line naming the address and where to put the file by hand (`offline_hint`: what else works)."""
@@ -85,14 +86,23 @@ def download(url: str, dest: Path, *, check: Callable[[Path], None], offline_hin
         os.replace(tmp, dest)
     except (urllib.error.URLError, OSError) as exc:  # URLError, HTTPError, timeouts and DNS failures are OSErrors
         reason = getattr(exc, "reason", None) or exc
-        raise error(f"cannot download {url} ({type(exc).__name__}: {str(reason).splitlines()[0][:120]}); "
-                    f"fetch it where there is network access and put it at {dest}, or {offline_hint}") from None
+        raise error(
+            f"cannot download {url} ({type(exc).__name__}: {str(reason).splitlines()[0][:120]}); "
+            f"fetch it where there is network access and put it at {dest}, or {offline_hint}"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def fetch_recorded(url: str, dest: Path, *, validate: Callable[[Path], None], offline_hint: str,
-                   error: type[DataError] = DataError, log: Callable[[str], None] = print) -> Path:
+def fetch_recorded(
+    url: str,
+    dest: Path,
+    *,
+    validate: Callable[[Path], None],
+    offline_hint: str,
+    error: type[DataError] = DataError,
+    log: Callable[[str], None] = print,
+) -> Path:
     """`url` at `dest`, downloaded once: renamed into place only once `validate(tmp)` accepts it, its
     sha256 then recorded beside it (`<file>.sha256`) and checked at every later use, so a truncated
     or edited copy is never used silently. For files whose upstream hash is not pinned here."""
@@ -100,8 +110,10 @@ def fetch_recorded(url: str, dest: Path, *, validate: Callable[[Path], None], of
     recorded = dest.with_name(dest.name + ".sha256")
     if dest.is_file():
         if recorded.is_file() and recorded.read_text().split()[0] != sha256(dest):
-            raise error(f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
-                        f"delete both to download it again")
+            raise error(
+                f"{dest}: sha256 differs from the one recorded at download ({recorded}); "
+                f"delete both to download it again"
+            )
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     log(f"downloading {url} -> {dest}")
@@ -117,14 +129,17 @@ def fetch_recorded(url: str, dest: Path, *, validate: Callable[[Path], None], of
 def _download(remote: RemoteFile, dest: Path) -> None:
     def check(tmp: Path) -> None:
         if not _matches(tmp, remote):
-            raise DataError(f"{remote.url}: downloaded file is not the expected one (sha256 {sha256(tmp)[:12]}..., "
-                            f"expected {remote.short_sha()}); the address may have changed")
+            raise DataError(
+                f"{remote.url}: downloaded file is not the expected one (sha256 {sha256(tmp)[:12]}..., "
+                f"expected {remote.short_sha()}); the address may have changed"
+            )
 
     download(remote.url, dest, check=check, offline_hint="pass --from <file> to download_dataset.py")
 
 
-def fetch_file(remote: RemoteFile, downloads: Path, *, from_path: Path | None,
-               log: Callable[[str], None] = print) -> Path:
+def fetch_file(
+    remote: RemoteFile, downloads: Path, *, from_path: Path | None, log: Callable[[str], None] = print
+) -> Path:
     """A verified local copy of `remote` under `downloads`: from `from_path`, an earlier download, or the network."""
     dest = Path(downloads) / remote.name
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -133,8 +148,10 @@ def fetch_file(remote: RemoteFile, downloads: Path, *, from_path: Path | None,
         if not from_path.is_file():
             raise DataError(f"{from_path}: --from file not found")
         if not _matches(from_path, remote):
-            raise DataError(f"{from_path}: not the expected {remote.name} ({from_path.stat().st_size:,} bytes; "
-                            f"expected {remote.size:,} bytes with sha256 {remote.short_sha()})")
+            raise DataError(
+                f"{from_path}: not the expected {remote.name} ({from_path.stat().st_size:,} bytes; "
+                f"expected {remote.size:,} bytes with sha256 {remote.short_sha()})"
+            )
         if not (dest.exists() and dest.samefile(from_path)):
             _copy_atomic(from_path, dest)  # kept, so a later rebuild needs neither --from nor the network
         return dest
@@ -164,8 +181,13 @@ def _expand(pattern: str) -> list[Path]:
             raise DataError(f"{pattern}: matches no {'/'.join(TEXT_SUFFIXES)} files")
         return found
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        found = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.suffix.lower() in TEXT_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         if not found:
             raise DataError(f"{path}: folder holds no {'/'.join(TEXT_SUFFIXES)} files")
         return found
@@ -190,7 +212,7 @@ def default_name(patterns: list[str]) -> str:
     first = patterns[0]
     if _is_glob(first):  # corpus/**/*.txt -> corpus
         parts = Path(first).expanduser().parts
-        first = str(Path(*parts[:next(i for i, p in enumerate(parts) if _is_glob(p))] or ["."]))
+        first = str(Path(*parts[: next(i for i, p in enumerate(parts) if _is_glob(p))] or ["."]))
     path = Path(first).expanduser().resolve()
     stem = path.name if path.is_dir() else path.stem
     return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "corpus"
@@ -210,8 +232,9 @@ def _decode(path: Path, data: bytes, line: int | None = None) -> str:
         return data.decode("utf-8-sig" if line is None else "utf-8")
     except UnicodeDecodeError as exc:
         where = f"{path}:{line}" if line is not None else str(path)
-        raise DataError(f"{where}: not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
-                        "convert the file to UTF-8") from None
+        raise DataError(
+            f"{where}: not UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); convert the file to UTF-8"
+        ) from None
 
 
 def _jsonl_documents(path: Path) -> Iterator[str]:
@@ -225,8 +248,10 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
                 raise DataError(f"{path}:{number}: malformed JSON ({exc.msg} at column {exc.colno})") from None
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
-                raise DataError(f"{path}:{number}: expected an object with a string 'text' field, "
-                                f"got {type(record).__name__} {str(record)[:60]!r}")
+                raise DataError(
+                    f"{path}:{number}: expected an object with a string 'text' field, "
+                    f"got {type(record).__name__} {str(record)[:60]!r}"
+                )
             if text:
                 yield text
 
@@ -260,10 +285,11 @@ def split_tail(documents: list[str], fraction: float, where: str = "corpus") -> 
     newline = doc.find("\n", keep)
     cut = newline + 1 if newline != -1 and newline + 1 < len(doc) else keep  # one long line: cut inside it
     train = [d for d in documents[:j] + [doc[:cut]] if d]
-    val = [d for d in [doc[cut:]] + documents[j + 1:] if d]
+    val = [d for d in [doc[cut:]] + documents[j + 1 :] if d]
     if not train or not val:
-        raise DataError(f"{where}: cannot hold out {fraction:.0%} of {total:,} characters for validation "
-                        "and still train")
+        raise DataError(
+            f"{where}: cannot hold out {fraction:.0%} of {total:,} characters for validation and still train"
+        )
     return train, val
 
 
@@ -272,8 +298,9 @@ def nanogpt_split(text: str, fraction: float, where: str = "corpus") -> tuple[st
     on the characters (for validation_fraction 0.1), so validation losses compare with its published ones."""
     cut = int(len(text) * (1 - fraction))
     if not 0 < cut < len(text):
-        raise DataError(f"{where}: cannot hold out {fraction:.0%} of {len(text):,} characters for validation "
-                        "and still train")
+        raise DataError(
+            f"{where}: cannot hold out {fraction:.0%} of {len(text):,} characters for validation and still train"
+        )
     return text[:cut], text[cut:]
 
 
@@ -298,8 +325,9 @@ def held_out(mask: np.ndarray) -> str:
     return f"{int(mask.sum())} of {mask.size} documents"
 
 
-def _hold_out_plan(documents: Callable[[], Iterator[str]], fraction: float, where: str
-                   ) -> tuple[np.ndarray | tuple[list[str], list[str]], str]:
+def _hold_out_plan(
+    documents: Callable[[], Iterator[str]], fraction: float, where: str
+) -> tuple[np.ndarray | tuple[list[str], list[str]], str]:
     """Counts the documents (one read, which also reports bad files before any tokenizing) and
     chooses: a mask of the held-out documents, or (few documents) the text's tail as (train, val)."""
     n = sum(1 for _ in documents())
@@ -309,8 +337,9 @@ def _hold_out_plan(documents: Callable[[], Iterator[str]], fraction: float, wher
     return mask, held_out(mask)
 
 
-def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
-             ) -> tuple[Iterator[str], Iterator[str], str]:
+def hold_out(
+    documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
+) -> tuple[Iterator[str], Iterator[str], str]:
     """(train, val, description): whole documents held out, or the text's tail when there are too few documents.
 
     `documents` is called once to count (which also reports bad files before any tokenizing) and
@@ -319,12 +348,16 @@ def hold_out(documents: Callable[[], Iterator[str]], fraction: float, where: str
     plan, how = _hold_out_plan(documents, fraction, where)
     if isinstance(plan, tuple):
         return iter(plan[0]), iter(plan[1]), how
-    return ((doc for is_val, doc in _routed(documents, plan) if not is_val),
-            (doc for is_val, doc in _routed(documents, plan) if is_val), how)
+    return (
+        (doc for is_val, doc in _routed(documents, plan) if not is_val),
+        (doc for is_val, doc in _routed(documents, plan) if is_val),
+        how,
+    )
 
 
-def hold_out_routed(documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
-                    ) -> tuple[Iterator[tuple[bool, str]], str]:
+def hold_out_routed(
+    documents: Callable[[], Iterator[str]], fraction: float, where: str = "corpus"
+) -> tuple[Iterator[tuple[bool, str]], str]:
     """hold_out's split as one stream of (held out?, document) in the corpus's order, and its
     description: `documents` is called once to count and once more for both splits together."""
     plan, how = _hold_out_plan(documents, fraction, where)
@@ -340,5 +373,6 @@ def _routed(documents: Callable[[], Iterator[str]], is_val: np.ndarray) -> Itera
             break
         yield bool(is_val[count - 1]), doc
     if count != is_val.size:  # a file changed between the counting pass and this one
-        raise DataError(f"the corpus changed while it was being prepared ({is_val.size} documents, then "
-                        f"{count}); prepare it again")
+        raise DataError(
+            f"the corpus changed while it was being prepared ({is_val.size} documents, then {count}); prepare it again"
+        )

@@ -135,7 +135,8 @@ class GPT2Tokenizer:
         bad = arr[(arr < 0) | (arr >= self.n_vocab)]
         if bad.size:
             raise TokenizerError(
-                f"gpt2 tokenizer: cannot decode id {int(bad[0])} (valid ids are 0..{self.n_vocab - 1})")
+                f"gpt2 tokenizer: cannot decode id {int(bad[0])} (valid ids are 0..{self.n_vocab - 1})"
+            )
         return self._enc.decode(arr.tolist(), errors="replace")
 
 
@@ -197,8 +198,9 @@ class TrainedTokenizer:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)
         bad = arr[(arr < 0) | (arr >= self.n_vocab)]
         if bad.size:  # tokenizers would skip them silently
-            raise TokenizerError(f"{self.name} tokenizer: cannot decode id {int(bad[0])} "
-                                 f"(valid ids are 0..{self.n_vocab - 1})")
+            raise TokenizerError(
+                f"{self.name} tokenizer: cannot decode id {int(bad[0])} (valid ids are 0..{self.n_vocab - 1})"
+            )
         # The ByteLevel decoder replaces invalid UTF-8 (half a character) with U+FFFD.
         return self._tok.decode(arr.tolist(), skip_special_tokens=False)
 
@@ -225,8 +227,10 @@ def trained_dir(name: str, data_root: Path | None = None) -> Path:
 def check_name(name: object) -> str:
     """A tokenizer name as train.json and the commands take it; TokenizerError otherwise."""
     if not isinstance(name, str) or not TRAINED_NAME.fullmatch(name):
-        raise TokenizerError(f"tokenizer name must be 'bytes', 'gpt2' or a trained tokenizer's name (letters, "
-                             f"digits, '.', '_' or '-'), got {name!r}")
+        raise TokenizerError(
+            f"tokenizer name must be 'bytes', 'gpt2' or a trained tokenizer's name (letters, "
+            f"digits, '.', '_' or '-'), got {name!r}"
+        )
     return name
 
 
@@ -243,6 +247,8 @@ def get_tokenizer(name: str, data_root: Path | None = None, *, file: Path | None
         return TrainedTokenizer(name, file)
     folder = trained_dir(name, data_root)
     if not (folder / TOKENIZER_FILE).is_file():
-        raise TokenizerError(f"tokenizer {name!r} not found: {folder} has no {TOKENIZER_FILE}; train it with "
-                             f"`download_dataset.py tokenizer {name} <source> --vocab-size N` (docs/tokenizers.md)")
+        raise TokenizerError(
+            f"tokenizer {name!r} not found: {folder} has no {TOKENIZER_FILE}; train it with "
+            f"`download_dataset.py tokenizer {name} <source> --vocab-size N` (docs/tokenizers.md)"
+        )
     return TrainedTokenizer(name, folder / TOKENIZER_FILE)

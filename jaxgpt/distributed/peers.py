@@ -127,18 +127,25 @@ class Peers:
         will never complete, saving) ends with it; a half-written checkpoint is a dot-folder."""
         names = ", ".join(map(str, gone))
         latest = cf.latest_checkpoint(self.run_dir)
-        kept = (f"{self.run_dir}/checkpoints/latest is {latest.name} (step {cf.step_of(latest)})"
-                if latest is not None else "no checkpoint was written yet (a rerun starts at step 0)")
+        kept = (
+            f"{self.run_dir}/checkpoints/latest is {latest.name} (step {cf.step_of(latest)})"
+            if latest is not None
+            else "no checkpoint was written yet (a rerun starts at step 0)"
+        )
         lead = "\n" if sys.stderr.isatty() else ""  # off a progress bar's line
-        print(f"{lead}error: process {names} of {self.n} stopped answering ({why}); process {self.me} stops too. "
-              f"{kept}. Resume: start all {self.n} processes again (this one: {self.command})",
-              file=sys.stderr, flush=True)
+        print(
+            f"{lead}error: process {names} of {self.n} stopped answering ({why}); process {self.me} stops too. "
+            f"{kept}. Resume: start all {self.n} processes again (this one: {self.command})",
+            file=sys.stderr,
+            flush=True,
+        )
         self._let_others_go_first(gone)
         os._exit(PEER_LOST)
 
     def _let_others_go_first(self, gone: list[int]) -> None:
         """The other survivors must not find the service gone: they disconnect (at once, in
         recoverable mode), and process 0, which hosts it, waits for that (bounded) before exiting."""
+
         def disconnect() -> None:
             try:
                 if self.me != 0:
@@ -193,8 +200,9 @@ class StopVotes:
         self.stop, self.several, self.any = stop, jax.process_count() > 1, False
         if self.several:
             flat = NamedSharding(mesh, P(mesh.axis_names))  # (devices,): one flag on each device
-            self.flags = [jax.make_array_from_callback((mesh.size,), flat, lambda _, v=v: np.array([v], np.int32))
-                          for v in (0, 1)]
+            self.flags = [
+                jax.make_array_from_callback((mesh.size,), flat, lambda _, v=v: np.array([v], np.int32)) for v in (0, 1)
+            ]
             self.vote = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
 
     def cast(self) -> jax.Array | None:

@@ -53,27 +53,29 @@ def make_mesh(cfg: MeshConfig, microbatch_size: int) -> Mesh:
         raise ConfigError(f"train.json: mesh.model={cfg.model} does not divide the {n} devices")
     data = cfg.data or n // cfg.model
     if data * cfg.model != n:
-        raise ConfigError(f"train.json: mesh data={data} x model={cfg.model} = {data * cfg.model} "
-                          f"devices, but {n} are available")
+        raise ConfigError(
+            f"train.json: mesh data={data} x model={cfg.model} = {data * cfg.model} devices, but {n} are available"
+        )
     if cfg.model > jax.local_device_count() or jax.local_device_count() % cfg.model:
-        raise ConfigError(f"train.json: mesh.model={cfg.model} must divide the "
-                          f"{jax.local_device_count()} devices of one process (tensor parallelism "
-                          f"stays inside a host)")
+        raise ConfigError(
+            f"train.json: mesh.model={cfg.model} must divide the "
+            f"{jax.local_device_count()} devices of one process (tensor parallelism "
+            f"stays inside a host)"
+        )
     if microbatch_size % data:
-        raise ConfigError(f"train.json: microbatch_size={microbatch_size} does not divide by the "
-                          f"mesh data axis ({data} devices)")
+        raise ConfigError(
+            f"train.json: microbatch_size={microbatch_size} does not divide by the mesh data axis ({data} devices)"
+        )
     # Auto axes: the partitioner propagates shardings from the annotated parameters and batches
     # (jax.make_mesh's default Explicit axes would demand annotations on every intermediate).
-    return jax.make_mesh((data, cfg.model), (DATA, MODEL),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return jax.make_mesh((data, cfg.model), (DATA, MODEL), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 def state_shardings(state: Any, mesh: Mesh, fsdp: bool) -> Any:
     """NamedShardings for an nnx.State (parameters, or optimiser state that mirrors them)."""
     with nnx.logical_axis_rules(logical_rules(fsdp)):
         specs = nnx.get_partition_spec(state)
-    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(lambda p: NamedSharding(mesh, p), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def check_divisible(state: Any, shardings: Any, where: str) -> None:
@@ -89,8 +91,10 @@ def check_divisible(state: Any, shardings: Any, where: str) -> None:
             size = math.prod(sharding.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
             if dim % size:
                 name = ".".join(map(str, path))
-                raise ConfigError(f"{where}: parameter {name} has a dimension of {dim}, which does not "
-                                  f"divide by mesh axis {axes} of size {size}")
+                raise ConfigError(
+                    f"{where}: parameter {name} has a dimension of {dim}, which does not "
+                    f"divide by mesh axis {axes} of size {size}"
+                )
 
 
 def create_sharded(build: Any, mesh: Mesh, fsdp: bool, where: str) -> Any:

@@ -43,8 +43,10 @@ def check_dataset(dataset: Dataset, tok: Tokenizer, vocab_size: int) -> None:
         raise DataError(f"{dataset.path}: dataset tokenizer {dataset.tokenizer!r} is not the model's {tok.name!r}")
     sha = getattr(tok, "sha256", None)  # a trained tokenizer's file
     if sha is not None and dataset.manifest.get("tokenizer_sha256", sha) != sha:
-        raise DataError(f"{dataset.path}: prepared with another {tok.name!r} tokenizer file than the checkpoint's "
-                        f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)")
+        raise DataError(
+            f"{dataset.path}: prepared with another {tok.name!r} tokenizer file than the checkpoint's "
+            f"(sha256 {dataset.manifest['tokenizer_sha256'][:12]}..., checkpoint {sha[:12]}...)"
+        )
     if dataset.max_token_id >= vocab_size:
         raise DataError(f"{dataset.path}: token id {dataset.max_token_id} is out of range for vocab_size={vocab_size}")
 
@@ -59,15 +61,20 @@ def conversation_dataset(spec: Path, data_root: Path | None) -> Dataset:
     else:
         ckpt_dir, _model, train = layout.checkpoint_configs(spec)
         cfg = train_config(train, str(ckpt_dir / "train.json"))
-    return open_dataset(prepare_dataset(cfg.dataset.source, cfg.tokenizer, data_root or default_data_root(),
-                                        options=cfg.dataset.options, log=print))
+    return open_dataset(
+        prepare_dataset(
+            cfg.dataset.source, cfg.tokenizer, data_root or default_data_root(), options=cfg.dataset.options, log=print
+        )
+    )
 
 
 def held_out(dataset: Dataset, limit: int | None = None) -> list[Question]:
     """(prompt messages, reference) of each held-out conversation, its last answer as the reference."""
     if dataset.manifest.get("kind") != KIND_CONVERSATIONS:
-        raise DataError(f"{dataset.path}: not a conversation dataset (source {dataset.manifest.get('source')!r}); "
-                        f"answers are scored on the held-out conversations of one")
+        raise DataError(
+            f"{dataset.path}: not a conversation dataset (source {dataset.manifest.get('source')!r}); "
+            f"answers are scored on the held-out conversations of one"
+        )
     path = Path(dataset.path) / VAL_FILE
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -80,7 +87,9 @@ def held_out(dataset: Dataset, limit: int | None = None) -> list[Question]:
         try:
             messages = json.loads(line)["messages"]
         except (ValueError, KeyError, TypeError):
-            raise DataError(f"{path}:{number}: not a held-out conversation (corrupt; prepare the dataset again)") from None
+            raise DataError(
+                f"{path}:{number}: not a held-out conversation (corrupt; prepare the dataset again)"
+            ) from None
         out.append((messages[:-1], messages[-1]["content"]))
         if limit is not None and len(out) >= limit:
             break
@@ -100,9 +109,22 @@ def exact_match(bot: Assistant, questions: list[Question], batch_size: int = 16)
     longest = max(len(bot.tok.encode(ref)) for _, ref in questions)
     sampling = Sampling(max_new_tokens=2 * longest + 8, temperature=0.0)
     answers = bot.answer_all([m for m, _ in questions], sampling, batch_size=batch_size)
-    rows = [{"prompt": m[-1]["content"], "reference": ref, "answer": a, "correct": a.strip() == ref.strip(),
-             "task": task_of(m)} for (m, ref), a in zip(questions, answers)]
+    rows = [
+        {
+            "prompt": m[-1]["content"],
+            "reference": ref,
+            "answer": a,
+            "correct": a.strip() == ref.strip(),
+            "task": task_of(m),
+        }
+        for (m, ref), a in zip(questions, answers)
+    ]
     correct = sum(r["correct"] for r in rows)
     totals, hits = Counter(r["task"] for r in rows), Counter(r["task"] for r in rows if r["correct"])
-    return {"accuracy": correct / len(rows), "correct": correct, "examples": len(rows), "rows": rows,
-            "tasks": {t: hits[t] / n for t, n in sorted(totals.items())}}
+    return {
+        "accuracy": correct / len(rows),
+        "correct": correct,
+        "examples": len(rows),
+        "rows": rows,
+        "tasks": {t: hits[t] / n for t, n in sorted(totals.items())},
+    }

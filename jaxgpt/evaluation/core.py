@@ -99,8 +99,8 @@ def common_length(rows: list[Any], direction: str) -> int:
     """Length of the common prefix ("left") or suffix ("right") of the rows of token ids
     (core_eval.find_common_length), compared as one array: rows share hundreds of few-shot tokens."""
     n = min(len(r) for r in rows)
-    cut = np.array([np.asarray(r)[:n] if direction == "left" else np.asarray(r)[len(r) - n:] for r in rows])
-    differs = np.flatnonzero((cut != cut[0]).any(0)[::1 if direction == "left" else -1])
+    cut = np.array([np.asarray(r)[:n] if direction == "left" else np.asarray(r)[len(r) - n :] for r in rows])
+    differs = np.flatnonzero((cut != cut[0]).any(0)[:: 1 if direction == "left" else -1])
     return int(differs[0]) if differs.size else n
 
 
@@ -119,7 +119,7 @@ def spans(kind: str, rows: list[Any]) -> tuple[list[Any], list[int], list[int]]:
     # nanochat asserts the prompt without the continuation tokenizes to a prefix of the one with it
     # (true of GPT-2's BPE on the bundle); where a tokenizer merges across the join, the common
     # prefix is the start instead.
-    prefix = len(with_) >= len(without) and np.array_equal(np.asarray(with_)[:len(without)], without)
+    prefix = len(with_) >= len(without) and np.array_equal(np.asarray(with_)[: len(without)], without)
     return [with_], [len(without) if prefix else common_length(rows, "left")], [len(with_)]
 
 
@@ -139,8 +139,10 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
     """Render and tokenize every example of every task (end-of-text first), crop to the context;
     a token id the model's vocabulary lacks is a CoreError here, before any compile."""
     if tok.eot_id >= vocab_size:
-        raise CoreError(f"CORE: the {tok.name} tokenizer's end-of-text id {tok.eot_id} is out of range for the "
-                        f"model's vocab_size={vocab_size}")
+        raise CoreError(
+            f"CORE: the {tok.name} tokenizer's end-of-text id {tok.eot_id} is out of range for the "
+            f"model's vocab_size={vocab_size}"
+        )
     out = []
     for task in tasks:
         rows, starts, ends, first, cut = [], [], [], [0], 0
@@ -151,8 +153,10 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
                 ids = [np.concatenate([[tok.eot_id], next(encoded)]).astype(np.int32) for _ in ps]
                 these, s, e = spans(task.kind, ids)
                 if task.kind == "language_modeling" and s[0] >= e[0]:  # MC and schema rows score NaN instead
-                    raise CoreError(f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
-                                    f"tokenization leaves the continuation empty; nanochat's assert stops there too)")
+                    raise CoreError(
+                        f"CORE task {task.label}, example {index}: nothing to score (the {tok.name} "
+                        f"tokenization leaves the continuation empty; nanochat's assert stops there too)"
+                    )
                 for row, si, ei in zip(these, s, e):
                     crop = max(len(row) - context_length, 0)
                     rows.append(row[crop:])
@@ -162,8 +166,10 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
                 first.append(len(rows))
         top = max(int(r.max()) for r in rows)
         if top >= vocab_size:
-            raise CoreError(f"CORE task {task.label}: token id {top} of the {tok.name} tokenizer is out of range "
-                            f"for the model's vocab_size={vocab_size}")
+            raise CoreError(
+                f"CORE task {task.label}: token id {top} of the {tok.name} tokenizer is out of range "
+                f"for the model's vocab_size={vocab_size}"
+            )
         out.append(PreparedTask(task, rows, np.asarray(starts), np.asarray(ends), np.asarray(first), cut))
     return out
 
@@ -181,9 +187,12 @@ class Calls:
         self.ends = np.concatenate([p.ends for p in prepared])
         sizes = np.array([bucket(len(r), context_length) for r in self.rows])
         self.R = min(rows_per_call, len(self.rows))
-        self.plan = [(chunk, int(size)) for size in np.unique(sizes)
-                     for order in [np.flatnonzero(sizes == size)]
-                     for chunk in (order[i:i + self.R] for i in range(0, len(order), self.R))]
+        self.plan = [
+            (chunk, int(size))
+            for size in np.unique(sizes)
+            for order in [np.flatnonzero(sizes == size)]
+            for chunk in (order[i : i + self.R] for i in range(0, len(order), self.R))
+        ]
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -192,8 +201,8 @@ class Calls:
         for chunk, size in self.plan:
             tokens, mask = np.zeros((self.R, size), np.int32), np.zeros((self.R, size), np.float32)
             for slot, n in enumerate(chunk):
-                tokens[slot, :len(self.rows[n])] = self.rows[n]
-                mask[slot, self.starts[n]:self.ends[n]] = 1.0
+                tokens[slot, : len(self.rows[n])] = self.rows[n]
+                mask[slot, self.starts[n] : self.ends[n]] = 1.0
             yield chunk, tokens, mask
 
 
@@ -240,11 +249,17 @@ def results(prepared: list[PreparedTask], sums: np.ndarray, counts: np.ndarray, 
     tasks, at = {}, 0
     for p in prepared:
         n = len(p.rows)
-        acc = task_accuracy(p, sums[at:at + n], counts[at:at + n], hits[at:at + n])
+        acc = task_accuracy(p, sums[at : at + n], counts[at : at + n], hits[at : at + n])
         at += n
-        tasks[p.task.label] = {"accuracy": acc, "centered": centred(acc, p.task.baseline), "kind": p.task.kind,
-                               "shots": p.task.shots, "examples": len(p.task.examples), "of": p.task.total,
-                               "truncated": p.truncated}
+        tasks[p.task.label] = {
+            "accuracy": acc,
+            "centered": centred(acc, p.task.baseline),
+            "kind": p.task.kind,
+            "shots": p.task.shots,
+            "examples": len(p.task.examples),
+            "of": p.task.total,
+            "truncated": p.truncated,
+        }
     core = float(np.mean([t["centered"] for t in tasks.values()]))
     capped = any(t["examples"] < t["of"] for t in tasks.values())
     return {"core": core, "tasks": tasks, "capped": capped}
@@ -255,8 +270,10 @@ def report(r: dict[str, Any]) -> list[str]:
     lines = []
     for label, t in r["tasks"].items():
         cut = f", {t['truncated']} cut to the context" if t["truncated"] else ""
-        lines.append(f"{label:<34} {t['kind']:<17} {t['shots']:>2}-shot  accuracy {t['accuracy']:.4f} | "
-                     f"centered {t['centered']:.4f}  ({t['examples']:,} of {t['of']:,} examples{cut})")
+        lines.append(
+            f"{label:<34} {t['kind']:<17} {t['shots']:>2}-shot  accuracy {t['accuracy']:.4f} | "
+            f"centered {t['centered']:.4f}  ({t['examples']:,} of {t['of']:,} examples{cut})"
+        )
     note = " (examples capped per task: a quick figure, not the CORE metric)" if r["capped"] else ""
     lines.append(f"CORE {r['core']:.4f}{note}")
     return lines

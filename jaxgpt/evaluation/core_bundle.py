@@ -52,9 +52,11 @@ KINDS = ("multiple_choice", "schema", "language_modeling")
 SHUFFLE_SEED = 1337  # nanochat's: the order a capped run takes its examples in
 # The fields each kind's examples need (str: a string, "" too; list: a non-empty list of strings; gold: an
 # index into it). nanochat would render other types through jinja's str(); no bundle holds them.
-_FIELDS = {"multiple_choice": {"query": str, "choices": list, "gold": int},
-           "schema": {"context_options": list, "continuation": str, "gold": int},
-           "language_modeling": {"context": str, "continuation": str}}
+_FIELDS = {
+    "multiple_choice": {"query": str, "choices": list, "gold": int},
+    "schema": {"context_options": list, "continuation": str, "gold": int},
+    "language_modeling": {"context": str, "continuation": str},
+}
 
 
 class CoreError(DataError):
@@ -126,8 +128,9 @@ def _task_entries(bundle: Bundle) -> list[dict[str, Any]]:
             raise CoreError(f"{here} ({t['label']}): icl_task_type={t.get('icl_task_type')!r} is not one of {KINDS}")
         shots = t.get("num_fewshot")
         if not (isinstance(shots, list) and shots and type(shots[0]) is int and shots[0] >= 0):  # nanochat reads [0]
-            raise CoreError(f"{here} ({t['label']}): num_fewshot={shots!r} must be a list whose first value "
-                            f"is an integer >= 0")
+            raise CoreError(
+                f"{here} ({t['label']}): num_fewshot={shots!r} must be a list whose first value is an integer >= 0"
+            )
         if not isinstance(t.get("continuation_delimiter", " "), str):
             raise CoreError(f"{here} ({t['label']}): continuation_delimiter must be a string")
         if t["label"] in labels:
@@ -150,8 +153,9 @@ def _baselines(bundle: Bundle, labels: set[str]) -> dict[str, float]:
         try:
             out[row["Eval Task"]] = value = float(row["Random baseline"])
         except (TypeError, ValueError):
-            raise CoreError(f"{where}:{rows.line_num}: Random baseline {row['Random baseline']!r} "
-                            f"is not a number") from None
+            raise CoreError(
+                f"{where}:{rows.line_num}: Random baseline {row['Random baseline']!r} is not a number"
+            ) from None
         if not 0 <= value < 100:
             raise CoreError(f"{where}:{rows.line_num}: Random baseline {value} must be a percentage in [0, 100)")
     return out
@@ -215,10 +219,21 @@ def read_tasks(path: Path, limit: int | None = None) -> list[Task]:
             shots = t["num_fewshot"][0]
             if len(data) <= shots:
                 cap = f" (capped to {limit})" if limit is not None and limit < total else ""
-                raise CoreError(f"{bundle.where(name)}: task {t['label']} has {len(data)} examples{cap}, but "
-                                f"num_fewshot={shots} needs at least {shots + 1}")
-            tasks.append(Task(t["label"], t["icl_task_type"], shots, t.get("continuation_delimiter", " "),
-                              baselines[t["label"]], data, total))
+                raise CoreError(
+                    f"{bundle.where(name)}: task {t['label']} has {len(data)} examples{cap}, but "
+                    f"num_fewshot={shots} needs at least {shots + 1}"
+                )
+            tasks.append(
+                Task(
+                    t["label"],
+                    t["icl_task_type"],
+                    shots,
+                    t.get("continuation_delimiter", " "),
+                    baselines[t["label"]],
+                    data,
+                    total,
+                )
+            )
         return tasks
     finally:
         bundle.close()
@@ -228,5 +243,11 @@ def fetch_bundle(downloads: Path, log: Callable[[str], None] = print, *, url: st
     """eval_bundle.zip under `downloads`, downloaded once from `url`: renamed into place only once every
     task reads (read_tasks), its sha256 recorded beside it (`<file>.sha256`) and checked at every later
     use, so a damaged copy is never scored silently (the upstream hash is not pinned here)."""
-    return sources.fetch_recorded(url, Path(downloads) / BUNDLE_FILE, validate=read_tasks,
-                                  offline_hint="pass --core-from <zip or folder>", error=CoreError, log=log)
+    return sources.fetch_recorded(
+        url,
+        Path(downloads) / BUNDLE_FILE,
+        validate=read_tasks,
+        offline_hint="pass --core-from <zip or folder>",
+        error=CoreError,
+        log=log,
+    )

@@ -110,8 +110,14 @@ def fetch_val(downloads: Path, log: Callable[[str], None] = print, *, url: str =
         if n != n_val:
             raise HellaSwagError(f"{url}: {n} examples downloaded, expected {n_val}; the address may have changed")
 
-    return sources.fetch_recorded(url, Path(downloads) / VAL_FILE, validate=validate,
-                                  offline_hint="pass --hellaswag-file <file>", error=HellaSwagError, log=log)
+    return sources.fetch_recorded(
+        url,
+        Path(downloads) / VAL_FILE,
+        validate=validate,
+        offline_hint="pass --hellaswag-file <file>",
+        error=HellaSwagError,
+        log=log,
+    )
 
 
 # ----------------------------------------------------------------------------- rows
@@ -141,26 +147,29 @@ def bucket(length: int, context_length: int) -> int:
     return min(size, context_length)
 
 
-def batches(examples: list[Example], tok: Tokenizer, *, context_length: int, vocab_size: int,
-            batch_examples: int) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, Any]]:
+def batches(
+    examples: list[Example], tok: Tokenizer, *, context_length: int, vocab_size: int, batch_examples: int
+) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, Any]]:
     """The device calls: (example indices, (4E, T) int32 rows, (4E, T) float32 masks) per call, E =
     batch_examples, rows of examples of one padded length T together, the last call of a length
     filled with empty rows (so each length is one shape); and facts about them for the report."""
     rendered = [render(ex, tok, context_length) for ex in examples]
     top = max(int(r.max()) for rows, _m, _c in rendered for r in rows)
     if top >= vocab_size:  # before any compile: an out-of-range id would be read silently
-        raise HellaSwagError(f"HellaSwag: token id {top} of the {tok.name} tokenizer is out of range for the "
-                             f"model's vocab_size={vocab_size}")
+        raise HellaSwagError(
+            f"HellaSwag: token id {top} of the {tok.name} tokenizer is out of range for the "
+            f"model's vocab_size={vocab_size}"
+        )
     sizes = np.array([bucket(max(len(r) for r in rows), context_length) for rows, _m, _c in rendered])
     E = min(batch_examples, len(examples))
     calls = []
     for size in np.unique(sizes):  # order does not matter: each example is scored alone
         order = np.flatnonzero(sizes == size)
-        for chunk in (order[i:i + E] for i in range(0, len(order), E)):
+        for chunk in (order[i : i + E] for i in range(0, len(order), E)):
             tokens, mask = np.zeros((4 * E, int(size)), np.int32), np.zeros((4 * E, int(size)), np.float32)
             for slot, e in enumerate(chunk):
                 for j, (row, m) in enumerate(zip(*rendered[e][:2])):
-                    tokens[4 * slot + j, :len(row)], mask[4 * slot + j, :len(m)] = row, m
+                    tokens[4 * slot + j, : len(row)], mask[4 * slot + j, : len(m)] = row, m
             calls.append((chunk, tokens, mask))
     info = {"truncated": sum(c for _r, _m, c in rendered), "row_lengths": sorted(int(s) for s in np.unique(sizes))}
     return calls, info
@@ -172,5 +181,12 @@ def accuracy(examples: list[Example], sums: np.ndarray, counts: np.ndarray) -> d
     labels = np.array([ex.label for ex in examples])
     means = sums / counts
     pred, pred_norm = sums.argmin(1), means.argmin(1)  # ties: the first, as torch's argmin in llm.c
-    return {"acc": float((pred == labels).mean()), "acc_norm": float((pred_norm == labels).mean()),
-            "examples": len(examples), "sum_losses": sums, "mean_losses": means, "pred": pred, "pred_norm": pred_norm}
+    return {
+        "acc": float((pred == labels).mean()),
+        "acc_norm": float((pred_norm == labels).mean()),
+        "examples": len(examples),
+        "sum_losses": sums,
+        "mean_losses": means,
+        "pred": pred,
+        "pred_norm": pred_norm,
+    }

@@ -104,11 +104,14 @@ class KVCache:
     def prefill(self, k: jax.Array, v: jax.Array) -> KVCache:
         """Write (B, T, H, D) keys and values to slots 0..T-1 of this layer."""
         at = (self.layer, 0, 0, 0, 0)
-        return self.replace(k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
-                            v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at))
+        return self.replace(
+            k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
+            v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at),
+        )
 
-    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any,
-               window: int | jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    def attend(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any, window: int | jax.Array | None = None
+    ) -> tuple[jax.Array, KVCache]:
         """A decode step's attention: (B, H, D) query and (B, K, D) key and value of each row's new
         token -> (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place
         scatter). Both products are one row per (b, h) against the cache (ops.vecmat), the H / K query
@@ -116,9 +119,11 @@ class KVCache:
         B, H, D = q.shape
         K = k.shape[1]
         rows = jnp.arange(B)
-        cache = self.replace(k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
-                             v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)))
-        keys, values = cache.k[self.layer, :, :, :, :self.span], cache.v[self.layer, :, :, :self.span]
+        cache = self.replace(
+            k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
+            v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)),
+        )
+        keys, values = cache.k[self.layer, :, :, :, : self.span], cache.v[self.layer, :, :, : self.span]
         q = q.reshape(B, K, H // K, D)  # query head h = k * (H / K) + g
         att = vecmat(q, keys[:, :, None]) / math.sqrt(D)  # (B, K, G, D) x (B, K, 1, D, span) -> (B, K, G, span) float32
         slots, pos = jnp.arange(self.span), self.pos[:, None, None, None]  # (span,), (B, 1, 1, 1)
@@ -137,15 +142,43 @@ class CausalSelfAttention(nnx.Module):
         if K == cfg.n_heads:
             # "qkv": three (C, C) matrices side by side (q | k | v), sharded as "heads"; its own name, so
             # that Muon orthogonalises each of the three, not the (C, 3C) whole (muon.py).
-            self.qkv = nnx.Linear(C, 3 * C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "qkv"),
-                                  bias_init=_zeros("qkv"), dot_general=ops.dot_general, rngs=rngs)
+            self.qkv = nnx.Linear(
+                C,
+                3 * C,
+                use_bias=cfg.qkv_bias,
+                kernel_init=_normal(_STD, "embed", "qkv"),
+                bias_init=_zeros("qkv"),
+                dot_general=ops.dot_general,
+                rngs=rngs,
+            )
         else:  # grouped-query attention: the queries' (C, C), and "kv": K key heads | K value heads (C, 2KD)
-            self.q = nnx.Linear(C, C, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "heads"),
-                                bias_init=_zeros("heads"), dot_general=ops.dot_general, rngs=rngs)
-            self.kv = nnx.Linear(C, 2 * K * D, use_bias=cfg.qkv_bias, kernel_init=_normal(_STD, "embed", "kv"),
-                                 bias_init=_zeros("kv"), dot_general=ops.dot_general, rngs=rngs)
-        self.proj = nnx.Linear(C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "heads", "embed"),
-                               bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
+            self.q = nnx.Linear(
+                C,
+                C,
+                use_bias=cfg.qkv_bias,
+                kernel_init=_normal(_STD, "embed", "heads"),
+                bias_init=_zeros("heads"),
+                dot_general=ops.dot_general,
+                rngs=rngs,
+            )
+            self.kv = nnx.Linear(
+                C,
+                2 * K * D,
+                use_bias=cfg.qkv_bias,
+                kernel_init=_normal(_STD, "embed", "kv"),
+                bias_init=_zeros("kv"),
+                dot_general=ops.dot_general,
+                rngs=rngs,
+            )
+        self.proj = nnx.Linear(
+            C,
+            C,
+            use_bias=cfg.bias,
+            kernel_init=_residual_init(cfg, "heads", "embed"),
+            bias_init=_zeros("embed"),
+            dot_general=ops.dot_general,
+            rngs=rngs,
+        )
         self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm
         self.rotary = positions_in_attention(cfg)  # Identity unless positions "rotary"
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
@@ -161,9 +194,15 @@ class CausalSelfAttention(nnx.Module):
             q, (k, v) = self.q(x), jnp.split(self.kv(x), 2, axis=-1)  # (B, T, C), 2 x (B, T, KD)
         return q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
-                 values: tuple[jax.Array, jax.Array] | None = None, window: int | jax.Array | None = None,
-                 packed: Packed | None = None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        x: jax.Array,
+        rngs: nnx.Rngs | None = None,
+        cache: KVCache | None = None,
+        values: tuple[jax.Array, jax.Array] | None = None,
+        window: int | jax.Array | None = None,
+        packed: Packed | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         """(B, T, C) -> (B, T, C), and the cache with this layer's keys and values (None in training).
         `values`: the layer's value embedding and gate (connections.py), or None; `window`: tokens
         each query sees, itself included (None: every earlier one); `packed`: the rows' segments and
@@ -191,10 +230,24 @@ class CausalSelfAttention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         C = cfg.emb_dim
-        self.fc = nnx.Linear(C, 4 * C, use_bias=cfg.bias, kernel_init=_normal(_STD, "embed", "mlp"),
-                             bias_init=_zeros("mlp"), dot_general=ops.dot_general, rngs=rngs)
-        self.out = nnx.Linear(4 * C, C, use_bias=cfg.bias, kernel_init=_residual_init(cfg, "mlp", "embed"),
-                              bias_init=_zeros("embed"), dot_general=ops.dot_general, rngs=rngs)
+        self.fc = nnx.Linear(
+            C,
+            4 * C,
+            use_bias=cfg.bias,
+            kernel_init=_normal(_STD, "embed", "mlp"),
+            bias_init=_zeros("mlp"),
+            dot_general=ops.dot_general,
+            rngs=rngs,
+        )
+        self.out = nnx.Linear(
+            4 * C,
+            C,
+            use_bias=cfg.bias,
+            kernel_init=_residual_init(cfg, "mlp", "embed"),
+            bias_init=_zeros("embed"),
+            dot_general=ops.dot_general,
+            rngs=rngs,
+        )
         self.act = ACTIVATIONS[cfg.mlp]  # GPT-2's tanh GELU, or ReLU squared
         self.drop = nnx.Dropout(cfg.drop_rate)
 
@@ -219,9 +272,15 @@ class Block(nnx.Module):
         self.ln2 = make_norm(cfg, cfg.emb_dim, rngs)
         self.mlp = MLP(cfg, ops, rngs=rngs)
 
-    def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None, cache: KVCache | None = None,
-                 values: tuple[jax.Array, jax.Array] | None = None, window: int | jax.Array | None = None,
-                 packed: Packed | None = None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(
+        self,
+        x: jax.Array,
+        rngs: nnx.Rngs | None = None,
+        cache: KVCache | None = None,
+        values: tuple[jax.Array, jax.Array] | None = None,
+        window: int | jax.Array | None = None,
+        packed: Packed | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
         y, cache = self.attn(self.ln1(x), rngs, cache, values, window, packed)
         x = x + y  # (B, T, C)
         return x + self.mlp(self.ln2(x), rngs), cache  # (B, T, C)
@@ -236,11 +295,11 @@ class GPT(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         self.cfg, self.ops = cfg, ops
-        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
-                                 rngs=rngs)
+        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"), rngs=rngs)
         if cfg.positions == "learned":
-            self.pos_emb = nnx.Embed(cfg.context_length, cfg.emb_dim,
-                                     embedding_init=_normal(_STD, "ctx", "embed"), rngs=rngs)
+            self.pos_emb = nnx.Embed(
+                cfg.context_length, cfg.emb_dim, embedding_init=_normal(_STD, "ctx", "embed"), rngs=rngs
+            )
         self.emb_norm = make_norm(cfg, cfg.emb_dim, rngs) if cfg.embed_norm else Identity()
         self.drop = nnx.Dropout(cfg.drop_rate)
         # Built one by one in both layouts, so a stacked model has exactly the unstacked one's weights.
@@ -248,8 +307,9 @@ class GPT(nnx.Module):
         self.blocks = _stack(blocks) if cfg.scan_layers else nnx.List(blocks)  # stacked: leaves (L, ...)
         self.ln_f = make_norm(cfg, cfg.emb_dim, rngs)
         if not cfg.tie_embeddings:
-            self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
-                                   kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
+            self.head = nnx.Linear(
+                cfg.emb_dim, cfg.vocab_size, use_bias=False, kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs
+            )
         # Built last: a model with connections starts from the weights of the same model without.
         self.connections = Connections(cfg, rngs)
 
@@ -269,42 +329,72 @@ class GPT(nnx.Module):
         T = 1 for a decode step) -> (B, T, C) features and the updated cache. No dropout."""
         return self._forward(idx, None, cache)
 
-    def _forward(self, idx: jax.Array, rngs: nnx.Rngs | None, cache: KVCache | None,
-                 segments: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
-        B, T = idx.shape
+    def _forward(
+        self, idx: jax.Array, rngs: nnx.Rngs | None, cache: KVCache | None, segments: jax.Array | None = None
+    ) -> tuple[jax.Array, KVCache | None]:
         packed = None if segments is None else (segments, segment_positions(segments))  # (B, T) each
-        x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
-        if self.cfg.positions == "learned":
-            positions = packed[1] if packed is not None else jnp.arange(T) if cache is None else cache.positions(T)
-            x = x + self.pos_emb(positions)  # (T,), (B, 1) or (B, T) positions
-        x = x0 = _dropout(x, self.drop, rngs)  # (B, T, C); x0: what embedding skips blend back in
+        x = x0 = self._embed(idx, rngs, cache, packed)  # (B, T, C); x0: what embedding skips blend back in
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
         windows = self.cfg.layer_windows() if self.cfg.window_pattern else None
 
-        def run(state: nnx.State, x: jax.Array, key: jax.Array | None, cache: KVCache | None,
-                values: Any, window: Any, packed: Packed | None) -> tuple[jax.Array, KVCache | None]:
-            return nnx.merge(graphdef, state)(x, None if key is None else nnx.Rngs(dropout=key), cache, values, window,
-                                              packed)
+        def run(
+            state: nnx.State,
+            x: jax.Array,
+            key: jax.Array | None,
+            cache: KVCache | None,
+            values: Any,
+            window: Any,
+            packed: Packed | None,
+        ) -> tuple[jax.Array, KVCache | None]:
+            return nnx.merge(graphdef, state)(
+                x, None if key is None else nnx.Rngs(dropout=key), cache, values, window, packed
+            )
 
         if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
             # Inside a scan the loop itself keeps XLA from merging the recomputation back into
             # the forward pass; unrolled, jax.checkpoint's optimization barriers must. An unrolled
             # layer's window is static (a kernel may need it so).
-            run = jax.checkpoint(run, prevent_cse=not self.cfg.scan_layers,
-                                 static_argnums=() if self.cfg.scan_layers else (5,))
+            run = jax.checkpoint(
+                run, prevent_cse=not self.cfg.scan_layers, static_argnums=() if self.cfg.scan_layers else (5,)
+            )
 
-        def layer(i: int | jax.Array, state: nnx.State, x: jax.Array, key: jax.Array | None,
-                  cache: KVCache | None, skip: jax.Array | None) -> tuple[jax.Array, KVCache | None]:
+        def layer(
+            i: int | jax.Array,
+            state: nnx.State,
+            x: jax.Array,
+            key: jax.Array | None,
+            cache: KVCache | None,
+            skip: jax.Array | None,
+        ) -> tuple[jax.Array, KVCache | None]:
             """Block i (an int, or traced inside a scan) on the residual stream x (B, T, C)."""
             x = self.connections.block_input(i, x, x0, skip)
             window = None if windows is None else windows[i] if isinstance(i, int) else jnp.asarray(windows)[i]
-            return run(state, x, key, None if cache is None else cache.replace(layer=i),
-                       self.connections.values(i, idx), window, packed)
+            return run(
+                state,
+                x,
+                key,
+                None if cache is None else cache.replace(layer=i),
+                self.connections.values(i, idx),
+                window,
+                packed,
+            )
 
         run_blocks = _scanned if self.cfg.scan_layers else _unrolled
-        x, cache = run_blocks(layer, states, keys, x, cache, unet_pairs(self.cfg.n_layers) if self.cfg.unet_skips else 0)
+        x, cache = run_blocks(
+            layer, states, keys, x, cache, unet_pairs(self.cfg.n_layers) if self.cfg.unet_skips else 0
+        )
         return self.ln_f(x), cache
+
+    def _embed(self, idx: jax.Array, rngs: nnx.Rngs | None, cache: KVCache | None, packed: Packed | None) -> jax.Array:
+        """(B, T) ids -> (B, T, C): the token embedding (normalised if asked), the position table's
+        row for each token's position (learned positions), dropout."""
+        T = idx.shape[1]
+        x = self.emb_norm(self.tok_emb(idx))  # (B, T, C)
+        if self.cfg.positions == "learned":
+            positions = packed[1] if packed is not None else jnp.arange(T) if cache is None else cache.positions(T)
+            x = x + self.pos_emb(positions)  # (T,), (B, 1) or (B, T) positions
+        return _dropout(x, self.drop, rngs)
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head: (..., C) -> (..., V) float32 logits."""
@@ -316,11 +406,11 @@ class AToA(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, ops: Ops, *, rngs: nnx.Rngs):
         self.cfg, self.ops = cfg, ops
-        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"),
-                                 rngs=rngs)
+        self.tok_emb = nnx.Embed(cfg.vocab_size, cfg.emb_dim, embedding_init=_normal(_STD, "vocab", "embed"), rngs=rngs)
         if not cfg.tie_embeddings:
-            self.head = nnx.Linear(cfg.emb_dim, cfg.vocab_size, use_bias=False,
-                                   kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs)
+            self.head = nnx.Linear(
+                cfg.emb_dim, cfg.vocab_size, use_bias=False, kernel_init=_normal(_STD, "embed", "vocab"), rngs=rngs
+            )
 
     def __call__(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
         return self.logits(self.features(idx, rngs))  # (B, T, V)
@@ -362,8 +452,9 @@ def _stack(blocks: list[Block]) -> Block:
 Layer = Any  # GPT._forward's layer(i, state, x, key, cache, skip) -> (x, cache)
 
 
-def _unrolled(layer: Layer, states: list[nnx.State], keys: jax.Array | None, x: jax.Array,
-              cache: KVCache | None, pairs: int) -> tuple[jax.Array, KVCache | None]:
+def _unrolled(
+    layer: Layer, states: list[nnx.State], keys: jax.Array | None, x: jax.Array, cache: KVCache | None, pairs: int
+) -> tuple[jax.Array, KVCache | None]:
     """The blocks one after the other; the first `pairs` blocks' outputs feed the last `pairs`
     blocks' inputs, mirrored (U-net skips; 0: none)."""
     L, skips = len(states), []
@@ -375,16 +466,18 @@ def _unrolled(layer: Layer, states: list[nnx.State], keys: jax.Array | None, x: 
     return x, cache
 
 
-def _scanned(layer: Layer, states: nnx.State, keys: jax.Array | None, x: jax.Array,
-             cache: KVCache | None, pairs: int) -> tuple[jax.Array, KVCache | None]:
+def _scanned(
+    layer: Layer, states: nnx.State, keys: jax.Array | None, x: jax.Array, cache: KVCache | None, pairs: int
+) -> tuple[jax.Array, KVCache | None]:
     """The stacked blocks by lax.scan, the whole cache in the carry; with U-net skips three scans
     (the first `pairs` blocks keeping their outputs, the middle, the last `pairs` taking them back
     in reverse), so that every block is still compiled once per scan."""
     L = len(jax.tree.leaves(states)[0])
     cache = None if cache is None else cache.replace(layer=jnp.int32(0))
 
-    def scan(lo: int, hi: int, x: jax.Array, cache: KVCache | None, skips: jax.Array | None = None,
-             keep: bool = False) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+    def scan(
+        lo: int, hi: int, x: jax.Array, cache: KVCache | None, skips: jax.Array | None = None, keep: bool = False
+    ) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
         part = (lambda t: t) if (lo, hi) == (0, L) else (lambda t: jax.tree.map(lambda a: a[lo:hi], t))
 
         def step(carry: tuple[jax.Array, KVCache | None], xs: tuple[Any, ...]) -> tuple[Any, jax.Array | None]:
@@ -392,8 +485,9 @@ def _scanned(layer: Layer, states: nnx.State, keys: jax.Array | None, x: jax.Arr
             x, cache = layer(i, state, x, key, cache, skip)
             return (x, cache), x if keep else None
 
-        (x, cache), outs = jax.lax.scan(step, (x, cache), (part(states), None if keys is None else part(keys),
-                                                           jnp.arange(lo, hi), skips))
+        (x, cache), outs = jax.lax.scan(
+            step, (x, cache), (part(states), None if keys is None else part(keys), jnp.arange(lo, hi), skips)
+        )
         return x, cache, outs
 
     if not pairs:
@@ -419,9 +513,12 @@ def matrix_mask(params: Any) -> Any:
 
     Decided by the per-layer rank: a scan_layers model's stacked bias (L, C) is still a bias.
     """
+
     def is_matrix(path: tuple[Any, ...], p: Any) -> bool:
         keys = [getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))) for k in path]
-        stacked = len(keys) > 1 and keys[0] == "blocks" and not str(keys[1]).isdigit()  # blocks.attn..., not blocks.0...
+        stacked = (
+            len(keys) > 1 and keys[0] == "blocks" and not str(keys[1]).isdigit()
+        )  # blocks.attn..., not blocks.0...
         return jnp.ndim(p) - int(stacked) >= 2
 
     return jax.tree_util.tree_map_with_path(is_matrix, params)

@@ -55,8 +55,15 @@ def make_norm(cfg: ModelConfig, features: int, rngs: nnx.Rngs) -> nnx.Module:
     `norm_scale: false` drops the learned scale (a parameter-free norm)."""
     if cfg.norm == "rmsnorm":
         return nnx.RMSNorm(features, epsilon=_RMS_EPS, use_scale=cfg.norm_scale, scale_init=ones("norm"), rngs=rngs)
-    return nnx.LayerNorm(features, epsilon=_LN_EPS, use_bias=cfg.bias, use_scale=cfg.norm_scale, rngs=rngs,
-                         scale_init=ones("norm"), bias_init=zeros("norm"))
+    return nnx.LayerNorm(
+        features,
+        epsilon=_LN_EPS,
+        use_bias=cfg.bias,
+        use_scale=cfg.norm_scale,
+        rngs=rngs,
+        scale_init=ones("norm"),
+        bias_init=zeros("norm"),
+    )
 
 
 def qk_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -84,7 +91,7 @@ class Rotary(nnx.Module):
         inv_freq = self.base ** (-2.0 * jnp.arange(self.half, dtype=jnp.float32) / (2 * self.half))  # (D/2,)
         angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (T, D/2) or (B, 1, D/2)
         cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # broadcast over H
-        x1, x2 = x[..., :self.half], x[..., self.half:]  # (B, T, H, D/2) each
+        x1, x2 = x[..., : self.half], x[..., self.half :]  # (B, T, H, D/2) each
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, T, H, D)
 
 

@@ -18,9 +18,15 @@ from jaxgpt.model.gpt import head_logits, head_weight
 from jaxgpt.ops import Ops
 
 
-def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
-            rngs: nnx.Rngs | None = None, weights: jax.Array | None = None,
-            segments: jax.Array | None = None, scale: jax.Array | float = 1.0) -> jax.Array:
+def loss_fn(
+    model: nnx.Module,
+    inputs: jax.Array,
+    targets: jax.Array,
+    rngs: nnx.Rngs | None = None,
+    weights: jax.Array | None = None,
+    segments: jax.Array | None = None,
+    scale: jax.Array | float = 1.0,
+) -> jax.Array:
     """Mean cross-entropy over every position. inputs, targets: (B, T) int32.
 
     With (B, T) weights (instruction fine-tuning: 1 on answer tokens), the weighted sum times
@@ -33,27 +39,42 @@ def loss_fn(model: nnx.Module, inputs: jax.Array, targets: jax.Array,
         x = model.features(inputs, rngs)  # (B, T, C)
         return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]), targets.reshape(-1))
     logits = model(inputs, rngs)  # (B, T, V)
-    losses = optax.losses.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), targets)  # (B, T)
+    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)  # (B, T)
     return losses.mean()
 
 
-def loss_sum(model: nnx.Module, inputs: jax.Array, targets: jax.Array, weights: jax.Array,
-             segments: jax.Array | None = None, rngs: nnx.Rngs | None = None) -> jax.Array:
+def loss_sum(
+    model: nnx.Module,
+    inputs: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    segments: jax.Array | None = None,
+    rngs: nnx.Rngs | None = None,
+) -> jax.Array:
     """Sum of the cross-entropy over every position, each times its weight (validation: 0 for the
     padding of a split's last batch; fine-tuning: 1 on the answers only). inputs, targets: (B, T)
     int32; weights: (B, T) float32; segments: see GPT.features."""
     if model.cfg.loss_chunk is not None:
         x = model.features(inputs, rngs, segments)  # (B, T, C)
-        return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]),
-                            targets.reshape(-1), weights.reshape(-1)) * weights.size
+        return (
+            chunked_loss(
+                model.ops,
+                model.cfg,
+                head_weight(model),
+                x.reshape(-1, x.shape[-1]),
+                targets.reshape(-1),
+                weights.reshape(-1),
+            )
+            * weights.size
+        )
     logits = model(inputs, rngs, segments)  # (B, T, V)
     losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
     return (losses * weights).sum()
 
 
-def chunked_loss(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array,
-                 token_weights: jax.Array | None = None) -> jax.Array:
+def chunked_loss(
+    ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array, token_weights: jax.Array | None = None
+) -> jax.Array:
     """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time
     (each row times its weight in `token_weights`, if given: (N,); the mean still divides by N).
 

@@ -67,8 +67,9 @@ TRACES: collections.Counter[str] = collections.Counter()
 # ----------------------------------------------------------------------------- prefill and decode step
 
 
-def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
-             tokens: jax.Array, last: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _prefill(
+    graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array, last: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The model over right-padded prompts, keeping every layer's keys and values.
 
     tokens: (B, P) int32, position p of a row in column p; last: (B,) each row's last real column.
@@ -82,8 +83,15 @@ def _prefill(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache
     return cache.k, cache.v, model.logits(x)
 
 
-def _step(graphdef: nnx.GraphDef, span: int, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
-          tokens: jax.Array, pos: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _step(
+    graphdef: nnx.GraphDef,
+    span: int,
+    state: nnx.State,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    pos: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One new token per row through the model. tokens, pos: (B,) int32; row b's token sits at
     position pos[b], its key/value go to cache slot pos[b] (in place: the caches are donated), and
     it attends to slots 0..pos[b] of its row, read from the first `span` slots only. Returns the
@@ -94,8 +102,16 @@ def _step(graphdef: nnx.GraphDef, span: int, state: nnx.State, cache_k: jax.Arra
     return cache.k, cache.v, model.logits(x[:, 0])
 
 
-def _step_on_leaves(graphdef: nnx.GraphDef, treedef: Any, span: int, leaves: list[jax.Array], cache_k: jax.Array,
-                    cache_v: jax.Array, tokens: jax.Array, pos: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _step_on_leaves(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    span: int,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    pos: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """_step over the state's leaves: at every call JAX flattens a list of arrays in C++, an nnx.State
     in Python (about half a millisecond for GPT-2's 149 arrays: a few percent of a step)."""
     return _step(graphdef, span, jax.tree.unflatten(treedef, leaves), cache_k, cache_v, tokens, pos)
@@ -195,9 +211,11 @@ class KVDecoder:
         if span not in self._steps:
             started = time.perf_counter()
             ids = jnp.zeros((self.batch_size,), jnp.int32)
-            self._steps[span] = (jax.jit(_step_on_leaves, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
-                                 .lower(self.step_graphdef, self._step_treedef, span, self._step_leaves, *self._cache,
-                                        ids, ids).compile(compiler_options=self._compiler_options))
+            self._steps[span] = (
+                jax.jit(_step_on_leaves, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
+                .lower(self.step_graphdef, self._step_treedef, span, self._step_leaves, *self._cache, ids, ids)
+                .compile(compiler_options=self._compiler_options)
+            )
             self.compile_s += time.perf_counter() - started
         return self._steps[span]
 
@@ -218,9 +236,10 @@ class KVDecoder:
         P = prefill_length(int(n.max()), ctx, self.bucket)
         tokens = np.zeros((self.batch_size, P), np.int32)
         for row, window in zip(tokens, windows):
-            row[:len(window)] = window
-        *self._cache, logits = _prefill_jit(self.graphdef, self.state, *self._cache,
-                                            jnp.asarray(tokens), jnp.asarray(n - 1, jnp.int32))
+            row[: len(window)] = window
+        *self._cache, logits = _prefill_jit(
+            self.graphdef, self.state, *self._cache, jnp.asarray(tokens), jnp.asarray(n - 1, jnp.int32)
+        )
         self.lengths = n
         return np.asarray(logits)
 
@@ -232,7 +251,9 @@ class KVDecoder:
         """
         advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
         if (self.lengths[advance] >= self.cfg.context_length).any():
-            raise ValueError(f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window")
+            raise ValueError(
+                f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window"
+            )
         pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
         step = self._compiled_step(self.span_for(int(pos[advance].max(initial=0)) + 1))
         *self._cache, logits = step(self._step_leaves, *self._cache, jnp.asarray(tokens, jnp.int32), jnp.asarray(pos))
@@ -268,8 +289,9 @@ def filter_logits(logits: np.ndarray, top_k: int | None = None, top_p: float | N
     return out
 
 
-def sample_next(logits: np.ndarray, rng: np.random.Generator, temperature: float,
-                top_k: int | None, top_p: float | None) -> int:
+def sample_next(
+    logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int | None, top_p: float | None
+) -> int:
     """One token id from 1-D logits: argmax when temperature <= 0, else a filtered softmax draw."""
     if temperature <= 0.0:
         return int(np.argmax(logits))
@@ -298,16 +320,28 @@ class GenerationStats:
 
     def summary(self) -> str:
         step_rate = self.steps * self.rows / max(self.decode_s, 1e-9)
-        return (f"{self.new_tokens} new tokens in {self.prefill_s + self.decode_s:.2f} s = "
-                f"{self.tokens_per_s:,.1f} tok/s ({self.rows} row(s); {self.prefills} prefill(s) of "
-                f"{self.prefill_tokens} tokens in {self.prefill_s:.2f} s; {self.steps} decode steps in "
-                f"{self.decode_s:.2f} s = {step_rate:,.1f} tok/s; decode step compiled in {self.compile_s:.2f} s)")
+        return (
+            f"{self.new_tokens} new tokens in {self.prefill_s + self.decode_s:.2f} s = "
+            f"{self.tokens_per_s:,.1f} tok/s ({self.rows} row(s); {self.prefills} prefill(s) of "
+            f"{self.prefill_tokens} tokens in {self.prefill_s:.2f} s; {self.steps} decode steps in "
+            f"{self.decode_s:.2f} s = {step_rate:,.1f} tok/s; decode step compiled in {self.compile_s:.2f} s)"
+        )
 
 
-def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-           seed: int | Sequence[int] = 0, eot_id: int | Sequence[int] | None = None, n_vocab: int | None = None,
-           on_full: str = "slide", stats: GenerationStats | None = None) -> Iterator[list[int | None]]:
+def stream(
+    model: nnx.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] = 0,
+    eot_id: int | Sequence[int] | None = None,
+    n_vocab: int | None = None,
+    on_full: str = "slide",
+    stats: GenerationStats | None = None,
+) -> Iterator[list[int | None]]:
     """Decode all prompts together; yield, per step, each row's new token (None once it finished).
 
     A row finishes at eot_id (not yielded; several ids: any of them, a chat template's end and
@@ -316,19 +350,12 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
     speed) are never drawn. Each row draws from its own generator, seeded by `seed` (one per row,
     or the same for every row): a row's tokens do not depend on the rows decoded beside it.
     """
-    if on_full not in ON_FULL:
-        raise ValueError(f"on_full={on_full!r} must be one of {', '.join(ON_FULL)}")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("generate: every prompt must hold at least one token")
+    rngs = _row_generators(prompts, seed, on_full)
     ctx, B = model.cfg.context_length, len(prompts)
     keep = max(1, ctx // 2)
     n_vocab = n_vocab or model.cfg.vocab_size
     stats = stats if stats is not None else GenerationStats()
     stats.rows, stats.prompt_tokens = B, sum(len(p) for p in prompts)
-    seeds = [seed] * B if isinstance(seed, int) else list(seed)
-    if len(seeds) != B:
-        raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
-    rngs = [np.random.default_rng(s) for s in seeds]
     stops = set() if eot_id is None else {eot_id} if isinstance(eot_id, int) else set(eot_id)
     seqs = [list(p) for p in prompts]
     start = [max(0, len(s) - ctx) for s in seqs]  # each row's window is seqs[b][start[b]:]
@@ -363,6 +390,20 @@ def stream(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_token
             logits = _timed_step(dec, [s[-1] for s in seqs], ~done, stats)
 
 
+def _row_generators(
+    prompts: Sequence[Sequence[int]], seed: int | Sequence[int], on_full: str
+) -> list[np.random.Generator]:
+    """stream's arguments checked; one seeded generator per row."""
+    if on_full not in ON_FULL:
+        raise ValueError(f"on_full={on_full!r} must be one of {', '.join(ON_FULL)}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt must hold at least one token")
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts")
+    return [np.random.default_rng(s) for s in seeds]
+
+
 def _timed_prefill(dec: KVDecoder, windows: list[list[int]], stats: GenerationStats) -> np.ndarray:
     t0 = time.perf_counter()
     out = dec.prefill(windows)
@@ -382,8 +423,9 @@ def _timed_step(dec: KVDecoder, tokens: list[int], advance: np.ndarray, stats: G
     return logits
 
 
-def generate_batch(model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                   **kwargs: Any) -> list[list[int]]:
+def generate_batch(
+    model: nnx.Module, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, **kwargs: Any
+) -> list[list[int]]:
     """The new tokens of each prompt (same keyword arguments as `stream`)."""
     out: list[list[int]] = [[] for _ in prompts]
     for new in stream(model, prompts, max_new_tokens=max_new_tokens, **kwargs):
@@ -403,30 +445,50 @@ def full_forward_logits(model: nnx.Module, windows: np.ndarray, last: np.ndarray
     """Uncached next-token logits (B, V) at column `last` of each (B, T) window: the reference
     that the KV cache must match, and the baseline of the benchmark."""
     graphdef, state = nnx.split(model)
-    return np.asarray(_full_forward_jit(graphdef, state, jnp.asarray(windows, jnp.int32),
-                                        jnp.asarray(last, jnp.int32)))
+    return np.asarray(_full_forward_jit(graphdef, state, jnp.asarray(windows, jnp.int32), jnp.asarray(last, jnp.int32)))
 
 
 # ----------------------------------------------------------------------------- command line helpers
 
 
-def add_sampling_args(parser: argparse.ArgumentParser, *, max_new_tokens: int = 50, temperature: float = 0.0,
-                      top_k_note: str = "", on_full: bool = True) -> None:
+def add_sampling_args(
+    parser: argparse.ArgumentParser,
+    *,
+    max_new_tokens: int = 50,
+    temperature: float = 0.0,
+    top_k_note: str = "",
+    on_full: bool = True,
+) -> None:
     """The sampling flags of every command that samples; the defaults are the command's (test_generation.py:
     greedy; chat.py: temperature 0.6 and, when sampling, top-k 50, as nanochat's chat_cli)."""
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"(default {max_new_tokens})")
-    parser.add_argument("--temperature", type=float, default=temperature,
-                        help=f"0 = greedy, the most likely token every time (default {temperature:g})")
-    parser.add_argument("--top-k", type=int, default=None,
-                        help=f"sample from the k most likely tokens only{top_k_note}; needs --temperature > 0")
-    parser.add_argument("--top-p", type=float, default=None,
-                        help="sample from the smallest set of tokens with this much probability; needs --temperature > 0")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=temperature,
+        help=f"0 = greedy, the most likely token every time (default {temperature:g})",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"sample from the k most likely tokens only{top_k_note}; needs --temperature > 0",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample from the smallest set of tokens with this much probability; needs --temperature > 0",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
     if not on_full:
         return
-    parser.add_argument("--on-full", choices=ON_FULL, default="slide",
-                        help="when the context is full: slide (re-read the last context_length/2 "
-                             "tokens, default) or stop")
+    parser.add_argument(
+        "--on-full",
+        choices=ON_FULL,
+        default="slide",
+        help="when the context is full: slide (re-read the last context_length/2 tokens, default) or stop",
+    )
 
 
 def check_sampling_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -441,17 +503,33 @@ def check_sampling_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.temperature == 0 and (args.top_p is not None or args.top_k is not None):
         # Greedy decoding takes the most likely token whatever the filters keep: they would be ignored.
         given = "--top-p" if args.top_p is not None else "--top-k"
-        parser.error(f"{given} filters what is sampled, but --temperature is 0 (greedy, nothing is sampled); "
-                     f"give --temperature (e.g. 1.0) to sample, or drop {given}")
+        parser.error(
+            f"{given} filters what is sampled, but --temperature is 0 (greedy, nothing is sampled); "
+            f"give --temperature (e.g. 1.0) to sample, or drop {given}"
+        )
     if args.seed < 0:
         parser.error(f"--seed={args.seed} must be >= 0")
 
 
-def continuations(model: nnx.Module, tok: Tokenizer, prompts: Sequence[str], args: argparse.Namespace,
-                  stats: GenerationStats | None = None) -> list[str]:
+def continuations(
+    model: nnx.Module,
+    tok: Tokenizer,
+    prompts: Sequence[str],
+    args: argparse.Namespace,
+    stats: GenerationStats | None = None,
+) -> list[str]:
     """Decoded continuations of text prompts, sampled as the command line asks."""
-    new = generate_batch(model, [tok.encode(p) for p in prompts], max_new_tokens=args.max_new_tokens,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed, eot_id=tok.eot_id, n_vocab=tok.n_vocab,
-                         on_full=args.on_full, stats=stats)
+    new = generate_batch(
+        model,
+        [tok.encode(p) for p in prompts],
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eot_id=tok.eot_id,
+        n_vocab=tok.n_vocab,
+        on_full=args.on_full,
+        stats=stats,
+    )
     return [tok.decode(ids) for ids in new]

@@ -58,7 +58,9 @@ class CpuOps(Ops):
             # float32 weights holding compute-dtype values (for_decoding): x rounded alike, the
             # float32 product of the same values, which is how XLA:CPU itself runs a bfloat16 dot
             # with one row (it upcasts both operands).
-            y = jnp.einsum(f"nk,{'mk' if transposed else 'km'}->nm", x.astype(self.compute_dtype).astype(jnp.float32), w)
+            y = jnp.einsum(
+                f"nk,{'mk' if transposed else 'km'}->nm", x.astype(self.compute_dtype).astype(jnp.float32), w
+            )
         else:
             # A native decoder's bfloat16 kernels past MAX_ROWS rows (a prefill's) take the neutral
             # path: the same mixed einsum, no weight cast again.
@@ -72,9 +74,15 @@ class CpuOps(Ops):
             return dataclasses.replace(self, weight_dtype="float32", kernels_out_in=True)
         return super().for_decoding(rows)
 
-    def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                  dropout: Callable[[jax.Array], jax.Array] | None = None,
-                  window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
+    def attention(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        dropout: Callable[[jax.Array], jax.Array] | None = None,
+        window: int | jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> jax.Array:
         if self.attention_kernel == "per_head":
             return kernels.per_head_attention(q, k, v, self.einsum, dropout, window, segments)
         return super().attention(q, k, v, dropout, window, segments)

@@ -3,7 +3,7 @@
 The model (jaxgpt/model/) calls these operations and nothing else that depends on the hardware:
 
     ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
-    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says), the latter as nnx.Linear calls it
+    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says); the latter nnx.Linear's
     ops.attention(q, k, v, window=w)   causal softmax attention, q (B, T, H, D), k and v (B, T, Hkv, D) with
                                    Hkv dividing H (grouped-query attention) -> (B, T, H*D) float32; each query
                                    sees itself and the w - 1 tokens before it (None: every earlier token)
@@ -57,16 +57,22 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any, product: Pro
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _mixed_einsum_fwd(spec: str, a: jax.Array, b: jax.Array, dtype: Any,
-                      product: Product) -> tuple[jax.Array, tuple[Any, ...]]:
+def _mixed_einsum_fwd(
+    spec: str, a: jax.Array, b: jax.Array, dtype: Any, product: Product
+) -> tuple[jax.Array, tuple[Any, ...]]:
     a16, b16 = a.astype(dtype), b.astype(dtype)
     # The primal dtypes ride along as empty arrays (residuals must be JAX values).
     return jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32), (
-        a16, b16, jnp.zeros(0, a.dtype), jnp.zeros(0, b.dtype))
+        a16,
+        b16,
+        jnp.zeros(0, a.dtype),
+        jnp.zeros(0, b.dtype),
+    )
 
 
-def _mixed_einsum_bwd(spec: str, dtype: Any, product: Product, res: tuple[Any, ...],
-                      g: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _mixed_einsum_bwd(
+    spec: str, dtype: Any, product: Product, res: tuple[Any, ...], g: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     a16, b16, a_dtype, b_dtype = res
     (sa, sb), so = spec.replace(" ", "").split("->")[0].split(","), spec.split("->")[1].strip()
     g16 = g.astype(dtype)
@@ -88,9 +94,15 @@ def causal_mask(T: int, window: int | jax.Array | None = None, segments: jax.Arr
     return mask & (segments[:, :, None] == segments[:, None, :])  # (B, T, T)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, einsum: Callable[..., jax.Array],
-                     dropout: Callable[[jax.Array], jax.Array] | None = None,
-                     window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
+def causal_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    einsum: Callable[..., jax.Array],
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    window: int | jax.Array | None = None,
+    segments: jax.Array | None = None,
+) -> jax.Array:
     """Causal softmax attention over all heads at once. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
     The two products go through `einsum` (the compute dtype's), scores and softmax are float32,
@@ -145,7 +157,7 @@ class Ops:
             dtype = jnp.dtype(self.compute_dtype)
             y = jnp.matmul(a[..., None, :].astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
             return y[..., 0, :]
-        idx = "abcdefgh"[:a.ndim - 1]
+        idx = "abcdefgh"[: a.ndim - 1]
         return self.einsum(f"{idx}k,{idx}kn->{idx}n", a, b)
 
     def decode_compiler_options(self) -> dict[str, Any]:
@@ -157,15 +169,22 @@ class Ops:
 
         Weights already in the compute dtype (a decoder's copies) are not cast again: XLA drops
         the pair of converts of nnx.Linear's promotion to float32 and back."""
-        idx = "nopqrs"[:x.ndim - 1]
+        idx = "nopqrs"[: x.ndim - 1]
         return self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
 
     def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
         """A dense layer: x (..., K) and its kernel, (K, M) or, where `kernels_out_in`, (M, K)."""
         return self.linear(x, w, transposed=self.kernels_out_in)
 
-    def dot_general(self, x: jax.Array, w: jax.Array, dimension_numbers: Any, precision: Any = None,
-                    preferred_element_type: Any = None, out_sharding: Any = None) -> jax.Array:
+    def dot_general(
+        self,
+        x: jax.Array,
+        w: jax.Array,
+        dimension_numbers: Any,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        out_sharding: Any = None,
+    ) -> jax.Array:
         """nnx.Linear's dot_general: x (..., K) contracted with its kernel (see `dense`)."""
         del precision, preferred_element_type, out_sharding  # the compute dtype decides
         assert w.ndim == 2 and dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
@@ -185,9 +204,15 @@ class Ops:
             return w
         return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
 
-    def attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                  dropout: Callable[[jax.Array], jax.Array] | None = None,
-                  window: int | jax.Array | None = None, segments: jax.Array | None = None) -> jax.Array:
+    def attention(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        dropout: Callable[[jax.Array], jax.Array] | None = None,
+        window: int | jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> jax.Array:
         """Causal attention, q (B, T, H, D), k and v (B, T, Hkv, D) float32 -> (B, T, H*D) float32.
 
         `window`: tokens each query sees, itself included; an int, a traced per-layer value (a
@@ -211,8 +236,14 @@ def _cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype: str, windo
     B, T, H, D = q.shape
     dtype = jnp.dtype(dtype)  # cuDNN has no float32 kernel
     local = None if window is None or window >= T else (window - 1, 0)
-    y = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=True,
-                                     local_window_size=local, implementation="cudnn")  # (B, T, H, D)
+    y = jax.nn.dot_product_attention(
+        q.astype(dtype),
+        k.astype(dtype),
+        v.astype(dtype),
+        is_causal=True,
+        local_window_size=local,
+        implementation="cudnn",
+    )  # (B, T, H, D)
     return y.astype(jnp.float32).reshape(B, T, H * D)
 
 

@@ -37,12 +37,15 @@ def resolve_compute_dtype(requested: str, backend: str, cpu_flags: frozenset[str
 def attention_kernel(cfg: ModelConfig, backend: str) -> str:
     """The kernel model.json's `attention` resolves to on `backend`; bad choices are ConfigErrors."""
     if cfg.attention == "per_head" and backend != "cpu":
-        raise ConfigError(f"{MODEL_FILE}: attention='per_head' is the CPU kernel (JAX's backend here: "
-                          f"{backend}); use 'auto', 'xla' or 'cudnn'")
+        raise ConfigError(
+            f"{MODEL_FILE}: attention='per_head' is the CPU kernel (JAX's backend here: "
+            f"{backend}); use 'auto', 'xla' or 'cudnn'"
+        )
     if cfg.attention == "cudnn":
         if backend != "gpu":
-            raise ConfigError(f"{MODEL_FILE}: attention='cudnn' needs a GPU (JAX's backend here: {backend}); "
-                              f"use 'auto'")
+            raise ConfigError(
+                f"{MODEL_FILE}: attention='cudnn' needs a GPU (JAX's backend here: {backend}); use 'auto'"
+            )
         reason = _cudnn_unavailable(cfg)
         if reason:
             raise ConfigError(f"{MODEL_FILE}: attention='cudnn' cannot run here ({reason}); use 'auto' or 'xla'")
@@ -55,8 +58,11 @@ def attention_kernel(cfg: ModelConfig, backend: str) -> str:
         reason = _cudnn_unavailable(cfg)
         if not reason:
             return "cudnn"
-        print(f"note: {MODEL_FILE} attention='auto': cuDNN flash attention unavailable ({reason}); "
-              f"using XLA's attention", file=sys.stderr, flush=True)
+        print(
+            f"note: {MODEL_FILE} attention='auto': cuDNN flash attention unavailable ({reason}); using XLA's attention",
+            file=sys.stderr,
+            flush=True,
+        )
     return "xla"
 
 
@@ -72,8 +78,9 @@ def _cudnn_unavailable(cfg: ModelConfig) -> str | None:
     short = min(cfg.layer_windows(), default=T)  # the model's shortest window, if it has one
 
     def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn",
-                                         local_window_size=None if short >= T else (short - 1, 0))
+        y = jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn", local_window_size=None if short >= T else (short - 1, 0)
+        )
         return y.astype(jnp.float32).sum()
 
     try:  # for CUDA explicitly where the process itself runs elsewhere (an export from a CPU)

@@ -107,7 +107,10 @@ def _install_errors(app: FastAPI) -> None:
         if first.get("type") == "extra_forbidden":
             message = f"{param}: unknown parameter (not part of this endpoint's API)"
         elif first.get("type") == "json_invalid":
-            message, param = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})", ""
+            message, param = (
+                f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})",
+                "",
+            )
         return _error(p.APIError(400, message, param=param or None))
 
     @app.exception_handler(StarletteHTTPException)
@@ -127,8 +130,13 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
             return await call_next(request)
         given = request.headers.get("authorization")
         if given is None:
-            return _error(p.APIError(401, "No API key provided: send the header `Authorization: Bearer KEY` "
-                                          "(serve.py --api-key)", code="invalid_api_key"))
+            return _error(
+                p.APIError(
+                    401,
+                    "No API key provided: send the header `Authorization: Bearer KEY` (serve.py --api-key)",
+                    code="invalid_api_key",
+                )
+            )
         if not hmac.compare_digest(given.encode(), expected):  # compare in constant time
             return _error(p.APIError(401, "Incorrect API key provided", code="invalid_api_key"))
         return await call_next(request)
@@ -142,8 +150,13 @@ def _submit(served: Served, choices: list[Any]) -> Job:
     try:
         served.engine.submit(job)
     except QueueFull as e:
-        raise p.APIError(503, f"The server is busy ({e}); retry in {RETRY_AFTER_S} s", kind="server_error",
-                         code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        raise p.APIError(
+            503,
+            f"The server is busy ({e}); retry in {RETRY_AFTER_S} s",
+            kind="server_error",
+            code="overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
     return job
 
 
@@ -160,10 +173,12 @@ async def _collect(job: Job) -> r.Answers:
     return out
 
 
-def _sse(job: Job, chunks: Callable[[Piece], list[dict[str, Any]]],
-         tail: Callable[[int], list[dict[str, Any]]]) -> StreamingResponse:
+def _sse(
+    job: Job, chunks: Callable[[Piece], list[dict[str, Any]]], tail: Callable[[int], list[dict[str, Any]]]
+) -> StreamingResponse:
     """Server-sent events as OpenAI streams them: `data: {chunk}` per piece, `tail(completion
     tokens)`'s chunks, then `data: [DONE]`. A failure mid-stream is sent as an error event."""
+
     async def events() -> AsyncIterator[str]:
         generated = 0
         try:
@@ -198,16 +213,25 @@ def _install_completions(app: FastAPI, served: Served) -> None:
             # A JSONResponse as it is: FastAPI would walk a long logprobs list through jsonable_encoder first.
             return JSONResponse(r.completion_response(meta, await _collect(job), prompt_tokens, tok, logprobs))
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return _sse(job, lambda piece: [r.completion_chunk(meta, piece, tok, logprobs)],
-                    lambda n: [r.usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [])
+        return _sse(
+            job,
+            lambda piece: [r.completion_chunk(meta, piece, tok, logprobs)],
+            lambda n: [r.usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [],
+        )
 
 
 def _chat_chunks(meta: r.Meta, piece: Piece, tok: Tokenizer, logprobs: bool) -> list[dict[str, Any]]:
     """A piece as chat chunks: its text (with its tokens' logprobs), then the finish if it is the last."""
     out = []
     if piece.text or (logprobs and piece.logprobs):
-        out.append(r.chat_chunk(meta, piece.index, {"content": piece.text},
-                                logprobs=r.chat_logprobs(piece.logprobs, tok) if logprobs else None))
+        out.append(
+            r.chat_chunk(
+                meta,
+                piece.index,
+                {"content": piece.text},
+                logprobs=r.chat_logprobs(piece.logprobs, tok) if logprobs else None,
+            )
+        )
     if piece.finish_reason is not None:
         out.append(r.chat_chunk(meta, piece.index, {}, piece.finish_reason))
     return out
@@ -220,9 +244,13 @@ def _install_chat(app: FastAPI, served: Served) -> None:
     async def chat(body: p.ChatRequest) -> Any:
         p.check_model(body.model, served.name)
         if served.template is None:
-            raise p.APIError(400, f"{served.name} is a base model (no chat template: it was not fine-tuned on "
-                                  f"conversations); use /v1/completions for plain text", param="messages",
-                             code="no_chat_template")
+            raise p.APIError(
+                400,
+                f"{served.name} is a base model (no chat template: it was not fine-tuned on "
+                f"conversations); use /v1/completions for plain text",
+                param="messages",
+                code="no_chat_template",
+            )
         choices, prompt_tokens = p.chat_choices(body, tok, served.template, served.context)
         job = _submit(served, choices)
         meta = r.Meta.new("chatcmpl", served.name)
@@ -235,8 +263,9 @@ def _install_chat(app: FastAPI, served: Served) -> None:
         def chunks(piece: Piece) -> list[dict[str, Any]]:
             return next(first, []) + _chat_chunks(meta, piece, tok, body.logprobs)
 
-        return _sse(job, chunks,
-                    lambda n: [r.usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else [])
+        return _sse(
+            job, chunks, lambda n: [r.usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else []
+        )
 
 
 class TokenizeRequest(BaseModel):
@@ -272,8 +301,12 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
                 raise p.APIError(400, f"messages: {e}", param="messages") from None
         else:
             ids = encode_with_specials(tok, body.prompt)
-        return {"count": len(ids), "max_model_len": served.context, "tokens": ids,
-                "token_strs": [tok.decode([t]) for t in ids] if body.return_token_strs else None}
+        return {
+            "count": len(ids),
+            "max_model_len": served.context,
+            "tokens": ids,
+            "token_strs": [tok.decode([t]) for t in ids] if body.return_token_strs else None,
+        }
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
@@ -284,9 +317,15 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
 
     @app.get("/tokenizer_info")
     async def tokenizer_info() -> dict[str, Any]:
-        return {"tokenizer_class": tok.name, "eos_token": EOT_TEXT, "bos_token": None, "pad_token": None,
-                "model_max_length": served.context, "vocab_size": tok.n_vocab,
-                "chat_template": served.template.jinja() if served.template is not None else None}
+        return {
+            "tokenizer_class": tok.name,
+            "eos_token": EOT_TEXT,
+            "bos_token": None,
+            "pad_token": None,
+            "model_max_length": served.context,
+            "vocab_size": tok.n_vocab,
+            "chat_template": served.template.jinja() if served.template is not None else None,
+        }
 
 
 def create_app(served: Served, api_key: str | None = None) -> FastAPI:
@@ -306,8 +345,14 @@ def create_app(served: Served, api_key: str | None = None) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": served.name, **served.engine.status()}
 
-    model = {"id": served.name, "object": "model", "created": 0, "owned_by": "jaxgpt",
-             "max_model_len": served.context, "root": served.where}
+    model = {
+        "id": served.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "jaxgpt",
+        "max_model_len": served.context,
+        "root": served.where,
+    }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

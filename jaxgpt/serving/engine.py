@@ -97,7 +97,6 @@ class Job:
         for choice in choices:
             choice.job = self
 
-
     async def batches(self) -> AsyncIterator[list[Piece]]:
         """The pieces as they arrive, all those waiting at once (a stream writes them in one send),
         until each choice has finished; raises what the engine failed with."""
@@ -184,8 +183,13 @@ class Engine:
         with self._cv:
             waiting = {id(c.job) for c in self._waiting if not c.job.started}
             busy = sum(row is not None for row in self._rows)
-            return {"waiting_requests": len(waiting), "waiting_choices": len(self._waiting), "busy_rows": busy,
-                    "rows": len(self._rows), **self.counts}
+            return {
+                "waiting_requests": len(waiting),
+                "waiting_choices": len(self._waiting),
+                "busy_rows": busy,
+                "rows": len(self._rows),
+                **self.counts,
+            }
 
     # ------------------------------------------------------------------ the engine thread
 
@@ -249,8 +253,9 @@ class Engine:
         entries = [TokenLogprob(prompt[0], None, None, 0)]
         for i in range(1, len(prompt)):
             top = list(zip(scores.top_ids[i - 1].tolist(), scores.top_logprobs[i - 1].tolist()))
-            entries.append(TokenLogprob(prompt[i], float(scores.logprobs[i - 1]), top,
-                                        len(self.tok.decode(prompt[:i]))))
+            entries.append(
+                TokenLogprob(prompt[i], float(scores.logprobs[i - 1]), top, len(self.tok.decode(prompt[:i])))
+            )
         return entries
 
     def _sample(self) -> None:
@@ -286,7 +291,7 @@ class Engine:
     def _logprob(self, choice: Choice, token: int) -> TokenLogprob:
         """The token's logprob under the model (before temperature and filters, as vLLM reports)
         and the `logprobs` most likely tokens."""
-        logits = choice.logits[:self.tok.n_vocab].astype(np.float64)
+        logits = choice.logits[: self.tok.n_vocab].astype(np.float64)
         shifted = logits - logits.max()
         logp = shifted - np.log(np.exp(shifted).sum())
         k = choice.sampling.logprobs
@@ -303,7 +308,7 @@ class Engine:
         rest = text + choice.text.finish()
         kept = choice.text.kept
         done = len(choice.text.ids) - len(choice.pending)  # tokens whose logprobs went out already
-        entries = choice.pending[:max(0, kept - done)]
+        entries = choice.pending[: max(0, kept - done)]
         if stop_token is not None:
             entries.append(stop_token)
         self._outbox.append((choice.job, Piece(choice.index, rest, entries, reason, choice.generated)))

@@ -33,8 +33,16 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
 class APIError(Exception):
     """An error answered as OpenAI does: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -89,17 +97,23 @@ class ChatRequest(_Common):
 
 def _unsupported(body: _Common) -> None:
     """Refuse OpenAI parameters that would change the answer in a way this server does not do."""
-    neutral = {"presence_penalty": body.presence_penalty in (None, 0.0),
-               "frequency_penalty": body.frequency_penalty in (None, 0.0),
-               "logit_bias": not body.logit_bias}
+    neutral = {
+        "presence_penalty": body.presence_penalty in (None, 0.0),
+        "frequency_penalty": body.frequency_penalty in (None, 0.0),
+        "logit_bias": not body.logit_bias,
+    }
     if isinstance(body, CompletionRequest):
         neutral |= {"best_of": body.best_of in (None, body.n), "suffix": body.suffix is None}
     if isinstance(body, ChatRequest):
         neutral |= {"response_format": body.response_format in (None, {"type": "text"})}
     for name, ok in neutral.items():
         if not ok:
-            raise APIError(400, f"{name}={getattr(body, name)!r} is not supported by this server (leave it out)",
-                           param=name, code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"{name}={getattr(body, name)!r} is not supported by this server (leave it out)",
+                param=name,
+                code="unsupported_parameter",
+            )
 
 
 def _sampling(body: _Common, max_tokens: int, stop_ids: frozenset[int], **extra: Any) -> Sampling:
@@ -112,16 +126,29 @@ def _sampling(body: _Common, max_tokens: int, stop_ids: frozenset[int], **extra:
     top_k = None if body.top_k in (None, -1, 0) else body.top_k
     top_p = None if body.top_p in (None, 1.0) else body.top_p
     seed = body.seed if body.seed is not None else secrets.randbits(62)  # no seed: a fresh draw each time
-    return Sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    stop=tuple(stop), stop_ids=stop_ids, **extra)
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=tuple(stop),
+        stop_ids=stop_ids,
+        **extra,
+    )
 
 
 def _room(prompt: Sequence[int], context: int, max_tokens: int, where: str, param: str) -> int:
     """max_tokens, capped so that prompt + answer fit the context (an answer cut there ends with
     finish_reason "length"); a prompt longer than the context is an error naming both lengths."""
     if len(prompt) > context:
-        raise APIError(400, f"{where} is {len(prompt):,} tokens; the model's context is {context:,} tokens "
-                            f"(prompt and answer must fit in it)", param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"{where} is {len(prompt):,} tokens; the model's context is {context:,} tokens "
+            f"(prompt and answer must fit in it)",
+            param=param,
+            code="context_length_exceeded",
+        )
     return min(max_tokens, context - len(prompt))
 
 
@@ -130,8 +157,11 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], tok: Tokeniz
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise APIError(400, "prompt is empty: give a string, a list of strings, a list of token ids or a list of "
-                            "lists of ids", param="prompt")
+        raise APIError(
+            400,
+            "prompt is empty: give a string, a list of strings, a list of token ids or a list of lists of ids",
+            param="prompt",
+        )
     if isinstance(prompt[0], int):
         prompt = [prompt]
     out = []
@@ -141,8 +171,12 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], tok: Tokeniz
             raise APIError(400, f"prompt {i} is empty (it must hold at least one token)", param="prompt")
         bad = [t for t in ids if not 0 <= t < tok.n_vocab]
         if bad:
-            raise APIError(400, f"prompt {i}: token id {bad[0]} is out of range: the {tok.name} tokenizer's ids are "
-                                f"0..{tok.n_vocab - 1}", param="prompt")
+            raise APIError(
+                400,
+                f"prompt {i}: token id {bad[0]} is out of range: the {tok.name} tokenizer's ids are "
+                f"0..{tok.n_vocab - 1}",
+                param="prompt",
+            )
         out.append(ids)
     return out
 
@@ -152,14 +186,17 @@ def completion_choices(body: CompletionRequest, tok: Tokenizer, context: int) ->
     and how many prompt tokens it holds."""
     prompts = _prompts(body.prompt, tok)
     if len(prompts) * body.n > MAX_CHOICES:
-        raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_CHOICES} answers per request",
-                       param="n")
-    base = _sampling(body, DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
-                     frozenset({tok.eot_id}), logprobs=body.logprobs, echo=body.echo)
+        raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_CHOICES} answers per request", param="n")
+    base = _sampling(
+        body,
+        DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+        frozenset({tok.eot_id}),
+        logprobs=body.logprobs,
+        echo=body.echo,
+    )
     choices = []
     for i, ids in enumerate(prompts):
-        max_tokens = _room(ids, context, base.max_tokens, f"prompt {i}" if len(prompts) > 1 else "the prompt",
-                           "prompt")
+        max_tokens = _room(ids, context, base.max_tokens, f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
         sampling = dataclasses.replace(base, max_tokens=max_tokens)
         text = tok.decode(ids) if body.echo else ""
         choices.extend(Choice(i * body.n + j, ids, sampling, prompt_text=text) for j in range(body.n))
@@ -170,15 +207,19 @@ def _message_text(i: int, content: Any) -> str:
     """A message's content: a string, or OpenAI's list of parts of which only text parts are taken."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
-    raise APIError(400, f"messages[{i}].content must be a string or a list of text parts "
-                        f"({{\"type\": \"text\", \"text\": ...}}), got {content!r:.80}", param=f"messages[{i}].content")
+    raise APIError(
+        400,
+        f"messages[{i}].content must be a string or a list of text parts "
+        f'({{"type": "text", "text": ...}}), got {content!r:.80}',
+        param=f"messages[{i}].content",
+    )
 
 
-def chat_choices(body: ChatRequest, tok: Tokenizer, template: ChatTemplate,
-                 context: int) -> tuple[list[Choice], int]:
+def chat_choices(body: ChatRequest, tok: Tokenizer, template: ChatTemplate, context: int) -> tuple[list[Choice], int]:
     """The choices of a /v1/chat/completions request: the conversation rendered with the
     checkpoint's chat template, answers ending at its end; and the prompt's token count."""
     messages = []
@@ -194,14 +235,21 @@ def chat_choices(body: ChatRequest, tok: Tokenizer, template: ChatTemplate,
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     end = template.end_ids(tok)
-    sampling = _sampling(body, max_tokens, frozenset(template.stop_ids(tok)),
-                         end=tuple(end) if len(end) > 1 else (),
-                         logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    sampling = _sampling(
+        body,
+        max_tokens,
+        frozenset(template.stop_ids(tok)),
+        end=tuple(end) if len(end) > 1 else (),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+    )
     return [Choice(j, ids, sampling) for j in range(body.n)], len(ids)
 
 
 def check_model(name: str, served: str) -> None:
     if name != served:
-        raise APIError(404, f"The model `{name}` does not exist: this server serves `{served}` (GET /v1/models)",
-                       param="model", code="model_not_found")
-
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist: this server serves `{served}` (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )

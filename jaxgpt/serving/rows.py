@@ -34,8 +34,15 @@ from jaxgpt.model.sampling import KVDecoder, prefill_length
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI allows 5; vLLM 20)
 
 
-def _prefill_row(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array,
-                 tokens: jax.Array, last: jax.Array, row: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _prefill_row(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    last: jax.Array,
+    row: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One right-padded prompt (1, P) through the model with a fresh (L, 1, K, D, P) cache, whose
     slots then overwrite slots 0..P-1 of `row` of the shared caches (donated: in place). Slots past
     the prompt hold padding or an earlier request's values: a decode step writes each slot before
@@ -50,9 +57,16 @@ def _prefill_row(graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, c
     return cache_k, cache_v, model.logits(x[jnp.arange(1), last])  # (1, V)
 
 
-def _prefill_row_on_leaves(graphdef: nnx.GraphDef, treedef: Any, leaves: list[jax.Array], cache_k: jax.Array,
-                           cache_v: jax.Array, tokens: jax.Array, last: jax.Array,
-                           row: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _prefill_row_on_leaves(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    last: jax.Array,
+    row: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """_prefill_row over the state's leaves (as KVDecoder's steps: no nnx.State to flatten per call)."""
     return _prefill_row(graphdef, jax.tree.unflatten(treedef, leaves), cache_k, cache_v, tokens, last, row)
 
@@ -67,8 +81,9 @@ class PromptScores:
     top_logprobs: np.ndarray  # (n - 1, k) float32
 
 
-def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
-           n_vocab: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _score(
+    graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, n_vocab: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(1, P) ids -> position t's logprob of token t + 1 (P - 1,) and its MAX_LOGPROBS most likely
     next ids and their logprobs (P - 1, MAX_LOGPROBS): the model's forward pass and head, as
     scoring.ending_losses runs them; ids past the tokenizer's n_vocab never rank."""
@@ -82,8 +97,9 @@ def _score(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
     return chosen, top_ids, top_logprobs
 
 
-def _score_on_leaves(graphdef: nnx.GraphDef, treedef: Any, n_vocab: int, leaves: list[jax.Array],
-                     tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _score_on_leaves(
+    graphdef: nnx.GraphDef, treedef: Any, n_vocab: int, leaves: list[jax.Array], tokens: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     return _score(graphdef, jax.tree.unflatten(treedef, leaves), tokens, n_vocab)
 
 
@@ -107,11 +123,18 @@ class RowDecoder(KVDecoder):
             tokens = jnp.zeros((1, length), jnp.int32)
             if kind == "prefill":
                 lowered = jax.jit(_prefill_row_on_leaves, static_argnums=(0, 1), donate_argnums=(3, 4)).lower(
-                    self.graphdef, self._prefill_treedef, self._prefill_leaves, *self._cache, tokens,
-                    jnp.zeros((1,), jnp.int32), jnp.int32(0))
+                    self.graphdef,
+                    self._prefill_treedef,
+                    self._prefill_leaves,
+                    *self._cache,
+                    tokens,
+                    jnp.zeros((1,), jnp.int32),
+                    jnp.int32(0),
+                )
             else:
                 lowered = jax.jit(_score_on_leaves, static_argnums=(0, 1, 2)).lower(
-                    self._scoring_graphdef, self._scoring_treedef, self.n_vocab, self._scoring_leaves, tokens)
+                    self._scoring_graphdef, self._scoring_treedef, self.n_vocab, self._scoring_leaves, tokens
+                )
             self._programs[kind, length] = lowered.compile()
             self.compile_s += time.perf_counter() - started
         return self._programs[kind, length]
@@ -125,8 +148,9 @@ class RowDecoder(KVDecoder):
         tokens = np.zeros((1, prefill_length(n, ctx, self.bucket)), np.int32)
         tokens[0, :n] = prompt
         prefill = self._compiled("prefill", tokens.shape[1])
-        *self._cache, logits = prefill(self._prefill_leaves, *self._cache, jnp.asarray(tokens),
-                                       jnp.asarray([n - 1], jnp.int32), jnp.int32(row))
+        *self._cache, logits = prefill(
+            self._prefill_leaves, *self._cache, jnp.asarray(tokens), jnp.asarray([n - 1], jnp.int32), jnp.int32(row)
+        )
         lengths = self.lengths.copy()  # step() replaces the array: never change one it handed out
         lengths[row] = n
         self.lengths = lengths
@@ -142,7 +166,7 @@ class RowDecoder(KVDecoder):
         tokens[0, :n] = prompt
         score = self._compiled("score", tokens.shape[1])
         chosen, top_ids, top_lp = jax.device_get(score(self._scoring_leaves, jnp.asarray(tokens)))
-        return PromptScores(chosen[:n - 1], top_ids[:n - 1, :k], top_lp[:n - 1, :k])
+        return PromptScores(chosen[: n - 1], top_ids[: n - 1, :k], top_lp[: n - 1, :k])
 
     def warm_up(self) -> float:
         """Compile what a first short request runs (a 16-token prefill, the shortest span's step,

@@ -46,12 +46,12 @@ class TextStream:
         stop string or the end completes: the answer is then final."""
         self.offsets.append(len(self.text))
         self.ids.append(token)
-        if self.end and self.ids[-len(self.end):] == self.end:
-            return self._final(self.tok.decode(self.ids[:-len(self.end)]))
+        if self.end and self.ids[-len(self.end) :] == self.end:
+            return self._final(self.tok.decode(self.ids[: -len(self.end)]))
         self.text = self.tok.decode(self.ids)
         found = [i for i in (self.text.find(s, self.sent) for s in self.stop) if i >= 0]
         if found:
-            return self._final(self.text[:min(found)])
+            return self._final(self.text[: min(found)])
         return self._take(self._certain())
 
     def finish(self) -> str:
@@ -69,17 +69,19 @@ class TextStream:
         safe = len(self.text) - self.text.endswith(REPLACEMENT)
         held = 0
         for s in self.stop:  # the longest ending that could begin a stop string
-            held = max(held, next((k for k in range(min(len(s) - 1, safe), 0, -1)
-                                   if self.text[safe - k:safe] == s[:k]), 0))
+            held = max(
+                held, next((k for k in range(min(len(s) - 1, safe), 0, -1) if self.text[safe - k : safe] == s[:k]), 0)
+            )
         safe -= held
-        tail = next((k for k in range(min(len(self.end) - 1, len(self.ids)), 0, -1)
-                     if self.ids[-k:] == self.end[:k]), 0)
+        tail = next(
+            (k for k in range(min(len(self.end) - 1, len(self.ids)), 0, -1) if self.ids[-k:] == self.end[:k]), 0
+        )
         if tail:
             safe = min(safe, len(self.tok.decode(self.ids[:-tail])))
         return safe
 
     def _take(self, upto: int) -> str:
-        piece = self.text[self.sent:upto] if upto > self.sent else ""
+        piece = self.text[self.sent : upto] if upto > self.sent else ""
         self.sent = max(self.sent, upto)
         return piece
 

@@ -35,14 +35,26 @@ def _loss_chart(record: Record, title: str, log_y: bool) -> plt.Figure:
     # Each window's band spans the steps it covers (from the previous checkpoint to its own), so
     # the first window's range, which holds the untrained step 1, stays over the first steps.
     for i, (first, last, lo, hi) in enumerate(record.windows()):
-        ax.fill_between([first - 1, last], [lo, lo], [hi, hi], color="tab:blue", alpha=0.12, linewidth=0,
-                        label="train min-max of each checkpoint window" if i == 0 else None)
+        ax.fill_between(
+            [first - 1, last],
+            [lo, lo],
+            [hi, hi],
+            color="tab:blue",
+            alpha=0.12,
+            linewidth=0,
+            label="train min-max of each checkpoint window" if i == 0 else None,
+        )
     steps, losses = record.series("train/loss")
     if steps:  # every step's loss, raw and smoothed
         span = smoothing_span(len(losses))
         ax.plot(steps, losses, color="tab:blue", alpha=0.35, linewidth=0.6, label="train, each step")
-        ax.plot(steps, smooth(losses, span), color="tab:blue", linewidth=1.8,
-                label=f"train, smoothed ({span}-step EMA)" if span > 1 else "train")
+        ax.plot(
+            steps,
+            smooth(losses, span),
+            color="tab:blue",
+            linewidth=1.8,
+            label=f"train, smoothed ({span}-step EMA)" if span > 1 else "train",
+        )
     val = record.series("val/loss")
     if val[0]:
         ax.plot(*val, marker="o", markersize=4, color="tab:orange", linewidth=1.5, label="validation")
@@ -72,10 +84,17 @@ def _rate_lines(ax: plt.Axes, steps: list[int], values: list[float], color: str,
     at, median = rolling_median(values, window)
     top = 1.15 * max(float(np.percentile(values, 99, method="lower")), max(median))
     above = sum(v > top for v in values)
-    ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.7,
-            label=f"{unit}, each step" + (f" ({above} above the top of the axis)" if above else ""))
-    ax.plot([steps[i] for i in at], median, color=color, linewidth=2,
-            label=f"{unit}, median of the last {window} steps")
+    ax.plot(
+        steps,
+        values,
+        color=color,
+        alpha=0.3,
+        linewidth=0.7,
+        label=f"{unit}, each step" + (f" ({above} above the top of the axis)" if above else ""),
+    )
+    ax.plot(
+        [steps[i] for i in at], median, color=color, linewidth=2, label=f"{unit}, median of the last {window} steps"
+    )
     ax.set_ylim(0, top if top > 0 else None)
 
 
@@ -86,9 +105,14 @@ def _throughput_chart(record: Record, title: str) -> plt.Figure:
     # tokens/s and MFU are proportional: on twin axes their lines coincide. One line then, with MFU
     # as the right axis' scale; only a run whose peak changed (resumed elsewhere) gets its own panel.
     own_panel = bool(mfu_steps) and ratio is None
-    fig, axes = plt.subplots(2 if own_panel else 1, 1, sharex=True, squeeze=False,
-                             figsize=(SIZE[0], SIZE[1] * (1.4 if own_panel else 1)),
-                             gridspec_kw={"height_ratios": [2, 1]} if own_panel else None)
+    fig, axes = plt.subplots(
+        2 if own_panel else 1,
+        1,
+        sharex=True,
+        squeeze=False,
+        figsize=(SIZE[0], SIZE[1] * (1.4 if own_panel else 1)),
+        gridspec_kw={"height_ratios": [2, 1]} if own_panel else None,
+    )
     ax = axes[0][0]
     if steps:
         _rate_lines(ax, steps, rates, "tab:green", "tokens/s")
@@ -131,18 +155,25 @@ def _grad_norm_chart(record: Record, title: str) -> plt.Figure:
         window = median_window(len(norms))
         at, median = rolling_median(norms, window)
         ax.plot(steps, norms, color="tab:blue", alpha=0.4, linewidth=0.7, label="pre-clip norm, each step")
-        ax.plot([steps[i] for i in at], median, color="tab:blue", linewidth=1.8,
-                label=f"median of the last {window} steps")
+        ax.plot(
+            [steps[i] for i in at], median, color="tab:blue", linewidth=1.8, label=f"median of the last {window} steps"
+        )
     # The latest session's train.json holds the clip threshold in force (it may change on a resume).
     clip = record.configs.get("train.json", {}).get("clipping_max_norm")
     if is_number(clip):
         above = sum(n > clip for n in norms)
-        ax.axhline(clip, color="tab:red", linestyle="--",
-                   label=f"clip at {clip:g}: {above} of {len(norms)} steps above")
+        ax.axhline(
+            clip, color="tab:red", linestyle="--", label=f"clip at {clip:g}: {above} of {len(norms)} steps above"
+        )
     dropped = record.flagged("optim/skipped")
     for i, s in enumerate(dropped):  # no norm for these: their gradient was not finite
-        ax.axvline(s, color="tab:red", alpha=0.4, linewidth=0.8,
-                   label=f"dropped step (non-finite gradient): {len(dropped)}" if i == 0 else None)
+        ax.axvline(
+            s,
+            color="tab:red",
+            alpha=0.4,
+            linewidth=0.8,
+            label=f"dropped step (non-finite gradient): {len(dropped)}" if i == 0 else None,
+        )
     if norms and min(norms) > 0:  # log: a spike does not flatten the steps near the threshold
         plain_log_y(ax)  # after the clip line, so its limits include it
     ax.set(title=f"Gradient norm: {title}", xlabel="optimiser step", ylabel="global L2 norm")

@@ -41,9 +41,13 @@ def run_curves(run_dir: Path, name: str) -> RunCurves:
     record = read_record(run_dir)
     steps, losses = record.series("train/loss")
     val_steps, val = record.series("val/loss")
-    return RunCurves(name=name, train_tokens=record.tokens_at(steps),
-                     train_loss=smooth(losses, smoothing_span(len(losses))),
-                     val_tokens=record.tokens_at(val_steps), val_loss=val)
+    return RunCurves(
+        name=name,
+        train_tokens=record.tokens_at(steps),
+        train_loss=smooth(losses, smoothing_span(len(losses))),
+        val_tokens=record.tokens_at(val_steps),
+        val_loss=val,
+    )
 
 
 def _names(run_dirs: list[Path]) -> list[str]:
@@ -74,22 +78,26 @@ def _log_minor_labels(low: float, high: float) -> FuncFormatter:
     def label(value: float, _pos: int) -> str:
         leading = round(value / 10 ** math.floor(math.log10(value))) if value > 0 else 0
         return _TOKENS(value) if narrow and leading in (2, 5) else ""
+
     return FuncFormatter(label)
 
 
 def _check_args(out: Path, target: float | None) -> None:
     """Bad arguments fail before any run is read."""
     if out.suffix.lstrip(".").lower() not in FORMATS:
-        raise ValueError(f"--compare {out}: the chart is written as {', '.join('.' + f for f in FORMATS)}, "
-                         f"not {out.suffix or 'a file without a suffix'!r}")
+        raise ValueError(
+            f"--compare {out}: the chart is written as {', '.join('.' + f for f in FORMATS)}, "
+            f"not {out.suffix or 'a file without a suffix'!r}"
+        )
     if out.is_dir():
         raise ValueError(f"--compare {out}: is a directory, not a chart file")
     if target is not None and not (math.isfinite(target) and target > 0):
         raise ValueError(f"--target {target}: a target loss is a positive number")
 
 
-def draw_compare(run_dirs: list[Path], out: Path, *, log_x: bool = False, log_y: bool = False,
-                 target: float | None = None) -> Path:
+def draw_compare(
+    run_dirs: list[Path], out: Path, *, log_x: bool = False, log_y: bool = False, target: float | None = None
+) -> Path:
     """Draw each run's validation loss (and, lighter, its smoothed training loss) against tokens
     seen into `out`; the target loss as a line when given. Returns `out`."""
     out = Path(out)
@@ -136,23 +144,40 @@ def _x_axis(ax: plt.Axes, curves: list[RunCurves], log_x: bool) -> None:
 _TITLE_CHARS = 80  # what the 9-inch figure holds in a line of title
 
 
-def compare_figure(curves: list[RunCurves], *, log_x: bool = False, log_y: bool = False,
-                   target: float | None = None) -> plt.Figure:
+def compare_figure(
+    curves: list[RunCurves], *, log_x: bool = False, log_y: bool = False, target: float | None = None
+) -> plt.Figure:
     """The comparison chart of these runs' curves (draw_compare writes it)."""
     fig, ax = plt.subplots(figsize=(9, 5))
     for i, curve in enumerate(curves):
         color = f"C{i % 10}"
-        ax.plot(curve.train_tokens, curve.train_loss, color=color, alpha=0.35, linewidth=1,
-                label=f"{curve.name}: train, smoothed")
-        ax.plot(curve.val_tokens, curve.val_loss, color=color, marker="o", markersize=3.5, linewidth=1.8,
-                label=_label(curve, target))
+        ax.plot(
+            curve.train_tokens,
+            curve.train_loss,
+            color=color,
+            alpha=0.35,
+            linewidth=1,
+            label=f"{curve.name}: train, smoothed",
+        )
+        ax.plot(
+            curve.val_tokens,
+            curve.val_loss,
+            color=color,
+            marker="o",
+            markersize=3.5,
+            linewidth=1.8,
+            label=_label(curve, target),
+        )
     if target is not None:
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
     _y_range(ax, curves, target, log_y)
     _x_axis(ax, curves, log_x)
     # Wrapped: three runs' names already overflow the figure's width on one line.
-    title = textwrap.fill("Validation loss against tokens seen: " + " vs ".join(c.name for c in curves),
-                          width=_TITLE_CHARS, break_on_hyphens=False)
+    title = textwrap.fill(
+        "Validation loss against tokens seen: " + " vs ".join(c.name for c in curves),
+        width=_TITLE_CHARS,
+        break_on_hyphens=False,
+    )
     ax.set(title=title, xlabel="tokens seen", ylabel="cross-entropy loss")
     ax.grid(True, which="both", alpha=0.3)
     legend(ax)

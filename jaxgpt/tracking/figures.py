@@ -1,9 +1,9 @@
 """Matplotlib set up for files only, and the one way a chart is written to disk.
 
-    from jaxgpt.tracking.figures import SIZE, legend, plt, save
-    fig, ax = plt.subplots(figsize=SIZE)
-    legend(ax)                                     # inside the axes
-    save(fig, Path("runs/demo/charts/loss.png"))   # atomic; .png, .svg or .pdf by the suffix
+from jaxgpt.tracking.figures import SIZE, legend, plt, save
+fig, ax = plt.subplots(figsize=SIZE)
+legend(ax)                                     # inside the axes
+save(fig, Path("runs/demo/charts/loss.png"))   # atomic; .png, .svg or .pdf by the suffix
 """
 
 from __future__ import annotations

@@ -67,8 +67,7 @@ class Record:
         for step, _name in self.checkpoints:
             inside = [(s, lo) for s, lo in zip(steps, lows) if previous < s <= step and s in highs]
             if inside:
-                out.append((inside[0][0], inside[-1][0], min(lo for _, lo in inside),
-                            max(highs[s] for s, _ in inside)))
+                out.append((inside[0][0], inside[-1][0], min(lo for _, lo in inside), max(highs[s] for s, _ in inside)))
             previous = step
         return out
 
@@ -77,8 +76,10 @@ class Record:
         tokens = dict(zip(*self.series("train/tokens")))
         missing = [s for s in steps if s not in tokens]
         if missing:
-            raise ValueError(f"{self.path}: no train/tokens at step {missing[0]} (a record written by an "
-                             f"older train.py): retrain the run to compare it by tokens")
+            raise ValueError(
+                f"{self.path}: no train/tokens at step {missing[0]} (a record written by an "
+                f"older train.py): retrain the run to compare it by tokens"
+            )
         return [tokens[s] for s in steps]
 
 
@@ -121,7 +122,7 @@ def rolling_median(values: list[float], window: int, max_points: int = 1000) -> 
     if arr.size == 0:
         return [], []
     at = np.unique(np.linspace(0, arr.size - 1, min(arr.size, max_points)).round().astype(int))
-    return at.tolist(), [float(np.median(arr[max(0, i + 1 - window):i + 1])) for i in at]
+    return at.tolist(), [float(np.median(arr[max(0, i + 1 - window) : i + 1])) for i in at]
 
 
 def smoothing_span(n: int) -> int:

@@ -49,8 +49,10 @@ def resolve_mode(cfg: WandbConfig) -> str:
     if not env:
         return cfg.mode
     if env not in ENV_MODES:
-        raise ConfigError(f"WANDB_MODE={env!r} must be one of online, offline, disabled "
-                          f"(it overrides {TRAIN_FILE} wandb.mode={cfg.mode!r})")
+        raise ConfigError(
+            f"WANDB_MODE={env!r} must be one of online, offline, disabled "
+            f"(it overrides {TRAIN_FILE} wandb.mode={cfg.mode!r})"
+        )
     return ENV_MODES[env]
 
 
@@ -61,8 +63,10 @@ def check(run_dir: Path, cfg: WandbConfig | None) -> None:
     try:
         importlib.import_module("wandb")
     except ImportError as e:
-        raise ConfigError(f"{run_dir}/{TRAIN_FILE}: wandb: the wandb package is not installed ({e}); install it "
-                          f"with `uv sync --extra wandb`, or remove the section") from None
+        raise ConfigError(
+            f"{run_dir}/{TRAIN_FILE}: wandb: the wandb package is not installed ({e}); install it "
+            f"with `uv sync --extra wandb`, or remove the section"
+        ) from None
     read_id(run_dir)
 
 
@@ -74,12 +78,16 @@ def read_id(run_dir: Path) -> str | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: unreadable ({e}); it should hold {{\"id\": \"<W&B run id>\"}}: fix it, or "
-                          f"delete it to log into a new W&B run") from None
+        raise ConfigError(
+            f'{path}: unreadable ({e}); it should hold {{"id": "<W&B run id>"}}: fix it, or '
+            f"delete it to log into a new W&B run"
+        ) from None
     run_id = raw.get("id") if isinstance(raw, dict) else None
     if not isinstance(run_id, str) or not _ID.match(run_id):
-        raise ConfigError(f"{path}: id={run_id!r} is not a W&B run id (letters, digits, - and _); fix it, "
-                          f"or delete the file to log into a new W&B run")
+        raise ConfigError(
+            f"{path}: id={run_id!r} is not a W&B run id (letters, digits, - and _); fix it, "
+            f"or delete the file to log into a new W&B run"
+        )
     return run_id
 
 
@@ -109,13 +117,23 @@ class WandbLog:
             write_id(run_dir, run_id)
         try:
             self.run = wandb.init(
-                project=cfg.project, entity=cfg.entity, name=cfg.name or run_dir.name, group=cfg.group,
-                tags=list(cfg.tags) or None, id=run_id, resume="allow", dir=str(run_dir),
-                mode=resolve_mode(cfg), settings=wandb.Settings(finish_timeout=FINISH_TIMEOUT_S))
+                project=cfg.project,
+                entity=cfg.entity,
+                name=cfg.name or run_dir.name,
+                group=cfg.group,
+                tags=list(cfg.tags) or None,
+                id=run_id,
+                resume="allow",
+                dir=str(run_dir),
+                mode=resolve_mode(cfg),
+                settings=wandb.Settings(finish_timeout=FINISH_TIMEOUT_S),
+            )
         except Exception as e:  # wandb.errors.* and its service's own errors ("run ID ... is in use"): one line
             msg = " ".join(str(e).split())
-            raise ConfigError(f"{run_dir}/{TRAIN_FILE}: wandb: cannot start the W&B run {run_id} "
-                              f"({type(e).__name__}: {msg}); `wandb login` sets an API key, mode 'offline' needs none") from None
+            raise ConfigError(
+                f"{run_dir}/{TRAIN_FILE}: wandb: cannot start the W&B run {run_id} "
+                f"({type(e).__name__}: {msg}); `wandb login` sets an API key, mode 'offline' needs none"
+            ) from None
         # Steps W&B holds already: the checkpoint's and those before it, and (online, resumed) what
         # its server reports; run.step is the next step it takes (0 offline, where nothing is known).
         self.floor = max(resume_step, self.run.step - 1)
@@ -123,8 +141,9 @@ class WandbLog:
     def configs(self, configs: dict[str, dict[str, Any]]) -> None:
         """The resolved configs as the run's config ({"model": ..., "train": ...}); a resumed
         session's replace the earlier ones (train.json may change between sessions)."""
-        self.run.config.update({name.removesuffix(".json"): cfg for name, cfg in configs.items()},
-                               allow_val_change=True)
+        self.run.config.update(
+            {name.removesuffix(".json"): cfg for name, cfg in configs.items()}, allow_val_change=True
+        )
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         # One call per group of a step (training, validation, HellaSwag...): W&B joins them into the

@@ -106,11 +106,19 @@ class HellaSwag(_Benchmark):
 
         tok = self.run.tokenizer or get_tokenizer(self.run.train_cfg.tokenizer)
         r = hellaswag_score(model, self.run.hellaswag, tok, progress=False)
-        self.results.append({"step": done, "acc": r["acc"], "acc_norm": r["acc_norm"],
-                             "examples": r["examples"], "tokenizer": r["tokenizer"]})
+        self.results.append(
+            {
+                "step": done,
+                "acc": r["acc"],
+                "acc_norm": r["acc_norm"],
+                "examples": r["examples"],
+                "tokenizer": r["tokenizer"],
+            }
+        )
         if jax.process_index() == 0:
-            tqdm.write(f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} "
-                       f"({r['examples']:,} examples)")
+            tqdm.write(
+                f"step {done}: hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} ({r['examples']:,} examples)"
+            )
         return {"hellaswag/acc": r["acc"], "hellaswag/acc_norm": r["acc_norm"]}
 
 
@@ -121,12 +129,21 @@ class Core(_Benchmark):
         from jaxgpt.evaluation.scoring import core_score
 
         r = core_score(model, self.run.core, progress=False)
-        self.results.append({"step": done, "CORE": r["core"], "capped": r["capped"],
-                             "tasks": {label: {k: t[k] for k in ("accuracy", "centered", "examples")}
-                                       for label, t in r["tasks"].items()}})
+        self.results.append(
+            {
+                "step": done,
+                "CORE": r["core"],
+                "capped": r["capped"],
+                "tasks": {
+                    label: {k: t[k] for k in ("accuracy", "centered", "examples")} for label, t in r["tasks"].items()
+                },
+            }
+        )
         if jax.process_index() == 0:
-            tqdm.write(f"step {done}: CORE {r['core']:.4f} ({len(r['tasks'])} tasks"
-                       f"{', examples capped per task' if r['capped'] else ''})")
+            tqdm.write(
+                f"step {done}: CORE {r['core']:.4f} ({len(r['tasks'])} tasks"
+                f"{', examples capped per task' if r['capped'] else ''})"
+            )
         return {"core/CORE": r["core"]} | {f"core/{label}": t["centered"] for label, t in r["tasks"].items()}
 
 

@@ -28,7 +28,7 @@ from jaxgpt.tracking import charts
 from jaxgpt.tracking.metrics import RunLog
 from jaxgpt.training.evaluators import Evaluator, evaluators
 from jaxgpt.training.progress import Progress
-from jaxgpt.training.state import TrainState, build_state, checkpoint_meta
+from jaxgpt.training.state import build_state, checkpoint_meta
 from jaxgpt.training.train_step import step_key
 
 if TYPE_CHECKING:
@@ -96,8 +96,10 @@ class Session:
         run, p = self.run, self.progress
         val = p.resumed.get("val_loss")
         if p.target is not None and isinstance(val, (int, float)) and val <= p.target.value:
-            self.log(f"Nothing to do: {run.resume_from.name} (step {p.start}) has validation loss {val:.4f}, "
-                     f"at or below target_val_loss {p.target.value:g}.")
+            self.log(
+                f"Nothing to do: {run.resume_from.name} (step {p.start}) has validation loss {val:.4f}, "
+                f"at or below target_val_loss {p.target.value:g}."
+            )
             return 0
         if p.start >= run.total_steps:
             self.log(f"Nothing to do: {run.run_dir} already trained {p.start}/{run.total_steps} steps.")
@@ -113,8 +115,13 @@ class Session:
         run, start = self.run, self.progress.start
         self.records = RunLog(run.run_dir, start, enabled=self.is_main, wandb=self.cfg.wandb)
         self.records.configs(start, {"model.json": to_dict(run.model_cfg), "train.json": to_dict(self.cfg)})
-        self.bar = tqdm(total=run.total_steps, initial=start, unit="step", dynamic_ncols=True,
-                        disable=None if self.is_main else True)
+        self.bar = tqdm(
+            total=run.total_steps,
+            initial=start,
+            unit="step",
+            dynamic_ncols=True,
+            disable=None if self.is_main else True,
+        )
         started, outcome = time.perf_counter(), [1]  # what the records (W&B's run state) are told if it raises
 
         def done_with(code: int, done: int, loss: float) -> int:
@@ -153,8 +160,13 @@ class Session:
         self.records.scalars(done, scalars)
         self.bar.update(1)
         rate = self.progress.window.tokens_per_s(self.progress.tokens_per_step)
-        self.bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", lr=f"{scalars['optim/lr']:.2e}",
-                             tok_s=f"{rate:,.0f}", mfu=f"{100 * self.state.mfu(rate):.1f}%", refresh=False)
+        self.bar.set_postfix(
+            loss=f"{scalars['train/loss']:.4f}",
+            lr=f"{scalars['optim/lr']:.2e}",
+            tok_s=f"{rate:,.0f}",
+            mfu=f"{100 * self.state.mfu(rate):.1f}%",
+            refresh=False,
+        )
         if self.profile is not None:
             self.profile.after(done)
         return scalars["train/loss"], stats
@@ -170,8 +182,12 @@ class Session:
 
     def at_validation(self, done: int, stopping: bool) -> bool:
         """A validation (evaluators.py) at step `done`: every checkpoint has one."""
-        return (done % self.cfg.validation_interval == 0 or done % self.cfg.checkpoint_interval == 0
-                or done == self.run.total_steps or stopping)
+        return (
+            done % self.cfg.validation_interval == 0
+            or done % self.cfg.checkpoint_interval == 0
+            or done == self.run.total_steps
+            or stopping
+        )
 
     def boundary(self, done: int, stopping: bool) -> bool:
         """Whether the loop reads this step's results before dispatching the next one."""
@@ -194,8 +210,9 @@ class Session:
         if not self.progress.checked_target(done, val):
             return False
         where = self.progress.target.reached
-        self.records.scalars(done, {"target/steps": done, "target/tokens": where["tokens"],
-                                    "target/seconds": where["training_seconds"]})
+        self.records.scalars(
+            done, {"target/steps": done, "target/tokens": where["tokens"], "target/seconds": where["training_seconds"]}
+        )
         return True
 
     def save(self, done: int, stats: dict[str, Any], val: float, last: bool) -> Path:
@@ -207,9 +224,15 @@ class Session:
         measured = {k: v for e in self.evaluators for k, v in e.since_checkpoint().items()}
         meta = checkpoint_meta(run, self.state, progress, done, stats, val, self.val_tokens, is_best, measured)
         line = progress.line(done, progress.window, stats, val, self.val_tokens)
-        path = ckpt.save_checkpoint(run.run_dir, self.state.model, self.state.optimizer, meta,
-                                    {"model.json": to_dict(run.model_cfg), "train.json": to_dict(self.cfg)},
-                                    keep_last=self.cfg.keep_last_checkpoints, files=self.checkpoint_files())
+        path = ckpt.save_checkpoint(
+            run.run_dir,
+            self.state.model,
+            self.state.optimizer,
+            meta,
+            {"model.json": to_dict(run.model_cfg), "train.json": to_dict(self.cfg)},
+            keep_last=self.cfg.keep_last_checkpoints,
+            files=self.checkpoint_files(),
+        )
         self.records.checkpoint(done, path.name)
         progress.next_window()
         if self.is_main and (last or time.perf_counter() >= self.charts_due):
@@ -235,8 +258,11 @@ class Session:
         return files
 
     def interrupted(self, done: int) -> int:
-        again = (f"uv run train.py {self.run.run_dir}" if jax.process_count() == 1 else
-                 f"the same command on all {jax.process_count()} processes")
+        again = (
+            f"uv run train.py {self.run.run_dir}"
+            if jax.process_count() == 1
+            else f"the same command on all {jax.process_count()} processes"
+        )
         self.log(f"Interrupted after step {done}/{self.run.total_steps}; checkpoint saved.\nResume with: {again}")
         return 130
 
@@ -250,8 +276,9 @@ class Profile:
     def __init__(self, run_dir: Path, steps: tuple[int, int], first: int) -> None:
         self.dir, (self.begin, self.end), self.active = Path(run_dir) / "profile", steps, False
         if self.begin < first:
-            tqdm.write(f"--profile {self.begin}:{self.end}: this session starts at step {first}; "
-                       f"nothing will be traced")
+            tqdm.write(
+                f"--profile {self.begin}:{self.end}: this session starts at step {first}; nothing will be traced"
+            )
 
     def boundary(self, done: int) -> bool:
         return done in (self.begin, self.end)

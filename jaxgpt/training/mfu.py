@@ -20,18 +20,33 @@ import time
 from jaxgpt import caches
 from jaxgpt.config import ModelConfig
 
-FLOPS_CONVENTION = ("6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
-                    "plus attention scores/values, not halved for the causal mask (PaLM appendix B, "
-                    "nanoGPT's estimate_mfu; biases, LayerNorms and embedding lookups not counted); "
-                    "with grouped-query attention the key/value weights are 2 C K D a layer instead of "
-                    "2 C^2, and a sliding-window layer counts its window instead of T (nanochat's)")
+FLOPS_CONVENTION = (
+    "6 x (12 L C^2 + V C) + 12 L T C: matmul weights of the blocks and the (tied) head, "
+    "plus attention scores/values, not halved for the causal mask (PaLM appendix B, "
+    "nanoGPT's estimate_mfu; biases, LayerNorms and embedding lookups not counted); "
+    "with grouped-query attention the key/value weights are 2 C K D a layer instead of "
+    "2 C^2, and a sliding-window layer counts its window instead of T (nanochat's)"
+)
 
 # bfloat16 dense peaks (TFLOP/s, no sparsity; the vendors' spec sheets) by device_kind, first
 # match wins: MFU on an accelerator is against the chip's peak, not a measured matmul.
 CHIP_PEAKS_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756), ("H100 NVL", 835), ("H100", 989), ("H200", 989), ("H800", 989), ("B200", 2250),
-    ("A100", 312), ("L40S", 362), ("L40", 181), ("L4", 121),
-    ("TPU v4", 275), ("TPU v5 lite", 197), ("TPU v5e", 197), ("TPU v5", 459), ("TPU v6 lite", 918), ("TPU v6e", 918),
+    ("H100 PCIe", 756),
+    ("H100 NVL", 835),
+    ("H100", 989),
+    ("H200", 989),
+    ("H800", 989),
+    ("B200", 2250),
+    ("A100", 312),
+    ("L40S", 362),
+    ("L40", 181),
+    ("L4", 121),
+    ("TPU v4", 275),
+    ("TPU v5 lite", 197),
+    ("TPU v5e", 197),
+    ("TPU v5", 459),
+    ("TPU v6 lite", 918),
+    ("TPU v6e", 918),
 )
 
 
@@ -96,7 +111,10 @@ def peak_flops(compute_dtype: str) -> tuple[float, str]:
     dtype = "float32" if compute_dtype == "float32" else "bfloat16"
     # One CPU device runs on every core: its measured peak is the machine's, not multiplied.
     count = 1 if device.platform == "cpu" else jax.device_count()
-    key = f"{device.platform}|{device.device_kind}|{caches.cpu_model()}|{os.cpu_count()} cores|jax {jax.__version__}|{dtype}"
+    key = (
+        f"{device.platform}|{device.device_kind}|{caches.cpu_model()}|{os.cpu_count()} cores|"
+        f"jax {jax.__version__}|{dtype}"
+    )
     cached = caches.recall(CACHE, key)
     if not isinstance(cached, (int, float)):
         cached = matmul_flops(2048, repeats=5, dtype=dtype)

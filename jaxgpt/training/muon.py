@@ -41,8 +41,12 @@ _MATRIX_AXES = {"embed", "heads", "qkv", "kv", "mlp"}  # the blocks' own widths:
 _FUSED = {"qkv": 3, "kv": 2}  # matrices side by side in one kernel, by its output axis
 # Matrices AdamW keeps: the token table (and the value tables, connections.py, "vocab" x "embed"), the
 # position table, the untied head; the value embeddings' gates (G, K) with the scalars.
-_ADAMW_MATRICES = {("vocab", "embed"): "embed", ("ctx", "embed"): "embed", ("embed", "vocab"): "head",
-                   ("gate", "gate"): "scalar"}
+_ADAMW_MATRICES = {
+    ("vocab", "embed"): "embed",
+    ("ctx", "embed"): "embed",
+    ("embed", "vocab"): "head",
+    ("gate", "gate"): "scalar",
+}
 
 
 @dataclass(frozen=True)
@@ -64,12 +68,14 @@ def route(name: str, axes: tuple[str | None, ...] | None, ndim: int) -> Route:
         return Route(_ADAMW_MATRICES[axes])
     if len(axes) == 2 and set(axes) <= _MATRIX_AXES:
         return Route("muon", fused=_FUSED.get(axes[-1], 1))
-    raise ConfigError(f"parameter {name} (logical axes {axes}) has no optimiser part: add its axes to "
-                      f"muon.route's table")
+    raise ConfigError(
+        f"parameter {name} (logical axes {axes}) has no optimiser part: add its axes to muon.route's table"
+    )
 
 
 def routes(model: nnx.Module) -> nnx.State:
     """Route leaves in the structure of nnx.state(model, nnx.Param) (what the optimiser sees)."""
+
     def one(path: tuple[Any, ...], var: nnx.Variable) -> Route:
         return route(".".join(map(str, path)), var.get_metadata().get("out_sharding"), var.get_value().ndim)
 
@@ -89,7 +95,9 @@ def routing_table(model: nnx.Module, routing: nnx.State) -> dict[str, dict[str, 
         entry = table[r.part]
         entry["tensors"] += 1
         entry["params"] += math.prod(params[path].get_value().shape)
-        name = re.sub(r"\.\d+\.", ".*.", ".".join(map(str, path))) + (f" (as {r.fused} matrices)" if r.fused > 1 else "")
+        name = re.sub(r"\.\d+\.", ".*.", ".".join(map(str, path))) + (
+            f" (as {r.fused} matrices)" if r.fused > 1 else ""
+        )
         if name not in entry["names"]:
             entry["names"].append(name)
     return {part: entry for part, entry in table.items() if entry["tensors"]}
@@ -99,8 +107,10 @@ def format_table(table: dict[str, dict[str, Any]], rates: dict[str, float]) -> s
     """The routing table in a few lines: part, peak learning rate, counts, names."""
     lines = ["optimizer muon: parameters by part"]
     for part, e in table.items():
-        lines.append(f"  {part:<6} lr {rates[part]:<8.3g} {e['tensors']:>4} tensors {e['params']:>12,} params: "
-                     f"{', '.join(e['names'])}")
+        lines.append(
+            f"  {part:<6} lr {rates[part]:<8.3g} {e['tensors']:>4} tensors {e['params']:>12,} params: "
+            f"{', '.join(e['names'])}"
+        )
     return "\n".join(lines)
 
 
@@ -139,6 +149,7 @@ def _over(fn: Any, routing: nnx.State, tree: Any) -> Any:
 def _width_scale(routing: nnx.State) -> optax.GradientTransformation:
     """Keller Jordan's sqrt(max(1, fan_out / fan_in)) per matrix (as optax.contrib.muon's own
     scale_by_shape, which optax does not export)."""
+
     def scale(r: Route, u: Any) -> Any:
         if isinstance(u, optax.MaskedNode):
             return u
@@ -150,11 +161,13 @@ def _width_scale(routing: nnx.State) -> optax.GradientTransformation:
 
 # Polar Express's coefficients for 5 iterations (Amsel et al. 2025, "The Polar Express", computed with
 # safety factor 2e-2 and cushion 2; nanochat's optim.py): iteration i uses row i.
-POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
-                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
 
 
 class NeuronRmsState(NamedTuple):
@@ -173,6 +186,7 @@ def scale_by_neuron_rms(routing: nnx.State, beta2: float) -> optax.GradientTrans
     neuron's update is divided by the square root of a running mean (decay beta2) of its mean square,
     then the whole matrix is scaled back to the orthogonalised update's Frobenius norm. optax has no
     NorMuon; this is the few lines it takes, on the viewed leaves (q, k, v apart, layers apart)."""
+
     def matrix_axes(r: Route) -> tuple[int, int]:
         return (-3, -1) if r.fused > 1 else (-2, -1)
 
@@ -201,21 +215,32 @@ def scale_by_neuron_rms(routing: nnx.State, beta2: float) -> optax.GradientTrans
 
         pairs = jax.tree.map(one, routing, updates, state.second_moment)
         is_pair = lambda x: isinstance(x, tuple)  # noqa: E731 - one's (update, moment) results
-        return (jax.tree.map(lambda t: t[0], pairs, is_leaf=is_pair),
-                NeuronRmsState(jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair)))
+        return (
+            jax.tree.map(lambda t: t[0], pairs, is_leaf=is_pair),
+            NeuronRmsState(jax.tree.map(lambda t: t[1], pairs, is_leaf=is_pair)),
+        )
 
     return optax.GradientTransformation(init, update)
 
 
-def scale_by_muon_viewed(routing: nnx.State, *, momentum: Any, nesterov: bool, ns_steps: int,
-                         weight_decay: Any, learning_rate: Any, coefficients: str = "standard",
-                         normuon_beta2: float | None = None) -> optax.GradientTransformation:
+def scale_by_muon_viewed(
+    routing: nnx.State,
+    *,
+    momentum: Any,
+    nesterov: bool,
+    ns_steps: int,
+    weight_decay: Any,
+    learning_rate: Any,
+    coefficients: str = "standard",
+    normuon_beta2: float | None = None,
+) -> optax.GradientTransformation:
     """The Muon part (its leaves as partition leaves them; the rest MaskedNode): the fused kernels
     viewed as (C, 3, C) (or (C, 2, KD)) around Muon (Polar Express's coefficients if asked, then
     NorMuon's per-neuron scale if normuon_beta2 is given), width scaling, Muon's own decoupled decay,
     the learning rate."""
     dims = lambda updates: _over(  # noqa: E731 - a tree of dimension numbers, MaskedNode where no leaf
-        lambda r, u: u if isinstance(u, optax.MaskedNode) else _dimension_numbers(r), routing, updates)
+        lambda r, u: u if isinstance(u, optax.MaskedNode) else _dimension_numbers(r), routing, updates
+    )
     coeffs = {} if coefficients == "standard" else {"ns_coeffs": POLAR_EXPRESS[:ns_steps]}
     inner = optax.chain(
         scale_by_muon(ns_steps=ns_steps, beta=momentum, nesterov=nesterov, weight_dimension_numbers=dims, **coeffs),

@@ -47,8 +47,12 @@ _STAT_NAMES = {
 # optimizer "muon" only: the other parts' rates and Muon's momentum (inject_hyperparams' names).
 _MUON_STAT_NAMES = ("embed_learning_rate", "head_learning_rate", "scalar_learning_rate", "momentum")
 # Each part's peak learning rate in the stats (and meta.json "learning_rates") by part name.
-RATE_STATS = {"muon": "learning_rate", "embed": "embed_learning_rate", "head": "head_learning_rate",
-              "scalar": "scalar_learning_rate"}
+RATE_STATS = {
+    "muon": "learning_rate",
+    "embed": "embed_learning_rate",
+    "head": "head_learning_rate",
+    "scalar": "scalar_learning_rate",
+}
 
 
 def peak_rates(train: TrainConfig) -> dict[str, float]:
@@ -56,8 +60,12 @@ def peak_rates(train: TrainConfig) -> dict[str, float]:
     if train.optimizer == "adamw":
         return {"adamw": train.learning_rate}
     m = train.muon
-    return {"muon": train.learning_rate, "embed": m.embed_learning_rate, "head": m.head_learning_rate,
-            "scalar": m.scalar_learning_rate}
+    return {
+        "muon": train.learning_rate,
+        "embed": m.embed_learning_rate,
+        "head": m.head_learning_rate,
+        "scalar": m.scalar_learning_rate,
+    }
 
 
 def part_rates(stats: dict[str, Any]) -> dict[str, float]:
@@ -74,8 +82,14 @@ def make_schedule(train: TrainConfig, total_steps: int, peak: float | None = Non
     peak = train.learning_rate if peak is None else peak
     warmup = int(total_steps * train.warmup_percent / 100)
     if train.schedule == "wsd":
-        return _wsd(peak * train.lr_init_factor, peak, peak * train.lr_end_factor, warmup,
-                    int(total_steps * train.cooldown_percent / 100), total_steps)
+        return _wsd(
+            peak * train.lr_init_factor,
+            peak,
+            peak * train.lr_end_factor,
+            warmup,
+            int(total_steps * train.cooldown_percent / 100),
+            total_steps,
+        )
     return optax.warmup_cosine_decay_schedule(
         init_value=peak * train.lr_init_factor,
         peak_value=peak,
@@ -94,7 +108,7 @@ def _wsd(init: float, peak: float, end: float, warmup: int, cooldown: int, total
     pieces.append((total - warmup - cooldown, optax.constant_schedule(peak)))
     if cooldown:
         pieces.append((cooldown, optax.linear_schedule(peak, end, cooldown)))  # end from step `total` on
-    boundaries = [sum(n for n, _ in pieces[:i + 1]) for i in range(len(pieces) - 1)]
+    boundaries = [sum(n for n, _ in pieces[: i + 1]) for i in range(len(pieces) - 1)]
     return optax.join_schedules([f for _, f in pieces], boundaries)
 
 
@@ -108,6 +122,7 @@ def record_grad_norm() -> optax.GradientTransformation:
     Like optax.snapshot, except that it starts at NaN: snapshot's init measures the
     *parameters*, which would read as a (huge, clipped) gradient norm until the first step.
     """
+
     def init(params: Any) -> GradNormState:
         del params
         return GradNormState(jnp.asarray(jnp.nan, jnp.float32))
@@ -119,8 +134,9 @@ def record_grad_norm() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def make_transform(train: TrainConfig, total_steps: int,
-                   routing: nnx.State | None = None) -> optax.GradientTransformation:
+def make_transform(
+    train: TrainConfig, total_steps: int, routing: nnx.State | None = None
+) -> optax.GradientTransformation:
     """The whole optimiser; `routing` (muon.routes(model)) is needed for optimizer "muon"."""
     if train.optimizer == "muon":
         assert routing is not None, "optimizer 'muon' routes parameters by the model's axis names"
@@ -134,11 +150,7 @@ def make_transform(train: TrainConfig, total_steps: int,
             weight_decay=train.weight_decay,
             mask=matrix_mask,  # matrices only: biases and LayerNorm vectors are not decayed, as in GPT-2
         )
-    inner = optax.chain(
-        record_grad_norm(),
-        optax.clip_by_global_norm(train.clipping_max_norm),
-        update,
-    )
+    inner = optax.chain(record_grad_norm(), optax.clip_by_global_norm(train.clipping_max_norm), update)
     return optax.apply_if_finite(
         optax.MultiSteps(inner, every_k_schedule=train.gradient_accumulation_steps),
         max_consecutive_errors=math.inf,  # never give up: skip every bad microbatch, as PyTorch AMP
@@ -151,29 +163,51 @@ def _muon_adamw(train: TrainConfig, total_steps: int, routing: nnx.State) -> opt
     m = train.muon
     labels = muon.labels(routing)
 
-    def muon_adamw(learning_rate: Any, embed_learning_rate: Any, head_learning_rate: Any,
-                   scalar_learning_rate: Any, momentum: Any, muon_weight_decay: Any, b1: Any, b2: Any,
-                   eps: Any, weight_decay: Any) -> optax.GradientTransformation:
+    def muon_adamw(
+        learning_rate: Any,
+        embed_learning_rate: Any,
+        head_learning_rate: Any,
+        scalar_learning_rate: Any,
+        momentum: Any,
+        muon_weight_decay: Any,
+        b1: Any,
+        b2: Any,
+        eps: Any,
+        weight_decay: Any,
+    ) -> optax.GradientTransformation:
         def adamw(lr: Any) -> optax.GradientTransformation:  # embeddings and head: all matrices
             return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
 
-        return optax.partition({
-            "muon": muon.scale_by_muon_viewed(routing, momentum=momentum, nesterov=m.nesterov, ns_steps=m.ns_steps,
-                                              weight_decay=muon_weight_decay, learning_rate=learning_rate,
-                                              coefficients=m.coefficients,
-                                              normuon_beta2=m.normuon_beta2 if m.normuon else None),
-            "embed": adamw(embed_learning_rate),
-            "head": adamw(head_learning_rate),
-            "scalar": optax.adam(scalar_learning_rate, b1=b1, b2=b2, eps=eps),  # norms, biases: never decayed
-        }, labels)
+        return optax.partition(
+            {
+                "muon": muon.scale_by_muon_viewed(
+                    routing,
+                    momentum=momentum,
+                    nesterov=m.nesterov,
+                    ns_steps=m.ns_steps,
+                    weight_decay=muon_weight_decay,
+                    learning_rate=learning_rate,
+                    coefficients=m.coefficients,
+                    normuon_beta2=m.normuon_beta2 if m.normuon else None,
+                ),
+                "embed": adamw(embed_learning_rate),
+                "head": adamw(head_learning_rate),
+                "scalar": optax.adam(scalar_learning_rate, b1=b1, b2=b2, eps=eps),  # norms, biases: never decayed
+            },
+            labels,
+        )
 
     rates = peak_rates(train)
     return optax.inject_hyperparams(muon_adamw)(
         **{RATE_STATS[part]: make_schedule(train, total_steps, peak) for part, peak in rates.items()},
         momentum=optax.linear_schedule(m.momentum_init, m.momentum, m.momentum_warmup_steps)
-        if m.momentum_warmup_steps else m.momentum,
+        if m.momentum_warmup_steps
+        else m.momentum,
         muon_weight_decay=m.weight_decay,
-        b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps, weight_decay=train.weight_decay,
+        b1=train.adam_b1,
+        b2=train.adam_b2,
+        eps=train.adam_eps,
+        weight_decay=train.weight_decay,
     )
 
 

@@ -89,8 +89,10 @@ class Target:
     def line(self, step: int, tokens: int, seconds: float) -> str:
         r = self.record(step, tokens, seconds)
         if r["reached"]:
-            return (f"Target validation loss {self.value:g} reached at step {r['step']}: {r['step']:,} steps, "
-                    f"{r['tokens']:,} tokens, {r['training_seconds']:,.3f} training seconds")
+            return (
+                f"Target validation loss {self.value:g} reached at step {r['step']}: {r['step']:,} steps, "
+                f"{r['tokens']:,} tokens, {r['training_seconds']:,.3f} training seconds"
+            )
         best = "n/a" if self.best is None else f"{self.best:.4f}"
         return f"Target validation loss {self.value:g} not reached in {step:,} steps (best {best})"
 
@@ -116,14 +118,24 @@ class Progress:
     def resumed_from(cls, meta: dict[str, Any], run: Run, mfu: Any) -> Progress:
         cfg = run.train_cfg
         best = meta.get("best_loss")
-        target = None if cfg.target_val_loss is None else Target(
-            cfg.target_val_loss, best=(meta.get("target") or {}).get("best_loss", best))
+        target = (
+            None
+            if cfg.target_val_loss is None
+            else Target(cfg.target_val_loss, best=(meta.get("target") or {}).get("best_loss", best))
+        )
         elapsed = meta.get("elapsed_s", 0.0)
         # Checkpoints from before training seconds were counted: their elapsed time (validation included).
-        return cls(run, mfu, start=meta.get("step", 0), best=best, elapsed=elapsed,
-                   trained_s=meta.get("training_s", elapsed),
-                   dropped_total=meta.get("skipped_updates", {}).get("dropped_steps_total", 0),
-                   resumed=meta, target=target)
+        return cls(
+            run,
+            mfu,
+            start=meta.get("step", 0),
+            best=best,
+            elapsed=elapsed,
+            trained_s=meta.get("training_s", elapsed),
+            dropped_total=meta.get("skipped_updates", {}).get("dropped_steps_total", 0),
+            resumed=meta,
+            target=target,
+        )
 
     @property
     def tokens_per_step(self) -> int:
@@ -145,12 +157,18 @@ class Progress:
         if "momentum" in stats:
             rates["optim/muon_momentum"] = float(stats["momentum"])
         return rates | {
-            "train/loss": self.window.losses[-1], "train/loss_min": float(np.min(losses)),
-            "train/loss_max": float(np.max(losses)), "train/tokens": done * self.tokens_per_step,
-            "optim/lr": float(stats["learning_rate"]), "optim/grad_norm": gn,
+            "train/loss": self.window.losses[-1],
+            "train/loss_min": float(np.min(losses)),
+            "train/loss_max": float(np.max(losses)),
+            "train/tokens": done * self.tokens_per_step,
+            "optim/lr": float(stats["learning_rate"]),
+            "optim/grad_norm": gn,
             "optim/clipped": float(clip_flag(gn, self.run.train_cfg.clipping_max_norm)),
-            "optim/skipped": float(self.window.dropped[-1]), "perf/step_time_s": step_time,
-            "perf/tokens_per_s": tokens_per_s, "perf/mfu": self.mfu(tokens_per_s)}
+            "optim/skipped": float(self.window.dropped[-1]),
+            "perf/step_time_s": step_time,
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": self.mfu(tokens_per_s),
+        }
 
     def _count_dropped(self, done: int, dropped: bool) -> None:
         """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
@@ -165,20 +183,24 @@ class Progress:
             raise TrainingError(
                 f"{self.run.run_dir}: the last {self.dropped_streak} optimiser steps (to step {done}) were all "
                 f"dropped for non-finite gradients (train.json max_dropped_steps={limit}): the run diverged; "
-                f"{kept}. Lower learning_rate, or check the data, and rerun")
+                f"{kept}. Lower learning_rate, or check the data, and rerun"
+            )
 
     def postpone(self, done: int, stopping: bool) -> str | None:
         """Why an interval checkpoint is skipped (steps are being dropped: `latest` stays on the last
         good one; the weights did not move, but the data position did), or None. A stop request saves."""
         if self.dropped_streak == 0 or stopping or done == self.run.total_steps:
             return None
-        return (f"step {done}: checkpoint postponed, the last {self.dropped_streak} step(s) were dropped "
-                f"(non-finite gradients)")
+        return (
+            f"step {done}: checkpoint postponed, the last {self.dropped_streak} step(s) were dropped "
+            f"(non-finite gradients)"
+        )
 
     def checked_target(self, done: int, val: float) -> bool:
         """Whether this validation reaches train.json target_val_loss (for the first time)."""
-        return self.target is not None and self.target.check(val, done, done * self.tokens_per_step,
-                                                             self.training_seconds())
+        return self.target is not None and self.target.check(
+            val, done, done * self.tokens_per_step, self.training_seconds()
+        )
 
     def closing(self, val: float) -> bool:
         """A checkpoint with validation loss `val` is about to be written: the window's wall time is
@@ -198,16 +220,21 @@ class Progress:
         clipped = gn is not None and clip_flag(gn, self.run.train_cfg.clipping_max_norm)
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clipped else "")
         rate = window.tokens_per_s(self.tokens_per_step)
-        return (f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
-                f"val {val:.4f} ({val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | "
-                f"grad norm {gn_txt} | {rate:,.0f} tok/s | MFU {100 * self.mfu(rate):.1f}%")
+        return (
+            f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
+            f"val {val:.4f} ({val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | "
+            f"grad norm {gn_txt} | {rate:,.0f} tok/s | MFU {100 * self.mfu(rate):.1f}%"
+        )
 
     def summary(self, done: int, seconds: float, last_loss: float) -> str:
         tokens = (done - self.start) * self.tokens_per_step
-        target = "" if self.target is None else "\n" + self.target.line(
-            done, done * self.tokens_per_step, self.trained_s)
-        return (f"Training complete in {seconds:,.3f} seconds\n"
-                f"Tokens seen: {done * self.tokens_per_step:,} ({tokens:,} in this session)\n"
-                f"Throughput: {tokens / seconds:,.0f} tokens/second\n"
-                f"Final train loss: {last_loss:.4f}\n"
-                f"Best validation loss: {self.best:.4f}" + target)
+        target = (
+            "" if self.target is None else "\n" + self.target.line(done, done * self.tokens_per_step, self.trained_s)
+        )
+        return (
+            f"Training complete in {seconds:,.3f} seconds\n"
+            f"Tokens seen: {done * self.tokens_per_step:,} ({tokens:,} in this session)\n"
+            f"Throughput: {tokens / seconds:,.0f} tokens/second\n"
+            f"Final train loss: {last_loss:.4f}\n"
+            f"Best validation loss: {self.best:.4f}" + target
+        )

@@ -84,31 +84,103 @@ def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[
         ckpt.load_weights(model, run.init_from / ckpt.WEIGHTS)
         log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
     peak, source = mfu.peak_flops(compute_dtype)  # the dtype as run
-    state = TrainState(model, optimizer, StepRunner(model, optimizer), mesh,
-                       sharding.local_rows(mesh, cfg.microbatch_size), make_schedule(cfg, run.total_steps),
-                       compute_dtype, routing, mfu.flops_per_token(mcfg, cfg.seq_len(mcfg)), peak, source)
+    state = TrainState(
+        model,
+        optimizer,
+        StepRunner(model, optimizer),
+        mesh,
+        sharding.local_rows(mesh, cfg.microbatch_size),
+        make_schedule(cfg, run.total_steps),
+        compute_dtype,
+        routing,
+        mfu.flops_per_token(mcfg, cfg.seq_len(mcfg)),
+        peak,
+        source,
+    )
     return state, meta
 
 
-def checkpoint_meta(run: Run, state: TrainState, progress: Progress, done: int, stats: dict[str, Any],
-                    val: float, val_tokens: int, is_best: bool, measured: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_meta(
+    run: Run,
+    state: TrainState,
+    progress: Progress,
+    done: int,
+    stats: dict[str, Any],
+    val: float,
+    val_tokens: int,
+    is_best: bool,
+    measured: dict[str, Any],
+) -> dict[str, Any]:
     """meta.json: what a resume and a reader of this one checkpoint need, built here and nowhere else;
     every step's figures are the record's (metrics.jsonl), not repeated here. `measured`: the
     evaluators' entries since the last checkpoint (hellaswag, core)."""
-    cfg, window, k = run.train_cfg, progress.window, run.train_cfg.gradient_accumulation_steps
-    micro, rate, tokens = np.asarray(window.micro_losses), window.tokens_per_s(progress.tokens_per_step), \
-        done * progress.tokens_per_step
+    window = progress.window
+    micro, rate, tokens = (
+        np.asarray(window.micro_losses),
+        window.tokens_per_s(progress.tokens_per_step),
+        done * progress.tokens_per_step,
+    )
     return {
-        "format": 2, "step": done, "total_steps": run.total_steps, "tokens_seen": tokens,
+        "format": 2,
+        "step": done,
+        "total_steps": run.total_steps,
+        "tokens_seen": tokens,
         "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "train_loss": {"min": float(micro.min()), "max": float(micro.max()), "mean": float(micro.mean()),
-                       "last": window.losses[-1]},
-        "val_loss": val, "val_tokens": val_tokens,  # the target tokens that loss is the mean over
-        "hellaswag": [], "core": [], **measured,  # since the last checkpoint: [{"step", "acc", ...}]
-        "best_loss": progress.best, "is_best": is_best,
+        "train_loss": {
+            "min": float(micro.min()),
+            "max": float(micro.max()),
+            "mean": float(micro.mean()),
+            "last": window.losses[-1],
+        },
+        "val_loss": val,
+        "val_tokens": val_tokens,  # the target tokens that loss is the mean over
+        "hellaswag": [],
+        "core": [],
+        **measured,  # since the last checkpoint: [{"step", "acc", ...}]
+        "best_loss": progress.best,
+        "is_best": is_best,
+        **_optimiser(run, state, progress, stats),
+        "throughput_tokens_per_s": rate,
+        "mfu": state.mfu(rate),
+        "flops_per_token": state.flops_per_token,  # mfu.flops_per_token
+        "peak_flops": state.peak_flops,
+        "peak_flops_source": state.peak_source,
+        "elapsed_s": progress.elapsed,
+        "training_s": progress.training_seconds(),  # progress.Target's docstring says what is counted
+        "target": None
+        if progress.target is None
+        else progress.target.record(done, tokens, progress.training_seconds()),
+        "mesh": dict(state.mesh.shape) | {"processes": jax.process_count()},
+        "compute_dtype": state.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
+        **_position(run, done),
+    }
+
+
+def _position(run: Run, done: int) -> dict[str, Any]:
+    """Where the data and the random numbers stand after step `done`: what an exact resume continues from."""
+    cfg, k = run.train_cfg, run.train_cfg.gradient_accumulation_steps
+    return {
+        "data_position": {
+            "next_step": done,
+            "microbatches_consumed": done * k,
+            "sequences_consumed": done * k * cfg.microbatch_size,
+            "epoch": run.train_batches.epoch_of(done, k),
+            "dataset": str(run.dataset.path),
+            "fingerprint": run.dataset.manifest.get("fingerprint"),
+        },
+        # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
+        "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
+    }
+
+
+def _optimiser(run: Run, state: TrainState, progress: Progress, stats: dict[str, Any]) -> dict[str, Any]:
+    """The optimiser's side: rates, gradient norms, clipping, skipped updates, applied steps."""
+    cfg, window = run.train_cfg, progress.window
+    return {
         "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')
         "learning_rates": part_rates(stats),  # each part's, by name (adamw: one)
-        "optimizer": cfg.optimizer, "routing": state.routing,
+        "optimizer": cfg.optimizer,
+        "routing": state.routing,
         # The schedule counts applied optimiser steps: a dropped step does not advance it.
         "next_learning_rate": float(state.schedule(int(stats["gradient_step"]))),
         "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
@@ -116,26 +188,15 @@ def checkpoint_meta(run: Run, state: TrainState, progress: Progress, done: int, 
         "clipped_steps": sum(clip_flag(g, cfg.clipping_max_norm) for g in window.grad_norms),
         **_skipped(stats, window, progress),
         "optimizer_steps_applied": int(stats["gradient_step"]),
-        "throughput_tokens_per_s": rate, "mfu": state.mfu(rate),
-        "flops_per_token": state.flops_per_token,  # mfu.flops_per_token
-        "peak_flops": state.peak_flops, "peak_flops_source": state.peak_source,
-        "elapsed_s": progress.elapsed,
-        "training_s": progress.training_seconds(),  # progress.Target's docstring says what is counted
-        "target": None if progress.target is None else progress.target.record(done, tokens,
-                                                                              progress.training_seconds()),
-        "mesh": dict(state.mesh.shape) | {"processes": jax.process_count()},
-        "compute_dtype": state.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
-        "data_position": {"next_step": done, "microbatches_consumed": done * k,
-                          "sequences_consumed": done * k * cfg.microbatch_size,
-                          "epoch": run.train_batches.epoch_of(done, k), "dataset": str(run.dataset.path),
-                          "fingerprint": run.dataset.manifest.get("fingerprint")},
-        # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
-        "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
     }
 
 
 def _skipped(stats: dict[str, Any], window: Window, progress: Progress) -> dict[str, Any]:
-    return {"skipped_updates": {"consecutive": int(stats["notfinite_count"]),  # microbatches
-                                "total": int(stats["total_notfinite"]),  # microbatches, whole run
-                                "dropped_steps": window.dropped_steps,  # since the last checkpoint
-                                "dropped_steps_total": progress.dropped_total}}
+    return {
+        "skipped_updates": {
+            "consecutive": int(stats["notfinite_count"]),  # microbatches
+            "total": int(stats["total_notfinite"]),  # microbatches, whole run
+            "dropped_steps": window.dropped_steps,  # since the last checkpoint
+            "dropped_steps_total": progress.dropped_total,
+        }
+    }

@@ -24,9 +24,15 @@ from jaxgpt.model.loss import loss_fn
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
 
 
-def _train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, targets: jax.Array,
-                step_key: jax.Array, weights: jax.Array | None = None,
-                segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def _train_step(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    inputs: jax.Array,
+    targets: jax.Array,
+    step_key: jax.Array,
+    weights: jax.Array | None = None,
+    segments: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
 
     inputs, targets: (k, B, T) int32; step_key: the dropout key of this step; weights (k, B, T)
@@ -95,25 +101,40 @@ class StepRunner:
         self.leaves, self.treedef = jax.tree.flatten(state)
         self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves))
 
-    def __call__(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: jax.Array | None = None,
-                 segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(
+        self,
+        inputs: jax.Array,
+        targets: jax.Array,
+        step_key: jax.Array,
+        weights: jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """One optimiser step, dispatched asynchronously: see _train_step."""
         self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key, weights, segments)
         return losses, stats
 
-    def lower(self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: Any = None,
-              segments: Any = None) -> Any:
+    def lower(
+        self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: Any = None, segments: Any = None
+    ) -> Any:
         return self._step.lower(self.leaves, inputs, targets, step_key, weights, segments)
 
-    def export(self, inputs: Any, targets: Any, step_key: jax.Array, platforms: Sequence[str], weights: Any = None,
-               segments: Any = None) -> jax.export.Exported:
+    def export(
+        self,
+        inputs: Any,
+        targets: Any,
+        step_key: jax.Array,
+        platforms: Sequence[str],
+        weights: Any = None,
+        segments: Any = None,
+    ) -> jax.export.Exported:
         """This step as the program `platforms` would run (jax.export: StableHLO, donation kept).
 
         Lowering needs no such device: a CPU machine can export for "cuda" and audit the program
         a GPU would run. inputs, targets: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
         """
-        return jax.export.export(self._step, platforms=platforms)(self.leaves, inputs, targets, step_key, weights,
-                                                                  segments)
+        return jax.export.export(self._step, platforms=platforms)(
+            self.leaves, inputs, targets, step_key, weights, segments
+        )
 
     def sync(self) -> None:
         """Point the model and optimiser at the current arrays."""
@@ -124,9 +145,14 @@ class StepRunner:
 def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...]) -> Any:
     """_train_step over the flat arrays of a model and optimiser of this structure, jitted."""
 
-    def pure(leaves: list[jax.Array], inputs: jax.Array, targets: jax.Array, key: jax.Array,
-             weights: jax.Array | None, segments: jax.Array | None
-             ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
+    def pure(
+        leaves: list[jax.Array],
+        inputs: jax.Array,
+        targets: jax.Array,
+        key: jax.Array,
+        weights: jax.Array | None,
+        segments: jax.Array | None,
+    ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
         model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
         losses, stats = _train_step(model, optimizer, inputs, targets, key, weights, segments)
         new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
@@ -136,9 +162,15 @@ def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...]) -> Any:
     return jax.jit(pure, donate_argnums=0, out_shardings=(list(shardings), None, None))
 
 
-def train_step(model: nnx.Module, optimizer: nnx.Optimizer, inputs: jax.Array, targets: jax.Array,
-               step_key: jax.Array, weights: jax.Array | None = None,
-               segments: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+def train_step(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    inputs: jax.Array,
+    targets: jax.Array,
+    step_key: jax.Array,
+    weights: jax.Array | None = None,
+    segments: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step of the StepRunner program on these objects, which then hold its result."""
     runner = StepRunner(model, optimizer)
     out = runner(inputs, targets, step_key, weights, segments)
