@@ -209,18 +209,17 @@ def test_no_token_attends_to_another_conversation_in_its_row(options: dict) -> N
     )
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 256, 30), rng.integers(0, 256, 50)
-    row = np.concatenate([a, b, np.zeros(16, int)])[None].astype(np.int32)  # (1, 96)
-    seg = np.concatenate([np.full(30, 1), np.full(50, 2), np.zeros(16)])[None].astype(np.int32)
-    packed = np.asarray(model(jnp.asarray(row), segments=jnp.asarray(seg)))
-    alone_b = np.asarray(model(jnp.asarray(np.pad(b, (0, 46))[None].astype(np.int32))))
-    alone_a = np.asarray(model(jnp.asarray(np.pad(a, (0, 66))[None].astype(np.int32))))
-    np.testing.assert_allclose(packed[0, 30:80], alone_b[0, :50], atol=2e-5)
-    np.testing.assert_allclose(packed[0, :30], alone_a[0, :30], atol=2e-5)
+    row = np.concatenate([a, b, np.zeros(16, int)]).astype(np.int32)  # (96,)
     other = row.copy()
-    other[0, :30] = rng.integers(0, 256, 30)
-    changed = np.asarray(model(jnp.asarray(other), segments=jnp.asarray(seg)))
-    np.testing.assert_array_equal(changed[0, 30:80], packed[0, 30:80])
-    assert np.abs(changed[0, :30] - packed[0, :30]).max() > 1e-3
+    other[:30] = rng.integers(0, 256, 30)  # the first conversation changed, the second the same
+    seg = np.concatenate([np.full(30, 1), np.full(50, 2), np.zeros(16)]).astype(np.int32)
+    packed, changed = np.asarray(model(jnp.asarray(np.stack([row, other])), segments=jnp.asarray(np.stack([seg, seg]))))
+    alone = np.stack([np.pad(b, (0, 46)), np.pad(a, (0, 66))]).astype(np.int32)
+    alone_b, alone_a = np.asarray(model(jnp.asarray(alone)))  # one text per row: the plain path
+    np.testing.assert_allclose(packed[30:80], alone_b[:50], atol=2e-5)
+    np.testing.assert_allclose(packed[:30], alone_a[:30], atol=2e-5)
+    np.testing.assert_array_equal(changed[30:80], packed[30:80])
+    assert np.abs(changed[:30] - packed[:30]).max() > 1e-3
 
 
 # ----------------------------------------------------------------------------- a fine-tuning run

@@ -100,7 +100,7 @@ def exported_step(cfg: ModelConfig, backend: str, platform: str, train: TrainCon
 
 
 STEPS = [(v, p) for v in VARIANTS for p in PLATFORMS]
-FAST = {("unrolled", "cuda"), ("modern-muon-scan-chunked", "tpu"), ("2026-muon-scan-remat", "cuda")}  # the fast tier's
+FAST = {("modern-muon-scan-chunked", "tpu"), ("2026-muon-scan-remat", "cuda")}  # the fast tier's
 
 
 @pytest.fixture(

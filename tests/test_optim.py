@@ -277,15 +277,18 @@ def test_step_runner_is_train_step_bit_for_bit(runs: dict) -> None:
     assert int(stats["total_notfinite"]) == 1  # the NaN batch went through the skip path
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_multisteps_equals_plain_chain_on_concatenated_batch(runs: dict) -> None:
     assert max_diff(runs["acc"], runs["init"]) > 1e-3  # the parameters really moved
     assert max_diff(runs["acc"], runs["ref"]) <= 1e-5
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_multisteps_equals_single_microbatch_step(runs: dict) -> None:
     assert max_diff(runs["acc"], runs["one"]) <= 1e-5
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_train_step_losses_are_microbatch_losses(runs: dict) -> None:
     x, y = runs["batches"][0]
     model = build_model(MODEL, seed=0)
@@ -294,6 +297,7 @@ def test_train_step_losses_are_microbatch_losses(runs: dict) -> None:
     assert runs["acc_losses"][0].shape == (K,)
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_grad_norm_is_pre_clip_norm_of_averaged_gradient(runs: dict) -> None:
     model = build_model(MODEL, seed=0)
     x, y = runs["batches"][0]
@@ -308,6 +312,7 @@ def test_grad_norm_is_pre_clip_norm_of_averaged_gradient(runs: dict) -> None:
     assert float(runs["acc_stats"][1]["grad_norm"]) == pytest.approx(runs["ref_grad_norms"][1], rel=1e-4)
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_stats_learning_rate_and_counters(runs: dict) -> None:
     s = make_schedule(runs["train"], TOTAL)
     for i, stats in enumerate(runs["acc_stats"]):
@@ -323,6 +328,7 @@ def test_stats_learning_rate_and_counters(runs: dict) -> None:
     assert not any(bool(st["skipped_step"]) for st in runs["acc_stats"])
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_nan_microbatch_through_train_step_is_skipped(runs: dict) -> None:
     """An out-of-range token id makes the embedding lookup NaN (jnp.take fills), so the loss and
     every gradient are NaN: the step is skipped, counted, and the parameters are untouched."""
@@ -338,6 +344,7 @@ def test_nan_microbatch_through_train_step_is_skipped(runs: dict) -> None:
     assert int(stats["gradient_step"]) == 2  # unchanged
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_nan_microbatch_inside_accumulation_is_skipped_and_counted(runs: dict) -> None:
     losses, stats, params = runs["after_nan"][0]
     assert np.isnan(losses[0]) and np.all(np.isfinite(losses[1:]))
@@ -347,6 +354,7 @@ def test_nan_microbatch_inside_accumulation_is_skipped_and_counted(runs: dict) -
     assert int(runs["after_nan"][1][1]["total_notfinite"]) == 1
 
 
+@SLOW  # the `runs` fixture compiles three optimisers' steps
 def test_train_step_keeps_windows_aligned_after_a_skipped_microbatch(runs: dict) -> None:
     (_, nan_stats, _), (_, next_stats, _) = runs["after_nan"]
     # Each train_step call is documented as one optimiser step: whatever happens to a bad

@@ -114,7 +114,7 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"attention-per-head", "loss-chunk-7", "all-float32"}))
+@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"attention-per-head", "all-float32"}))
 def test_float32_option_matches_default(weights, reference, kw: dict) -> None:
     ref_loss, ref_grads = reference
     loss, grads = loss_and_grads(model_with(weights, **kw))
