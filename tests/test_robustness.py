@@ -151,10 +151,12 @@ def read_lines(stream: IO[str], lines: list[str], seen: threading.Event, prefix:
 
 
 def test_a_deliberate_second_ctrl_c_aborts_in_one_line(tmp_path: Path, data_root: Path) -> None:
-    """The second Ctrl-C lands while the first one's validation runs (made long on purpose), sent once
-    the trainer has said it got the first; its StopFlag counts any later Ctrl-C as distinct (repeat_s 0)."""
+    """The second Ctrl-C, sent once the trainer has said it got the first, lands while the stop's
+    validation runs: 4,000 batches, seconds against the milliseconds between the two (more would
+    only lengthen the first checkpoint's validation). The StopFlag counts any later Ctrl-C as
+    distinct (repeat_s 0)."""
     run = write_run(
-        tmp_path / "run", MODEL, {**TRAIN, "train_steps": 100000, "checkpoint_interval": 5, "validation_batches": 20000}
+        tmp_path / "run", MODEL, {**TRAIN, "train_steps": 100000, "checkpoint_interval": 5, "validation_batches": 4000}
     )
     proc = trainer(run, data_root, stop_repeat_s=0.0)
     wait_for_step(run, proc, 5)
