@@ -37,18 +37,16 @@ evaluation render prompts exactly as training did.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, Tokenizer, special_tokens
+from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, SPECIAL_NAME, Tokenizer, encode_with_specials, special_tokens
 
 TEMPLATE_FILE = "chat_template.json"  # in a checkpoint folder, beside model.json
 CONTENT = "{content}"
 ROLES = ("system", "user", "assistant")
-_SPECIAL = re.compile(r"(<\|[A-Za-z0-9_]+\|>)")
 ALPACA_SYSTEM = (
     "Below is an instruction that describes a task. Write a response that appropriately completes the request."
 )
@@ -112,7 +110,7 @@ class ChatTemplate:
         """TemplateError if a literal part names a special token `tok` lacks."""
         specials = special_tokens(tok)
         for part in (self.user, self.assistant, self.end, self.system or "", self.bos or ""):
-            for name in _SPECIAL.findall(part):
+            for name in SPECIAL_NAME.findall(part):
                 if name not in specials:
                     hint = (
                         " (train the tokenizer again with download_dataset.py tokenizer: it adds nanochat's role "
@@ -135,7 +133,7 @@ class ChatTemplate:
         mask: list[int] = []
 
         def put(part: str, trained: int, literal: bool = True) -> None:
-            new = _encode_literal(tok, part) if literal else tok.encode(part)
+            new = encode_with_specials(tok, part) if literal else tok.encode(part)
             ids.extend(new)
             mask.extend([trained] * len(new))
 
@@ -175,12 +173,12 @@ class ChatTemplate:
 
     def stop_ids(self, tok: Tokenizer) -> list[int]:
         """Ids that end an answer: `end` when it is one token, and end-of-text always."""
-        end = _encode_literal(tok, self.end)
+        end = encode_with_specials(tok, self.end)
         return sorted({tok.eot_id, *(end if len(end) == 1 else [])})
 
     def end_ids(self, tok: Tokenizer) -> list[int]:
         """`end` as ids (an answer whose generated ids end with these has ended, however long `end` is)."""
-        return _encode_literal(tok, self.end)
+        return encode_with_specials(tok, self.end)
 
     def jinja(self) -> str:
         """The same template in Jinja, as transformers' tokenizer_config.json "chat_template" and
@@ -226,18 +224,6 @@ class ChatTemplate:
             "{% if add_generation_prompt %}" + f"{{{{ {lit(self.assistant.partition(CONTENT)[0])} }}}}{{% endif %}}"
         )
         return "".join(out)
-
-
-def _encode_literal(tok: Tokenizer, text: str) -> list[int]:
-    """A template's own text: its special-token names become their ids, the rest ordinary text."""
-    specials = special_tokens(tok)
-    ids: list[int] = []
-    for piece in _SPECIAL.split(text):
-        if piece in specials:
-            ids.append(specials[piece])
-        elif piece:
-            ids.extend(tok.encode(piece))
-    return ids
 
 
 def check_messages(messages: Any, for_prompt: bool = False) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -217,6 +218,22 @@ def special_tokens(tok: Tokenizer) -> dict[str, int]:
     """The tokenizer's special tokens by name ("<|endoftext|>" -> its id, ...): what a chat template's
     literal text may name (jaxgpt/data/chat_template.py). Text is never encoded into them."""
     return dict(getattr(tok, "special_ids", None) or {EOT_TEXT: tok.eot_id})
+
+
+SPECIAL_NAME = re.compile(r"(<\|[A-Za-z0-9_]+\|>)")  # "<|endoftext|>", "<|user_start|>", ...
+
+
+def encode_with_specials(tok: Tokenizer, text: str) -> list[int]:
+    """Text whose special-token names become their ids and the rest ordinary text: a chat template's
+    own literal parts, and what transformers' tokenizers and vLLM's /tokenize read."""
+    specials = special_tokens(tok)
+    ids: list[int] = []
+    for piece in SPECIAL_NAME.split(text):
+        if piece in specials:
+            ids.append(specials[piece])
+        elif piece:
+            ids.extend(tok.encode(piece))
+    return ids
 
 
 def trained_dir(name: str, data_root: Path | None = None) -> Path:

@@ -38,11 +38,10 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
-from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer
+from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, encode_with_specials
 from jaxgpt.serving import protocol as p
 from jaxgpt.serving import responses as r
 from jaxgpt.serving.engine import Engine, Job, Piece, QueueFull
-from jaxgpt.serving.text import encode_with_specials
 
 log = logging.getLogger("jaxgpt.serving")
 OPEN_PATHS = frozenset({"/health", "/healthz"})  # answered without the API key (load balancers, tests)

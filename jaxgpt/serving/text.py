@@ -19,13 +19,10 @@ the answer's final text, so streamed and whole answers are the same text.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from jaxgpt.chat.answer import REPLACEMENT
-from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, special_tokens
-
-_SPECIAL = re.compile(r"(<\|[A-Za-z0-9_]+\|>)")
+from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer
 
 
 class TextStream:
@@ -106,16 +103,3 @@ def token_bytes(tok: Tokenizer, token: int) -> bytes:
 
         return tiktoken.get_encoding("gpt2").decode_single_token_bytes(token)
     return token_text(tok, token).encode("utf-8")  # a trained tokenizer: exact for whole-character tokens
-
-
-def encode_with_specials(tok: Tokenizer, text: str) -> list[int]:
-    """Text whose special-token names ("<|endoftext|>", ...) become their ids, as transformers'
-    tokenizers and vLLM's /tokenize read them; prompts of /v1/completions are ordinary text instead."""
-    specials = special_tokens(tok)
-    ids: list[int] = []
-    for piece in _SPECIAL.split(text):
-        if piece in specials:
-            ids.append(specials[piece])
-        elif piece:
-            ids.extend(tok.encode(piece))
-    return ids
