@@ -25,11 +25,9 @@ not weights and are skipped. The head count is not visible in the shapes: it com
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +35,9 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from jaxgpt.checkpoints import imported
 from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError, ModelConfig, TrainConfig, from_dict, to_dict
+from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.data.tokenizer import GPT2_EOT_ID, BytesTokenizer
 
 # name -> (n_layers, emb_dim, n_heads); all four have vocab 50257 and context 1024.
@@ -49,7 +48,6 @@ VARIANTS = {
     "gpt2-xl": (48, 1600, 25),
 }
 HUB_ORG = "openai-community"
-INIT_DIR = "pretrained"
 _LAYER = re.compile(r"^h\.(\d+)\.")
 _BUFFERS = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")  # causal masks, not weights
 # Our per-block name -> Hugging Face's (after "h.{i}.").
@@ -72,22 +70,6 @@ _TOP = {
     "pos_emb.embedding": "wpe.weight",
     "ln_f.scale": "ln_f.weight",
     "ln_f.bias": "ln_f.bias",
-}
-# What a fresh import fine-tunes with; the user edits train.json to taste.
-FINETUNE = {
-    "dataset": {"source": "builtin"},
-    "tokenizer": "gpt2",
-    "init_from": INIT_DIR,
-    "microbatch_size": 8,
-    "gradient_accumulation_steps": 2,
-    "train_steps": 100,
-    "learning_rate": 1e-4,
-    "warmup_percent": 5,
-    "lr_end_factor": 0.1,
-    "weight_decay": 0.1,
-    "checkpoint_interval": 25,
-    "validation_batches": 8,
-    "keep_last_checkpoints": 2,
 }
 
 
@@ -325,12 +307,7 @@ def import_run(
 ) -> Path:
     """Turn a GPT-2 safetensors file (or variant name) into a run directory; returns pretrained/."""
     run_dir = Path(run_dir)
-    init = run_dir / INIT_DIR
-    clashes = [p for p in (run_dir / MODEL_FILE, run_dir / TRAIN_FILE, init) if p.exists()]
-    if clashes and not force:
-        raise WeightsError(f"{clashes[0]}: already exists; choose a new run directory or pass --force")
-    if ckpt.latest_checkpoint(run_dir) is not None:
-        raise WeightsError(f"{run_dir}: has training checkpoints; import into a new run directory")
+    imported.check_target(run_dir, force, WeightsError)
     path, described = _source_file(str(source))
     hf_cfg_path = path.with_name("config.json")
     hf_cfg = json.loads(hf_cfg_path.read_text()) if hf_cfg_path.is_file() else None
@@ -338,33 +315,7 @@ def import_run(
     cfg = infer_config(tensors, str(path), n_heads=n_heads, hf_config=hf_cfg)
     weights = hf_to_ours(tensors, cfg, str(path))
     del tensors
-    train_json = {**FINETUNE, "tokenizer": tokenizer, "sequence_length": min(256, cfg.context_length)}
-    train = from_dict(TrainConfig, train_json, "import_gpt2.FINETUNE")  # our own defaults must be valid
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".tmp-{INIT_DIR}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(weights, str(tmp / ckpt.WEIGHTS))
-    _write_json(tmp / MODEL_FILE, to_dict(cfg))
-    _write_json(tmp / TRAIN_FILE, to_dict(train))
-    _write_json(
-        tmp / ckpt.META,
-        {  # last: marks the folder complete
-            "format": 1,
-            "step": 0,
-            "weights_only": True,
-            "imported_from": described,
-            "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        },
-    )
-    if init.exists():
-        shutil.rmtree(init)
-    os.rename(tmp, init)
-    _write_json(run_dir / MODEL_FILE, to_dict(cfg))
-    _write_json(run_dir / TRAIN_FILE, train_json)
-    return init
+    return imported.write_run(run_dir, weights, cfg, tokenizer, {}, described)
 
 
 # ----------------------------------------------------------------------------- export

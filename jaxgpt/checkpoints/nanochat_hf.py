@@ -37,11 +37,9 @@ keeps the RMS). A model.json option NanoChat cannot compute is refused in one li
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +48,18 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from jaxgpt.checkpoints import hf_tokenizer as tk
+from jaxgpt.checkpoints import imported
 from jaxgpt.checkpoints.hf_tokenizer import ConversionError
 from jaxgpt.checkpoints.layout import (
-    META,
     WEIGHTS,
     checkpoint_configs,
     checkpoint_tokenizer,
-    latest_checkpoint,
     write_json,
 )
 from jaxgpt.config import (
     MODEL_FILE,
-    TRAIN_FILE,
     ConfigError,
     ModelConfig,
-    TrainConfig,
     default_tokenizer,
     from_dict,
     to_dict,
@@ -74,7 +69,6 @@ from jaxgpt.data.tokenizer import TOKENIZER_FILE, TokenizerError, check_name
 
 __all__ = ["ConversionError", "export_problem", "export_run", "import_run"]
 
-INIT_DIR = "pretrained"
 HF_CONFIG, HF_WEIGHTS, HF_INDEX, GENERATION_CONFIG = (
     "config.json",
     "model.safetensors",
@@ -98,21 +92,6 @@ _HF_DEFAULTS = {
     "final_logit_softcapping": 15.0,
     "attention_bias": False,
     "tie_word_embeddings": False,
-}
-# What a fresh import fine-tunes with (import_gpt2.py's; copied, not imported: gpt2.py loads JAX).
-FINETUNE = {
-    "dataset": {"source": "builtin"},
-    "init_from": INIT_DIR,
-    "microbatch_size": 8,
-    "gradient_accumulation_steps": 2,
-    "train_steps": 100,
-    "learning_rate": 1e-4,
-    "warmup_percent": 5,
-    "lr_end_factor": 0.1,
-    "weight_decay": 0.1,
-    "checkpoint_interval": 25,
-    "validation_batches": 8,
-    "keep_last_checkpoints": 2,
 }
 
 # model.json options NanoChat cannot compute, in model.json's key order: (key, refused?, why). What is
@@ -493,12 +472,7 @@ def import_run(hf_folder: Path, run_dir: Path, force: bool = False, *, tokenizer
     """Turn a NanoChat transformers folder into a run directory; returns its pretrained/ checkpoint.
     `tokenizer_name`: train.json's name for a trained tokenizer (default: the folder's name)."""
     hf_folder, run_dir = Path(hf_folder), Path(run_dir)
-    init = run_dir / INIT_DIR
-    clash = next((p for p in (run_dir / MODEL_FILE, run_dir / TRAIN_FILE, init) if p.exists()), None)
-    if clash is not None and not force:
-        raise ConversionError(f"{clash}: already exists; choose a new run directory or pass --force")
-    if latest_checkpoint(run_dir) is not None:
-        raise ConversionError(f"{run_dir}: has training checkpoints; import into a new run directory")
+    imported.check_target(run_dir, force, ConversionError)
     config_path = hf_folder / HF_CONFIG
     try:
         hf = json.loads(config_path.read_text())
@@ -521,13 +495,8 @@ def import_run(hf_folder: Path, run_dir: Path, force: bool = False, *, tokenizer
     _check_tensors(tensors, hf_shapes(cfg), str(hf_folder))
     weights = hf_to_ours(tensors, cfg)
     del tensors
-    train_json = {**FINETUNE, "tokenizer": name, "sequence_length": min(256, cfg.context_length)}
-    train = from_dict(TrainConfig, train_json, "nanochat_hf.FINETUNE")  # our own defaults must be valid
     files = {} if name in ("gpt2", "bytes") else {TOKENIZER_FILE: tokenizer_json}
-    _write_init(init, weights, cfg, train, files, str(hf_folder))
-    write_json(run_dir / MODEL_FILE, to_dict(cfg))
-    write_json(run_dir / TRAIN_FILE, train_json)
-    return init
+    return imported.write_run(run_dir, weights, cfg, name, files, str(hf_folder))
 
 
 def _trained_name(hf_folder: Path, asked: str | None) -> str:
@@ -538,32 +507,3 @@ def _trained_name(hf_folder: Path, asked: str | None) -> str:
         return check_name(name)
     except TokenizerError as e:
         raise ConversionError(f"--tokenizer-name: {e}") from None
-
-
-def _write_init(
-    init: Path, weights: dict[str, np.ndarray], cfg: ModelConfig, train: TrainConfig, files: dict[str, str], source: str
-) -> None:
-    """The weights-only checkpoint train.json init_from names, assembled aside and renamed into place."""
-    init.parent.mkdir(parents=True, exist_ok=True)
-    tmp = init.parent / f".tmp-{init.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_file(weights, str(tmp / WEIGHTS))
-    for filename, text in files.items():
-        (tmp / filename).write_text(text, encoding="utf-8")
-    write_json(tmp / MODEL_FILE, to_dict(cfg))
-    write_json(tmp / TRAIN_FILE, to_dict(train))
-    write_json(
-        tmp / META,
-        {  # last: marks the folder complete
-            "format": 1,
-            "step": 0,
-            "weights_only": True,
-            "imported_from": source,
-            "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        },
-    )
-    if init.exists():
-        shutil.rmtree(init)
-    os.rename(tmp, init)
