@@ -157,16 +157,7 @@ def write_conversations(
     records: Iterable[tuple[bool, str, Conversation]],
 ) -> dict:
     """Render and write every conversation (atomically: see DatasetWriter); returns the manifest."""
-    with DatasetWriter(
-        path,
-        source=source,
-        options=options,
-        fingerprint=fingerprint,
-        tokenizer=tok.name,
-        vocab_size=tok.n_vocab,
-        eot_id=tok.eot_id,
-        tokenizer_sha256=getattr(tok, "sha256", None),
-    ) as writer:
+    with DatasetWriter.for_tokenizer(path, tok, source=source, options=options, fingerprint=fingerprint) as writer:
         shards = {split: _Shards(writer, split) for split in SPLITS}
         held: list[str] = []
         for is_val, where, messages in records:

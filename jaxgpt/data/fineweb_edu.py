@@ -278,15 +278,8 @@ def _link_dataset(
     """Write `path` from the staged shards (hard links where it can: no second copy on disk), each with
     its document count, and log what each split holds."""
     fingerprint = f"hf:{REPO_ID} train_files={len(splits['train'])}"
-    with DatasetWriter(
-        path,
-        source=SOURCE,
-        options=options,
-        fingerprint=fingerprint,
-        tokenizer=tokenizer.name,
-        vocab_size=tokenizer.n_vocab,
-        eot_id=tokenizer.eot_id,
-        tokenizer_sha256=getattr(tokenizer, "sha256", None),
+    with DatasetWriter.for_tokenizer(
+        path, tokenizer, source=SOURCE, options=options, fingerprint=fingerprint
     ) as writer:
         for split in ("train", "val"):
             for name, shard, tokens, entry in _entries(splits[split]):

@@ -97,6 +97,22 @@ class DatasetWriter:
     temporary folder.
     """
 
+    @classmethod
+    def for_tokenizer(
+        cls, dataset_dir: Path, tokenizer: Tokenizer, *, source: str, options: dict, fingerprint: str
+    ) -> DatasetWriter:
+        """A writer whose manifest records `tokenizer` (name, vocabulary, end-of-text id, file hash)."""
+        return cls(
+            dataset_dir,
+            source=source,
+            options=options,
+            fingerprint=fingerprint,
+            tokenizer=tokenizer.name,
+            vocab_size=tokenizer.n_vocab,
+            eot_id=tokenizer.eot_id,
+            tokenizer_sha256=getattr(tokenizer, "sha256", None),
+        )
+
     def __init__(
         self,
         dataset_dir: Path,
@@ -285,15 +301,8 @@ def write_dataset(
         raise DataError(f"{dataset_dir}: splits must be exactly {list(SPLITS)}, got {sorted(splits)}")
     if shard_tokens < 1:
         raise DataError(f"{dataset_dir}: shard_tokens must be >= 1, got {shard_tokens}")
-    with DatasetWriter(
-        dataset_dir,
-        source=source,
-        options=options,
-        fingerprint=fingerprint,
-        tokenizer=tokenizer.name,
-        vocab_size=tokenizer.n_vocab,
-        eot_id=tokenizer.eot_id,
-        tokenizer_sha256=getattr(tokenizer, "sha256", None),
+    with DatasetWriter.for_tokenizer(
+        dataset_dir, tokenizer, source=source, options=options, fingerprint=fingerprint
     ) as writer:
         shards = {split: _SplitShards(writer, split, shard_tokens) for split in SPLITS}
         if isinstance(splits, Mapping):
