@@ -95,6 +95,31 @@ def wait_for_step(run_dir: Path, proc: subprocess.Popen, min_step: int, timeout:
     raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
 
 
+# The tiny GPT-2 and its training that the subprocess tests (train, robustness, target, peers) start
+# from, each changing what it needs with {**TINY_TRAIN, ...}: quick to compile, dropout on.
+TINY_MODEL = {
+    "architecture": "gpt2",
+    "vocab_size": 257,
+    "context_length": 32,
+    "emb_dim": 32,
+    "n_heads": 2,
+    "n_layers": 1,
+    "qkv_bias": True,
+    "drop_rate": 0.1,
+}
+TINY_TRAIN = {
+    "dataset": {"source": "builtin"},
+    "tokenizer": "bytes",
+    "microbatch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "train_steps": 120,
+    "learning_rate": 0.003,
+    "checkpoint_interval": 10,
+    "validation_batches": 1,
+    "keep_last_checkpoints": 2,
+}
+
+
 def write_run(run_dir: Path, model: dict, train: dict) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "model.json").write_text(json.dumps(model, indent=2))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, write_run
+from conftest import ROOT, TINY_MODEL, write_run
 from safetensors.numpy import load_file
 
 import train
@@ -28,16 +28,7 @@ from jaxgpt.tracking.history import read_record
 # Not in the fast tier (-m "not slow"): two train.py processes stopped by signals and by a dead peer.
 pytestmark = pytest.mark.slow
 
-MODEL = {
-    "architecture": "gpt2",
-    "vocab_size": 257,
-    "context_length": 32,
-    "emb_dim": 32,
-    "n_heads": 2,
-    "n_layers": 1,
-    "qkv_bias": True,
-    "drop_rate": 0.1,
-}
+MODEL = TINY_MODEL
 TRAIN = {
     "dataset": {"source": "builtin"},
     "tokenizer": "bytes",

@@ -17,7 +17,7 @@ from typing import IO
 
 import numpy as np
 import pytest
-from conftest import ROOT, wait_for_step, write_run
+from conftest import ROOT, TINY_MODEL, TINY_TRAIN, wait_for_step, write_run
 from safetensors.numpy import load_file
 
 import train
@@ -30,27 +30,8 @@ from jaxgpt.training import run as run_setup
 # Not in the fast tier (-m "not slow"): real train.py processes stopped by real signals, killed, resumed.
 pytestmark = pytest.mark.slow
 
-MODEL = {
-    "architecture": "gpt2",
-    "vocab_size": 257,
-    "context_length": 32,
-    "emb_dim": 32,
-    "n_heads": 2,
-    "n_layers": 1,
-    "qkv_bias": True,
-    "drop_rate": 0.1,
-}
-TRAIN = {
-    "dataset": {"source": "builtin"},
-    "tokenizer": "bytes",
-    "microbatch_size": 4,
-    "gradient_accumulation_steps": 2,
-    "train_steps": 120,
-    "learning_rate": 0.003,
-    "checkpoint_interval": 10,
-    "validation_batches": 1,
-    "keep_last_checkpoints": 3,
-}
+MODEL = TINY_MODEL
+TRAIN = {**TINY_TRAIN, "keep_last_checkpoints": 3}
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 

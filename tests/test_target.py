@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, wait_for_step, write_run
+from conftest import ROOT, TINY_MODEL, TINY_TRAIN, wait_for_step, write_run
 
 import train
 from jaxgpt.checkpoints import store as ckpt
@@ -25,28 +25,8 @@ from jaxgpt.tracking.history import read_record
 # Not in the fast tier (-m "not slow"): trainings end to end, one interrupted and resumed.
 pytestmark = pytest.mark.slow
 
-MODEL = {
-    "architecture": "gpt2",
-    "vocab_size": 257,
-    "context_length": 32,
-    "emb_dim": 32,
-    "n_heads": 2,
-    "n_layers": 1,
-    "qkv_bias": True,
-    "drop_rate": 0.1,
-}
-TRAIN = {
-    "dataset": {"source": "builtin"},
-    "tokenizer": "bytes",
-    "microbatch_size": 4,
-    "gradient_accumulation_steps": 2,
-    "train_steps": 120,
-    "learning_rate": 0.003,
-    "checkpoint_interval": 20,
-    "validation_interval": 5,
-    "validation_batches": 1,
-    "keep_last_checkpoints": 2,
-}
+MODEL = TINY_MODEL
+TRAIN = {**TINY_TRAIN, "checkpoint_interval": 20, "validation_interval": 5}
 TOKENS_PER_STEP = 4 * 2 * 32
 
 

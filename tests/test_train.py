@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, SLOW, wait_for_step, write_run
+from conftest import ROOT, SLOW, TINY_MODEL, TINY_TRAIN, wait_for_step, write_run
 from safetensors.numpy import load_file
 
 import test_a_to_a
@@ -37,27 +37,8 @@ A_TO_A_TRAIN = {
     "keep_last_checkpoints": 2,
     "charts_log_y": True,
 }
-GPT_MODEL = {
-    "architecture": "gpt2",
-    "vocab_size": 257,
-    "context_length": 32,
-    "emb_dim": 32,
-    "n_heads": 2,
-    "n_layers": 1,
-    "qkv_bias": True,
-    "drop_rate": 0.1,
-}
-GPT_TRAIN = {
-    "dataset": {"source": "builtin"},
-    "tokenizer": "bytes",
-    "microbatch_size": 4,
-    "gradient_accumulation_steps": 2,
-    "train_steps": 120,
-    "learning_rate": 0.003,
-    "checkpoint_interval": 10,
-    "validation_batches": 1,
-    "keep_last_checkpoints": 2,
-}
+GPT_MODEL = TINY_MODEL
+GPT_TRAIN = TINY_TRAIN
 
 
 def run_main(run_dir: Path, data_root: Path, *extra: str) -> int:
