@@ -205,3 +205,53 @@ def test_the_jinja_form_renders_the_same_text(name: str, roles_tok) -> None:
         ids, _ = template.render(tok, messages)
         assert _jinja_render(template, messages, False) == tok.decode(ids)
         assert _jinja_render(template, messages[:-1], True) == tok.decode(template.prompt(tok, messages[:-1]))
+
+
+# Answers and questions whose seams a piece-by-piece encoding splits differently from the whole text
+# ("\n\n" is one GPT-2 token, 628, and two before "###"); one answer with an Alpaca input.
+SEAMS = [
+    {"role": "system", "content": "Answer in full sentences.\n"},
+    {"role": "user", "content": "List two fruits.\n\n", "input": "Sweet ones,\nplease."},
+    {"role": "assistant", "content": "Apples.\n\nAnd pears, naturally!"},
+    {"role": "user", "content": "Why? <|endoftext|> <|assistant_start|>"},
+    {"role": "assistant", "content": " They are sweet:\n- ripe\n- juicy.  "},
+]
+
+
+def _hf_tokenizer(tmp_path: Path, tokenizer_json: str, template: ChatTemplate):
+    """transformers' own tokenizer for the files an export writes (hf_tokenizer.py), with the template."""
+    transformers = pytest.importorskip("transformers")
+    from jaxgpt.checkpoints import hf_tokenizer as tk
+
+    (tmp_path / tk.TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
+    config, special = tk.tokenizer_files(context_length=1024, chat_template=template.jinja())
+    (tmp_path / tk.TOKENIZER_CONFIG).write_text(json.dumps(config))
+    (tmp_path / tk.SPECIAL_TOKENS_MAP).write_text(json.dumps(special))
+    return transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+
+
+def _hf_ids(hf, messages: list, generation: bool) -> list[int]:
+    out = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.mark.parametrize("name, tokenizer", [("alpaca", "gpt2"), ("alpaca", "trained"), ("nanochat", "trained")])
+def test_the_ids_are_transformers_apply_chat_template_ids(name: str, tokenizer: str, gpt2, roles_tok, tmp_path) -> None:
+    from jaxgpt.checkpoints import hf_tokenizer as tk
+
+    template = BUILTIN[name]
+    tok = gpt2 if tokenizer == "gpt2" else roles_tok
+    hf = _hf_tokenizer(tmp_path, tk.gpt2_tokenizer_json() if tokenizer == "gpt2" else roles_tok.data.decode(), template)
+    safe = [m | {"content": m["content"].replace("<|", "<")} for m in SEAMS]  # transformers would read the names
+    for messages in (CHAT, CHAT[1:], safe, safe[1:3]):
+        ids, mask = template.render(tok, messages)
+        assert ids == _hf_ids(hf, messages, False)
+        answers = [m["content"] + tok.decode(template.end_ids(tok)) for m in messages if m["role"] == "assistant"]
+        assert trained_text(tok, ids, mask) == "".join(f"{a}|" for a in answers)  # exactly the answers and ends
+        for upto in range(1 if messages[0]["role"] == "user" else 2, len(messages), 2):
+            prompt = template.prompt(tok, messages[:upto])
+            assert prompt == _hf_ids(hf, messages[:upto], True) and ids[: len(prompt)] == prompt
+    # A message naming a special token stays text (transformers' Jinja would forge it: ours never does).
+    ids, _ = template.render(tok, SEAMS)
+    assert ids.count(tok.eot_id) == (2 if name == "alpaca" else 1)  # the ends (alpaca) or bos (nanochat) alone
+    assert tok.decode(ids).count("<|assistant_start|>") == (1 if name == "alpaca" else 3)

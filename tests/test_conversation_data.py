@@ -222,3 +222,21 @@ def test_download_dataset_prepares_the_instruction_set(tmp_path: Path, capsys: p
     )
     ds = open_dataset(tmp_path / "instructions-bytes")
     assert ds.manifest["conversations"]["val"]["conversations"] == 20 and "template 'alpaca'" in capsys.readouterr().out
+
+
+def test_a_dataset_of_older_ids_is_prepared_again(tmp_path: Path) -> None:
+    """A dataset rendered before the ids became transformers' (its fingerprint lacks RENDERING) is
+    rebuilt, never reused: its shards hold other ids for the same conversations."""
+    from jaxgpt.data.chat_prepare import RENDERING
+
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in ALPACA))
+    path = prepare(tmp_path, [tmp_path / "a.jsonl"], validation_fraction=0.1)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["fingerprint"].endswith(RENDERING)
+    manifest["fingerprint"] = manifest["fingerprint"].removesuffix(RENDERING)  # what an older version wrote
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    lines: list[str] = []
+    options = {"paths": [str(tmp_path / "a.jsonl")], "validation_fraction": 0.1}
+    prepare_dataset("conversations", "bytes", tmp_path / "data", log=lines.append, options=options)
+    assert lines[0].startswith(f"preparing dataset {path}: fingerprint changed")
+    assert json.loads((path / "manifest.json").read_text())["fingerprint"].endswith(RENDERING)

@@ -19,7 +19,8 @@ On disk: the shard format of shards.py, each shard holding whole conversations: 
 (uint8: 1 on the answers and their end token, 0 on the rest) and "conversation_starts" (int64, in the
 shard); the manifest has "kind": "conversations", the template, and counts; val.jsonl holds the
 held-out conversations as messages (what judge.py and evaluate.py --exact-match ask the model).
-The folder is written atomically and reused while the manifest matches, as every dataset is.
+The folder is written atomically and reused while the manifest matches, as every dataset is; its
+fingerprint names how the ids were rendered (RENDERING), so a dataset of older ids is prepared again.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from jaxgpt.data.tokenizer import Tokenizer
 VAL_FILE = "val.jsonl"
 TOO_LONG = ("drop", "crop")
 SHARD_TOKENS = 1 << 26  # a shard closes at the first conversation past this many tokens
+# In every fingerprint: how chat_template.py turns text into ids. Datasets rendered before the text
+# between special tokens was encoded whole (transformers' ids) lack it, so they are prepared again, and
+# a checkpoint trained on one is not resumed on the new ids (run.py's fingerprint check).
+RENDERING = " ids:whole-text"
 Conversation = list[dict]
 
 
@@ -215,6 +220,7 @@ def prepare(
     """Make sure `path` holds the conversation dataset these options describe (reused when it does)."""
     template = resolve_template(options, tok, source)
     fingerprint, read = corpus(source, options)
+    fingerprint += RENDERING
     expected = {
         "source": source,
         "options": options,

@@ -22,10 +22,14 @@ A template is five strings and two options, each message rendered as its role's 
 
 Literal parts may name the tokenizer's special tokens ("<|endoftext|>", "<|user_start|>", ...):
 they become those single ids, while message texts are always encoded as ordinary text, so no
-user text can forge a role. Each part is encoded on its own (the prompt a model answers from is
-then exactly the start of what it was trained on, token for token). The mask is 1 on the tokens
-of each answer and its end, 0 elsewhere; an assistant message with "weight": 0 (OpenAI's
-fine-tuning format) is rendered but not trained on.
+user text can forge a role. The text between special tokens is encoded whole, as transformers'
+apply_chat_template encodes the Jinja form (jinja()), except that each answer (its text, the
+assistant part after it and `end`) is encoded on its own: the prompt a model answers from is then
+exactly the start of what it was trained on, token for token, and the mask exact. The ids equal
+transformers' wherever the tokenizer splits at an answer's edges anyway: after a newline or a
+special token, as in both built-in templates, for an answer not opening with two blank
+characters. The mask is 1 on the tokens of each answer and its end, 0 elsewhere; an assistant
+message with "weight": 0 (OpenAI's fine-tuning format) is rendered but not trained on.
 
 Built in: "alpaca", the Alpaca prompt of Raschka's "Build a Large Language Model (From Scratch)",
 chapter 7 (the gpt2 and bytes tokenizers' default), and "nanochat", role tokens added when a
@@ -129,20 +133,13 @@ class ChatTemplate:
         """(ids, mask) of a whole conversation (it must end with an assistant message); for_prompt:
         the messages end with a user message, followed by the assistant's opening (mask all 0)."""
         turns = check_messages(messages, for_prompt=for_prompt)
-        ids: list[int] = []
-        mask: list[int] = []
-
-        def put(part: str, trained: int, literal: bool = True) -> None:
-            new = encode_with_specials(tok, part) if literal else tok.encode(part)
-            ids.extend(new)
-            mask.extend([trained] * len(new))
-
+        out = _Ids(tok)
         if self.bos:
-            put(self.bos, 0)
+            out.literal(self.bos)
         system = turns[0]["content"] if turns and turns[0]["role"] == "system" else self.default_system
         turns = [m for m in turns if m["role"] != "system"]
         if system is not None and self.system is not None:
-            self._put_message(put, self.system, system, 0)
+            self._put_message(out, self.system, system)
         for i, message in enumerate(turns):
             text = message["content"]
             if message.get("input"):  # an Alpaca record's input, after its instruction
@@ -150,21 +147,24 @@ class ChatTemplate:
             if message["role"] == "user":
                 if i == 0 and system is not None and self.system is None:
                     text = f"{system}\n\n{text}"  # nanochat merges the system message into the first user turn
-                self._put_message(put, self.user, text, 0)
+                self._put_message(out, self.user, text)
             else:
-                trained = int(message.get("weight", 1))
-                self._put_message(put, self.assistant, text, trained)
-                put(self.end, trained)
+                before, _, after = self.assistant.partition(CONTENT)
+                out.literal(before)
+                out.seam(int(message.get("weight", 1)))  # an answer is a run of its own (module docstring)
+                out.text(text)
+                out.literal(after + self.end)
+                out.seam(0)
         if for_prompt:
-            put(self.assistant.partition(CONTENT)[0], 0)
-        return ids, mask
+            out.literal(self.assistant.partition(CONTENT)[0])
+        return out.close()
 
     @staticmethod
-    def _put_message(put: Any, form: str, text: str, trained: int) -> None:
+    def _put_message(out: _Ids, form: str, text: str) -> None:
         before, _, after = form.partition(CONTENT)
-        put(before, 0)
-        put(text, trained, literal=False)
-        put(after, trained)
+        out.literal(before)
+        out.text(text)
+        out.literal(after)
 
     def prompt(self, tok: Tokenizer, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The ids a model answers the last (user) message from: the conversation so far, then the
@@ -224,6 +224,44 @@ class ChatTemplate:
             "{% if add_generation_prompt %}" + f"{{{{ {lit(self.assistant.partition(CONTENT)[0])} }}}}{{% endif %}}"
         )
         return "".join(out)
+
+
+class _Ids:
+    """A conversation's ids and mask, built as transformers' apply_chat_template tokenizes its text:
+    the text between special tokens encoded whole. Runs break at special tokens and at `seam`s (an
+    answer's start and its end's end), so a mask is constant over a run; only template literals
+    become special tokens."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.specials = tok, special_tokens(tok)
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.trained, self.pending = 0, ""
+
+    def text(self, text: str) -> None:
+        self.pending += text
+
+    def literal(self, text: str) -> None:
+        for piece in SPECIAL_NAME.split(text):
+            if piece in self.specials:
+                self.seam(self.trained)
+                self.ids.append(self.specials[piece])
+                self.mask.append(self.trained)
+            else:
+                self.pending += piece
+
+    def seam(self, trained: int) -> None:
+        """Encode the text so far; what follows is a new run, trained on or not."""
+        if self.pending:
+            new = self.tok.encode(self.pending)
+            self.ids.extend(new)
+            self.mask.extend([self.trained] * len(new))
+            self.pending = ""
+        self.trained = trained
+
+    def close(self) -> tuple[list[int], list[int]]:
+        self.seam(0)
+        return self.ids, self.mask
 
 
 def check_messages(messages: Any, for_prompt: bool = False) -> list[dict[str, Any]]:
