@@ -4,7 +4,7 @@
     uv run convert_hf.py import out/ runs/<new>       # -> runs/<new>/{model.json, train.json, pretrained/}
 
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('out')"  # torch
-    vllm serve out/                                   # through vLLM's Transformers modeling backend
+    vllm serve out/                                   # vLLM's Transformers backend (untested: no vLLM here)
 
 What maps, what is refused and why: jaxgpt/checkpoints/nanochat_hf.py and docs (transformers export).
 """
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"Exported {args.checkpoint} -> {out}\n"
                 f"transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}), AutoTokenizer likewise\n"
-                f"vLLM:         vllm serve {out}"
+                f"vLLM:         vllm serve {out}   (untested: vLLM does not run on this project's machines)"
             )
         else:
             init = import_run(args.hf_folder, args.run_dir, force=args.force, tokenizer_name=args.tokenizer_name)

@@ -3,7 +3,8 @@
     uv run import_gpt2.py import gpt2 runs/gpt2                      # fetch openai-community/gpt2 (network)
     uv run import_gpt2.py import gpt2-xl runs/gpt2-xl                # gpt2, gpt2-medium, gpt2-large, gpt2-xl
     uv run import_gpt2.py import path/to/model.safetensors runs/gpt2 # offline: a local file (or its folder)
-    uv run import_gpt2.py export runs/my-run exported/               # -> exported/model.safetensors + config.json
+    uv run import_gpt2.py export runs/my-run exported/               # -> exported/: model.safetensors, config.json,
+                                                                     #    tokenizer.json, tokenizer_config.json
 
 What an import writes and how the weights map: jaxgpt/checkpoints/gpt2.py and docs/evaluation.md.
 """
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--n-heads", type=int, default=None, help="attention heads (default: see above)")
     imp.add_argument("--tokenizer", choices=("gpt2", "bytes"), default="gpt2", help="for train.json (default gpt2)")
     imp.add_argument("--force", action="store_true", help="overwrite model.json, train.json and pretrained/")
-    exp = sub.add_parser("export", help="checkpoint or run directory -> Hugging Face model.safetensors + config.json")
+    exp = sub.add_parser("export", help="checkpoint or run directory -> Hugging Face GPT-2 folder")
     exp.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     exp.add_argument("out_dir", type=Path)
     exp.add_argument("--force", action="store_true", help="overwrite an existing export")
@@ -55,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             target = export_run(args.checkpoint, args.out_dir, force=args.force)
             print(
-                f"Exported {args.checkpoint} -> {target} (+ config.json); load it with "
-                f"transformers.GPT2LMHeadModel.from_pretrained({str(args.out_dir)!r})"
+                f"Exported {args.checkpoint} -> {target} (+ config.json and the tokenizer); "
+                f"transformers.AutoTokenizer.from_pretrained({str(args.out_dir)!r}) reads the tokenizer; "
+                f"GPT2LMHeadModel.from_pretrained needs torch (untested here, as vLLM is)"
             )
     except (WeightsError, ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -253,8 +253,25 @@ def test_export_refuses_each_option_nanochat_lacks_in_one_line(
     (folder / ckpt.META).write_text(json.dumps({"step": 1}))
     assert convert_hf.main(["export", str(folder), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and f"model.json {named} has no NanoChat" in err, err
-    assert str(folder) in err and not (tmp_path / "out").exists()
+    assert err.count("\n") == 1 and err.startswith("error: ") and f"model.json {named} (" in err, err
+    assert "no NanoChat counterpart" in err and str(folder) in err and not (tmp_path / "out").exists()
+
+
+def test_export_refusal_names_every_blocking_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The 2026 recipe's model.json (runs/shakespeare-char-2026's): value embeddings, U-net skips and
+    short windows each lack a NanoChat form, and the one line names all three."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    shipped = json.loads(
+        (Path(convert_hf.__file__).parent / "runs" / "shakespeare-char-2026" / "model.json").read_text()
+    )
+    (folder / "model.json").write_text(json.dumps(shipped))
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    assert convert_hf.main(["export", str(folder), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "have no NanoChat counterpart" in err, err
+    for named in ("value_embeds=True (", "unet_skips=True (", "window_pattern='SSSL' ("):
+        assert named in err, err
 
 
 def test_an_all_long_window_pattern_and_the_run_only_options_export(tmp_path: Path) -> None:

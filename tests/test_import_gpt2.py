@@ -22,6 +22,7 @@ import train
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.checkpoints.gpt2 import export_run, import_run, infer_config
 from jaxgpt.checkpoints.store import load_model
+from jaxgpt.data.chat_template import BUILTIN
 from jaxgpt.tracking.history import read_record
 
 TOL = 1e-4
@@ -278,10 +279,29 @@ def test_export_writes_the_runs_own_end_of_text_id(tmp_path: Path) -> None:
         (folder / ckpt.META).write_text(json.dumps({"step": 1}))
         if name == "tiny300":
             (folder / "tokenizer.json").write_bytes(trained.data)
+        if name == "gpt2":  # a fine-tuned run: its chat template goes out with the tokenizer
+            (folder / "chat_template.json").write_text(json.dumps(BUILTIN["alpaca"].to_dict()))
         export_run(folder, tmp_path / f"out-{name}")
         hf_cfg = json.loads((tmp_path / f"out-{name}" / "config.json").read_text())
         assert (hf_cfg["bos_token_id"], hf_cfg["eos_token_id"]) == (eot, eot), name
+        _check_exported_tokenizer(tmp_path / f"out-{name}", get_tokenizer(name, tmp_path / "data"), name == "gpt2")
     assert trained.eot_id != 256  # the bug this pins: every non-gpt2 tokenizer got 256
+
+
+def _check_exported_tokenizer(out: Path, ours, chat: bool) -> None:
+    """transformers' AutoTokenizer reads the export's tokenizer and encodes as ours does (tiktoken's
+    gpt2, bytes, a trained one); a fine-tuned run's template gives our chat ids."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    text = "Every effort moves you, 1234 héllo\n\n  日本 <|endoftext|>"
+    assert hf.encode(text, add_special_tokens=False) == ours.encode(text.removesuffix("<|endoftext|>")) + [ours.eot_id]
+    assert hf.decode(ours.encode("Every effort moves you")) == "Every effort moves you"
+    assert (hf.eos_token_id, hf.bos_token_id) == (ours.eot_id, ours.eot_id)
+    assert (hf.chat_template is not None) == chat
+    if chat:
+        chat_ = [{"role": "user", "content": "Add 2 and 3."}, {"role": "assistant", "content": "5"}]
+        got = hf.apply_chat_template(chat_, tokenize=True)
+        assert list(got["input_ids"] if hasattr(got, "keys") else got) == BUILTIN["alpaca"].render(ours, chat_)[0]
 
 
 @SLOW  # a training, an export and an import end to end
@@ -359,6 +379,18 @@ def test_export_of_a_modern_option_is_one_line_naming_it(tmp_path: Path, capsys,
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"model.json {key}=" in err and "no Hugging Face GPT-2 layout" in err, err
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_export_refusal_names_every_option_gpt2_lacks(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    model = {"architecture": "gpt2", "vocab_size": 11, "context_length": 8, "emb_dim": 16, "n_heads": 2, "n_layers": 1}
+    (folder / "model.json").write_text(json.dumps(model | {"positions": "rotary", "norm": "rmsnorm", "mlp": "relu2"}))
+    (folder / ckpt.META).write_text(json.dumps({"step": 1}))
+    assert import_gpt2.main(["export", str(folder), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "have no Hugging Face GPT-2 layout" in err, err
+    assert all(f"{k}=" in err for k in ("positions", "norm", "mlp")) and not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- errors

@@ -35,10 +35,11 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from jaxgpt.checkpoints import hf_tokenizer as tk
 from jaxgpt.checkpoints import imported
 from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.config import ConfigError, ModelConfig
-from jaxgpt.data.tokenizer import GPT2_EOT_ID, BytesTokenizer
+from jaxgpt.config import ConfigError, ModelConfig, default_tokenizer
+from jaxgpt.data.chat_template import TemplateError, read_template
 
 # name -> (n_layers, emb_dim, n_heads); all four have vocab 50257 and context 1024.
 VARIANTS = {
@@ -193,19 +194,19 @@ _NOT_GPT2 = {
 
 
 def gpt2_layout_problem(cfg: ModelConfig) -> str | None:
-    """Why `cfg` has no Hugging Face GPT-2 layout (the first option that has none), or None."""
+    """Why `cfg` has no Hugging Face GPT-2 layout (every option that has none, in one line), or None."""
+    found = []
     if cfg.kv_heads != cfg.n_heads:
-        return (
-            f"model.json n_kv_heads={cfg.n_kv_heads} has no Hugging Face GPT-2 layout (GPT-2's keys and values "
-            f"have every head, n_heads={cfg.n_heads}); export needs a GPT-2-shaped model"
-        )
-    for key, gpt2 in _NOT_GPT2.items():
-        if getattr(cfg, key) != gpt2:
-            return (
-                f"model.json {key}={getattr(cfg, key)!r} has no Hugging Face GPT-2 layout (GPT-2's is "
-                f"{gpt2!r}); export needs a GPT-2-shaped model"
-            )
-    return None
+        found.append(f"n_kv_heads={cfg.n_kv_heads} (GPT-2's keys and values have every head, n_heads={cfg.n_heads})")
+    found += [
+        f"{key}={getattr(cfg, key)!r} (GPT-2's is {gpt2!r})"
+        for key, gpt2 in _NOT_GPT2.items()
+        if getattr(cfg, key) != gpt2
+    ]
+    if not found:
+        return None
+    verb = "has" if len(found) == 1 else "have"
+    return f"model.json {', '.join(found)} {verb} no Hugging Face GPT-2 layout; export needs a GPT-2-shaped model"
 
 
 def ours_to_hf(weights: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -322,7 +323,8 @@ def import_run(
 
 
 def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
-    """Write a checkpoint (or a run's latest) as Hugging Face GPT-2: model.safetensors + config.json."""
+    """Write a checkpoint (or a run's latest) as Hugging Face GPT-2: model.safetensors, config.json and
+    the run's tokenizer as AutoTokenizer reads it (with a fine-tuned run's chat template)."""
     ckpt_dir, cfg, train = ckpt.checkpoint_configs(Path(path))  # the same resolution test_generation.py uses
     if cfg.architecture != "gpt2":
         raise WeightsError(f"{ckpt_dir}: architecture {cfg.architecture!r} has no GPT-2 counterpart")
@@ -333,17 +335,22 @@ def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
     target = out_dir / "model.safetensors"
     if target.exists() and not force:
         raise WeightsError(f"{target}: already exists; pass --force to overwrite")
+    name = train.get("tokenizer", default_tokenizer(train.get("dataset", {}).get("source", "builtin")))
+    try:
+        tokenizer_json = tk.run_tokenizer_json(ckpt_dir, name)
+        # config.json's bos/eos: the run's end-of-text id (a trained tokenizer's from its file in the checkpoint).
+        eot_id, _ = tk.eot_of(tokenizer_json, f"{ckpt_dir}: tokenizer {name!r}")
+        template = read_template(ckpt_dir)
+    except (tk.ConversionError, TemplateError) as e:
+        raise WeightsError(str(e)) from None
     weights = load_file(str(ckpt_dir / ckpt.WEIGHTS))
     hf = ours_to_hf(weights, cfg)
-    tokenizer = train.get("tokenizer", "gpt2")
-    # config.json's bos/eos: the run's end-of-text id (a trained tokenizer's from its file in the checkpoint).
-    eot_id = {"gpt2": GPT2_EOT_ID, "bytes": BytesTokenizer.eot_id}.get(tokenizer)
-    if eot_id is None:
-        eot_id = ckpt.checkpoint_tokenizer(ckpt_dir, tokenizer).eot_id
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     save_file(hf, str(tmp), metadata={"format": "pt"})  # transformers refuses files without it
     os.replace(tmp, target)
+    chat = None if template is None else template.jinja()
+    tk.write_tokenizer(out_dir, tokenizer_json, context_length=cfg.context_length, chat_template=chat)
     _write_json(out_dir / "config.json", hf_config_json(cfg, eot_id))
     return target
 

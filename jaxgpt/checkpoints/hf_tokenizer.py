@@ -1,5 +1,5 @@
 """Our tokenizers as transformers' files (tokenizer.json + tokenizer_config.json), and back, without
-JAX or transformers: the tokenizer half of jaxgpt/checkpoints/nanochat_hf.py.
+JAX or transformers: the tokenizer half of both exports (nanochat_hf.py, gpt2.py).
 
 Every export writes one `tokenizers` tokenizer.json that `transformers.AutoTokenizer` loads as a
 PreTrainedTokenizerFast (TokenizersBackend in transformers 5), whatever the run's tokenizer:
@@ -27,6 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.checkpoints.layout import checkpoint_tokenizer, write_json
 from jaxgpt.data.tokenizer import EOT_TEXT, GPT2Tokenizer, TokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -120,6 +121,29 @@ def tokenizer_files(*, context_length: int, chat_template: str | None = None) ->
     if chat_template is not None:
         config["chat_template"] = chat_template
     return config, special
+
+
+def run_tokenizer_json(ckpt_dir: Path, name: str) -> str:
+    """A checkpoint's tokenizer (train.json's name) as tokenizer.json text."""
+    if name == "gpt2":
+        return gpt2_tokenizer_json()
+    if name == "bytes":
+        return bytes_tokenizer_json()
+    try:
+        tok = checkpoint_tokenizer(ckpt_dir, name)  # the copy the checkpoint keeps, else the data root's
+    except TokenizerError as e:
+        raise ConversionError(f"{ckpt_dir}: {e}") from None
+    return tok.data.decode("utf-8")  # type: ignore[attr-defined]  (a TrainedTokenizer: the file's bytes)
+
+
+def write_tokenizer(out_dir: Path, tokenizer_json: str, *, context_length: int, chat_template: str | None) -> None:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json into out_dir (tokenizer_files)."""
+    tmp = Path(out_dir) / f".{TOKENIZER_FILE}.tmp"
+    tmp.write_text(tokenizer_json, encoding="utf-8")
+    os.replace(tmp, Path(out_dir) / TOKENIZER_FILE)
+    config, special = tokenizer_files(context_length=context_length, chat_template=chat_template)
+    write_json(Path(out_dir) / TOKENIZER_CONFIG, config)
+    write_json(Path(out_dir) / SPECIAL_TOKENS_MAP, special)
 
 
 def eot_of(tokenizer_json: str, where: str) -> tuple[int, int]:

@@ -53,7 +53,6 @@ from jaxgpt.checkpoints.hf_tokenizer import ConversionError
 from jaxgpt.checkpoints.layout import (
     WEIGHTS,
     checkpoint_configs,
-    checkpoint_tokenizer,
     write_json,
 )
 from jaxgpt.config import (
@@ -119,11 +118,14 @@ _REFUSED = (
 
 
 def export_problem(cfg: ModelConfig) -> str | None:
-    """Why a model has no NanoChat form (the first refused model.json key and value), or None."""
-    for key, refused, why in _REFUSED:
-        if refused(cfg):
-            return f"model.json {key}={getattr(cfg, key)!r} has no NanoChat counterpart: {why}"
-    return None
+    """Why a model has no NanoChat form (every refused model.json key and value, in one line), or None."""
+    found = [(key, why) for key, refused, why in _REFUSED if refused(cfg)]
+    if found and found[0][0] == "architecture":
+        found = found[:1]  # the other keys describe blocks it has not
+    if not found:
+        return None
+    named = ", ".join(f"{key}={getattr(cfg, key)!r} ({why})" for key, why in found)
+    return f"model.json {named} {'has' if len(found) == 1 else 'have'} no NanoChat counterpart"
 
 
 # ----------------------------------------------------------------------------- weights
@@ -379,7 +381,7 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
     if clash is not None and not force:
         raise ConversionError(f"{clash}: already exists; pass --force to overwrite")
     name = train.get("tokenizer", default_tokenizer(train.get("dataset", {}).get("source", "builtin")))
-    tokenizer_json = _tokenizer_json(ckpt_dir, name)
+    tokenizer_json = tk.run_tokenizer_json(ckpt_dir, name)
     eot_id, n_vocab = tk.eot_of(tokenizer_json, f"{ckpt_dir}: tokenizer {name!r}")
     if n_vocab > cfg.vocab_size:
         raise ConversionError(
@@ -387,16 +389,11 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
         )
     weights = _read_safetensors(ckpt_dir / WEIGHTS)
     _check_tensors(weights, our_shapes(cfg), str(ckpt_dir / WEIGHTS))
-    tok_config, special = tk.tokenizer_files(context_length=cfg.context_length, chat_template=chat_template)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{HF_WEIGHTS}.tmp"
     save_file(ours_to_hf(weights, cfg), str(tmp), metadata={"format": "pt"})  # transformers refuses files without it
     os.replace(tmp, out_dir / HF_WEIGHTS)
-    tmp = out_dir / f".{tk.TOKENIZER_FILE}.tmp"
-    tmp.write_text(tokenizer_json, encoding="utf-8")
-    os.replace(tmp, out_dir / tk.TOKENIZER_FILE)
-    write_json(out_dir / tk.TOKENIZER_CONFIG, tok_config)
-    write_json(out_dir / tk.SPECIAL_TOKENS_MAP, special)
+    tk.write_tokenizer(out_dir, tokenizer_json, context_length=cfg.context_length, chat_template=chat_template)
     # A fine-tuned model's answers end at its template's end token too (nanochat's <|assistant_end|>).
     stops = [eot_id] if saved is None else _stop_ids(saved, tokenizer_json, eot_id)
     write_json(
@@ -412,19 +409,6 @@ def _stop_ids(template: ChatTemplate, tokenizer_json: str, eot_id: int) -> list[
     added = {t["content"]: t["id"] for t in json.loads(tokenizer_json).get("added_tokens", [])}
     end = added.get(template.end)
     return [eot_id] + ([end] if end is not None and end != eot_id else [])
-
-
-def _tokenizer_json(ckpt_dir: Path, name: str) -> str:
-    """The run's tokenizer as tokenizer.json text (hf_tokenizer.py)."""
-    if name == "gpt2":
-        return tk.gpt2_tokenizer_json()
-    if name == "bytes":
-        return tk.bytes_tokenizer_json()
-    try:
-        tok = checkpoint_tokenizer(ckpt_dir, name)  # the copy the checkpoint keeps, else the data root's
-    except TokenizerError as e:
-        raise ConversionError(f"{ckpt_dir}: {e}") from None
-    return tok.data.decode("utf-8")  # type: ignore[attr-defined]  (a TrainedTokenizer: the file's bytes)
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
