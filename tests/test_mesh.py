@@ -56,12 +56,15 @@ def losses(run_dir: Path, after: int = 0) -> list[float]:
     return [v for s, v in zip(steps, values) if s > after]
 
 
-def run_subprocess(run_dir: Path, data_root: Path, devices: int, *extra: str) -> subprocess.Popen:
+def run_subprocess(
+    run_dir: Path, data_root: Path, devices: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "JAX_PLATFORMS": "cpu",
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), str(run_dir), "--data-dir", str(data_root), *extra],
@@ -224,6 +227,39 @@ def test_two_processes_match_single_process(tmp_path: Path, data_root: Path, ref
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "train/loss" in r] == list(range(1, 7))
+
+
+def _slurm_job_port() -> tuple[int, int]:
+    """(SLURM_JOB_ID, port) with the port free: JAX's SLURM detection takes the coordinator's port from the
+    job id, 61440 + id % 4096 (jax/_src/clusters/slurm_cluster.py)."""
+    for offset in range(_free_port() % 4096, _free_port() % 4096 + 4096):
+        port = 61440 + offset % 4096
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return 1000 * 4096 + offset % 4096, port
+    raise AssertionError("no free port in 61440-65535")
+
+
+def test_distributed_auto_under_slurm_matches_single_process(tmp_path: Path, data_root: Path, reference: Path) -> None:
+    """--distributed-auto as `srun -n 2 uv run train.py ...` starts it on one node: JAX's cluster
+    detection reads the coordinator (first node of SLURM_STEP_NODELIST, port from SLURM_JOB_ID), the
+    process count (SLURM_NTASKS) and this process's id (SLURM_PROCID, SLURM_LOCALID)."""
+    run = write_run(tmp_path / "run", MODEL, TRAIN)
+    job, _port = _slurm_job_port()
+    slurm = {"SLURM_JOB_ID": str(job), "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_NTASKS": "2"}
+    slurm |= {"SLURM_STEP_NUM_NODES": "1", "SLURM_NNODES": "1"}
+    procs = [
+        run_subprocess(run, data_root, 2, "--distributed-auto", env=slurm | {"SLURM_PROCID": i, "SLURM_LOCALID": i})
+        for i in ("0", "1")
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "Training complete" in outs[0] and "Training complete" not in outs[1]
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["mesh"] == {"data": 4, "model": 1, "processes": 2}
+    np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
 
 
 def test_mesh_errors_before_compiling(tmp_path: Path, data_root: Path, capsys) -> None:
