@@ -10,9 +10,14 @@ Usage:
     uv run download_dataset.py conversations alpaca.json chats.jsonl --tokenizer gpt2   # instruction data + loss mask
     uv run download_dataset.py instructions                        # the built-in instruction set (no download)
     uv run download_dataset.py run runs/gpt2-small                 # what train.py would prepare for that run
+    uv run download_dataset.py tasks                               # GSM8K, ARC-Easy/Challenge, MMLU test files
+    uv run download_dataset.py tasks gsm8k-train                   # GSM8K's train set too (prompts for RL)
     uv run download_dataset.py text corpus/ --tokenizer gpt2 --name mine --validation-fraction 0.1 --verify
 
 The sources, their options and the format: docs/data.md; the code: jaxgpt/data/ (prepare.py).
+`tasks` fetches the public evaluation files as published, untokenized, into <data>/downloads/tasks/
+(each once, counted, its sha256 recorded) and prints the evaluate.py --tasks words that read them;
+the addresses and checks: jaxgpt/tasks/download.py.
 The data root is --data-dir, else $JAXGPT_DATA_DIR, else the repository's data/ folder.
 """
 
@@ -28,6 +33,7 @@ from jaxgpt.data import bpe, fineweb, fineweb_edu
 from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
 from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.tasks import download as task_files
 
 
 def _count(text: str) -> int:
@@ -78,7 +84,30 @@ def _parser() -> argparse.ArgumentParser:
         "FineWeb-Edu .parquet folder)",
     )
     _tokenizer_command(sub, where, split)
+    _tasks_command(sub, where)
     return parser
+
+
+def _tasks_command(sub: argparse._SubParsersAction, where: argparse.ArgumentParser) -> None:
+    """`download_dataset.py tasks [NAME ...]`: the public evaluation files, as published."""
+    tasks = sub.add_parser(
+        "tasks", parents=[where], help="the public task files for evaluate.py --tasks (as published)"
+    )
+    tasks.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"any of {', '.join(task_files.PUBLIC)} (default: {', '.join(task_files.DEFAULT)})",
+    )
+
+
+def _download_tasks(names: list[str], data_root: Path) -> None:
+    """`download_dataset.py tasks [NAME ...]`: each file fetched once, then the --tasks words reading them."""
+    paths = task_files.fetch_tasks(names, data_root / "downloads")
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    if task_files.tasks_argument(paths):
+        print(f"evaluate with: --tasks {task_files.tasks_argument(paths)}")
 
 
 def _web_sources(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -248,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     data_root = args.data_dir if args.data_dir is not None else default_data_root()
     try:
+        if args.source == "tasks":
+            _download_tasks(args.names, data_root)
+            return 0
         source, tokenizer, options, train_tokens = _request(args)
         if args.source == "tokenizer":
             bpe.train_tokenizer(

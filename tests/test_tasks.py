@@ -1,9 +1,10 @@
 """jaxgpt/tasks: the readers of every public format (fixtures under tests/fixtures/tasks/), the reward
-rules, nanochat's render_mc, pass@k and ChatCORE, the task arguments, and that the package never
-loads JAX."""
+rules, nanochat's render_mc, pass@k and ChatCORE, the task arguments, the downloads (local copies
+only), and that the package never loads JAX."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
+import download_dataset
 from jaxgpt.data.instructions import instruction_splits
 from jaxgpt.tasks import (
     ExactMatch,
@@ -24,6 +26,7 @@ from jaxgpt.tasks import (
     TaskError,
     builtin_tasks,
     chat_core,
+    download,
     load_task,
     load_tasks,
     parse_task_args,
@@ -452,13 +455,64 @@ def test_report_lines_table() -> None:
     assert single[0].split() == ["task", "examples", "pass@1", "centred"] and single[-1].split()[-1] == "0.7500"
 
 
-# ----------------------------------------------------------------------------- imports
+# ----------------------------------------------------------------------------- downloads and imports
+
+
+def test_download_is_atomic_counted_and_checksummed(tmp_path: Path) -> None:
+    downloads = tmp_path / "downloads"
+    quiet = {"log": lambda _m: None}
+    with pytest.raises(TaskError, match="5 examples downloaded, expected 6; the address may have changed"):
+        download.fetch_public("gsm8k", downloads, url=GSM8K.as_uri(), examples=6, **quiet)
+    assert list((downloads / "tasks").iterdir()) == []  # refused: nothing renamed into place
+    path = download.fetch_public("gsm8k", downloads, url=GSM8K.as_uri(), examples=5, **quiet)
+    assert path == downloads / "tasks" / "gsm8k-test.jsonl" and path.read_bytes() == GSM8K.read_bytes()
+    recorded = (downloads / "tasks" / "gsm8k-test.jsonl.sha256").read_text().split()[0]
+    assert recorded == hashlib.sha256(GSM8K.read_bytes()).hexdigest()
+    closed = "http://127.0.0.1:9/x"  # a closed port
+    assert download.fetch_public("gsm8k", downloads, url=closed) == path  # once: no network the second time
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(TaskError, match="sha256 differs from the one recorded"):
+        download.fetch_public("gsm8k", downloads, url=closed)
+    parquet = FIXTURES / "arc-easy-hf.parquet"
+    arc = download.fetch_public("arc-challenge", downloads, url=parquet.as_uri(), examples=4, **quiet)
+    assert read_arc(arc, name="arc-challenge") == read_arc(parquet, name="arc-challenge")
+
+
+def test_public_addresses_and_counts() -> None:
+    assert set(download.PUBLIC) == {"gsm8k", "gsm8k-train", "arc-easy", "arc-challenge", "mmlu"}
+    assert download.PUBLIC["gsm8k"].url.startswith("https://raw.githubusercontent.com/openai/grade-school-math/")
+    assert download.PUBLIC["mmlu"].url.endswith("/cais/mmlu/resolve/main/all/test-00000-of-00001.parquet")
+    assert [download.PUBLIC[n].examples for n in download.DEFAULT] == [1319, 2376, 1172, 14042]
+
+
+def test_download_command_offline_is_one_line(tmp_path: Path, no_network: None, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "data"
+    assert download_dataset.main(["tasks", "gsm8k", "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot download {download.PUBLIC['gsm8k'].url} (" in err
+    assert str(data / "downloads" / "tasks" / "gsm8k-test.jsonl") in err and "--tasks gsm8k=<file>" in err
+    assert list((data / "downloads" / "tasks").iterdir()) == []
+
+
+def test_download_command_reuses_files_in_place(
+    tmp_path: Path, no_network: None, capsys: pytest.CaptureFixture
+) -> None:
+    data = tmp_path / "data"
+    (data / "downloads" / "tasks").mkdir(parents=True)
+    shutil.copy(GSM8K, data / "downloads" / "tasks" / "gsm8k-test.jsonl")  # put there by hand
+    shutil.copy(FIXTURES / "mmlu-hf.parquet", data / "downloads" / "tasks" / "mmlu-test.parquet")
+    assert download_dataset.main(["tasks", "gsm8k", "mmlu", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    tasks = data / "downloads" / "tasks"
+    words = f"gsm8k={tasks / 'gsm8k-test.jsonl'} mmlu={tasks / 'mmlu-test.parquet'}"
+    assert words in out
+    assert [t.name for t in load_tasks(words.split())] == ["gsm8k", "mmlu"]
 
 
 def test_the_package_never_loads_jax(tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
-        "import jaxgpt.tasks\n"
+        "import jaxgpt.tasks, jaxgpt.tasks.download\n"
         "from jaxgpt.tasks import load_tasks\n"
         f"load_tasks(['builtin', 'mmlu={FIXTURES / 'mmlu-hf.parquet'}'], builtin_examples=12)\n"
         "heavy = ('jax', 'jaxlib', 'flax', 'optax', 'orbax')\n"
