@@ -49,7 +49,7 @@ def parse_task_args(args: Sequence[str], where: str = "--tasks") -> list[tuple[s
 
 
 def load_task(
-    name: str,
+    spec: str,
     path: Path | None,
     *,
     limit: int | None = None,
@@ -57,25 +57,26 @@ def load_task(
     seed: int = BUILTIN_SEED,
     builtin_examples: int = BUILTIN_EXAMPLES,
 ) -> list[Task]:
-    """The task(s) `name` reads from `path`, at most `limit` examples each: a list because "builtin"
-    is one Task per instruction task. `rule` scores "jsonl" tasks; `seed` and `builtin_examples`
-    choose the built-in questions (an instructions dataset's seed and validation_examples)."""
-    if name == "builtin":
+    """The task(s) named `spec` (one of TASK_NAMES) read from `path`, at most `limit` examples each:
+    a list because "builtin" is one Task per instruction task. `rule` scores "jsonl" tasks; `seed`
+    and `builtin_examples` choose the built-in questions (an instructions dataset's seed and
+    validation_examples)."""
+    if spec == "builtin":
         if path is not None:
             raise TaskError(f"builtin takes no file, got {path}")
         tasks = builtin_tasks(builtin_examples, seed)
         return tasks if limit is None else [_capped(t, limit) for t in tasks]
-    if name not in TASK_NAMES:
-        raise TaskError(f"unknown task {name!r} (known: {', '.join(TASK_NAMES)})")
+    if spec not in TASK_NAMES:
+        raise TaskError(f"unknown task {spec!r} (known: {', '.join(TASK_NAMES)})")
     if path is None:
-        raise TaskError(f"{name} needs its file or folder")
-    if name == "gsm8k":
+        raise TaskError(f"{spec} needs its file or folder")
+    if spec == "gsm8k":
         return [read_gsm8k(path, limit)]
-    if name == "mmlu":
+    if spec == "mmlu":
         return [read_mmlu(path, limit)]
-    if name == "jsonl":
+    if spec == "jsonl":
         return [read_jsonl(path, rule, limit)]
-    return [read_arc(path, limit, name=name)]
+    return [read_arc(path, limit, name=spec)]
 
 
 def load_tasks(
