@@ -222,6 +222,7 @@ class Session:
         self.records.flush()  # the record up to this step is as durable as the checkpoint
         self.state.step.sync()
         measured = {k: v for e in self.evaluators for k, v in e.since_checkpoint().items()}
+        self.state.observe(progress.window.tokens_per_s(progress.tokens_per_step))  # a peak measured low: raised
         meta = checkpoint_meta(run, self.state, progress, done, stats, val, self.val_tokens, is_best, measured)
         line = progress.line(done, progress.window, stats, val, self.val_tokens)
         path = ckpt.save_checkpoint(

@@ -47,6 +47,13 @@ class TrainState:
         """Model FLOPs utilisation at this throughput (mfu.py: FLOPs per token and the peak)."""
         return mfu.mfu(tokens_per_s, self.flops_per_token, self.peak_flops)
 
+    def observe(self, tokens_per_s: float) -> None:
+        """A rate over a window of steps: above a measured peak, it becomes the peak (mfu.raise_peak)."""
+        if tokens_per_s * self.flops_per_token > self.peak_flops:
+            raised = mfu.raise_peak(self.compute_dtype, tokens_per_s * self.flops_per_token)
+            if raised is not None:
+                self.peak_flops, self.peak_source = raised
+
 
 def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
     """model.json's choices on this backend (the one check that needs JAX: which devices there are)."""
