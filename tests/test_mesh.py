@@ -262,6 +262,15 @@ def test_distributed_auto_under_slurm_matches_single_process(tmp_path: Path, dat
     np.testing.assert_allclose(losses(run), losses(reference), rtol=0, atol=1e-5)
 
 
+def test_a_microbatch_the_data_axis_does_not_divide_names_the_run(tmp_path: Path, data_root: Path) -> None:
+    run = write_run(tmp_path / "odd", MODEL, {**TRAIN, "microbatch_size": 7})
+    out, _ = run_subprocess(run, data_root, 2).communicate(timeout=600)
+    (line,) = [x for x in out.splitlines() if x.startswith("error: ")]
+    assert line == (f"error: {run}/train.json: microbatch_size=7 does not divide by the mesh data axis (2 devices)"), (
+        out
+    )
+
+
 def test_mesh_errors_before_compiling(tmp_path: Path, data_root: Path, capsys) -> None:
     run = write_run(tmp_path / "bad", MODEL, {**TRAIN, "mesh": {"data": 3}})
     assert train.main([str(run), "--data-dir", str(data_root)]) == 2

@@ -289,6 +289,9 @@ def test_a_nan_storm_stops_at_the_bound_with_latest_on_the_last_good_checkpoint(
     assert done.returncode == 1 and err.startswith("error: ") and "\n" not in err, err
     latest = cf.latest_checkpoint(run)
     assert "the last 5 optimiser steps" in err and f"checkpoints/latest is {latest.name}" in err, err
+    stopped = int(err.split("(to step ")[1].split(")")[0])
+    recorded = [r["step"] for r in read_record(run).lines if "train/loss" in r]  # (a NaN loss is null)
+    assert recorded[-1] == stopped  # the step that stopped the run is the record's last
     meta = cf.read_meta(latest)
     skipped = dict(zip(*read_record(run).series("optim/skipped")))
     assert skipped[meta["step"]] == 0  # saved on an applied step: the last good one

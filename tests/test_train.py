@@ -169,7 +169,7 @@ def test_bad_input_is_one_line_error(tmp_path: Path, data_root: Path, capsys, wh
     assert run_main(run, data_root) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
-    for word in words:
+    for word in [str(run), *words]:  # which run's file, then what in it
         assert word in err, (word, err)
     assert not (run / "checkpoints").exists()
 
@@ -184,7 +184,7 @@ def test_corrupt_or_mismatched_checkpoint_is_reported_and_kept(tmp_path: Path, d
     write_run(run, {**A_TO_A_MODEL, "emb_dim": 96}, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})
     assert run_main(run, data_root) == 2
     err = capsys.readouterr().err
-    assert "emb_dim=96" in err and latest.name in err
+    assert f"{run}/model.json: emb_dim=96" in err and latest.name in err  # which run's file, which key
     # A corrupt meta.json in the latest checkpoint: it is set aside as it is (one line says so)
     # and the run resumes from the checkpoint before it.
     write_run(run, A_TO_A_MODEL, {**A_TO_A_TRAIN, "train_steps": 4, "checkpoint_interval": 1})

@@ -158,6 +158,7 @@ class Session:
         self.stops.count(vote)
         scalars = self.progress.record(done, losses, stats)
         self.records.scalars(done, scalars)
+        self.progress.check_dropped(done)  # a NaN storm stops the run with its last step recorded
         self.bar.update(1)
         rate = self.progress.window.tokens_per_s(self.progress.tokens_per_step)
         self.bar.set_postfix(

@@ -3,7 +3,8 @@ checkpoint, the best validation loss, dropped steps, training seconds, the targe
 lines it prints. No JAX: the loop hands it host values (loop.py).
 
     progress = Progress.resumed_from(meta, run)        # meta.json of the checkpoint resumed from, or {}
-    scalars = progress.record(done, losses, stats)     # the record's row of one step; raises on a NaN storm
+    scalars = progress.record(done, losses, stats)     # the record's row of one step
+    progress.check_dropped(done)                       # once it is recorded: raises on a NaN storm
     progress.line(done, stats, val, val_tokens)        # the line printed at a checkpoint
 """
 
@@ -145,12 +146,12 @@ class Progress:
         return self.trained_s + sum(self.window.step_times)
 
     def record(self, done: int, losses: np.ndarray, stats: dict[str, Any]) -> dict[str, float | None]:
-        """Step `done`'s results into the window; its row of the record. TrainingError past
-        max_dropped_steps dropped in a row."""
+        """Step `done`'s results into the window; its row of the record (check_dropped next)."""
         now = time.perf_counter()
         step_time, self.clock = now - self.clock, now
         self.window.record(done, losses, stats, step_time)
-        self._count_dropped(done, bool(stats["skipped_step"]))
+        self.dropped_streak = self.dropped_streak + 1 if stats["skipped_step"] else 0
+        self.dropped_total += int(bool(stats["skipped_step"]))
         tokens_per_s = self.tokens_per_step / max(step_time, 1e-9)
         gn = self.window.grad_norms[-1]
         rates = {f"optim/lr_{part}": v for part, v in part_rates(stats).items() if part not in ("adamw", "muon")}
@@ -170,12 +171,11 @@ class Progress:
             "perf/mfu": self.mfu(tokens_per_s),
         }
 
-    def _count_dropped(self, done: int, dropped: bool) -> None:
-        """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error."""
+    def check_dropped(self, done: int) -> None:
+        """Bound a storm of dropped steps: past max_dropped_steps in a row, stop with an error (after
+        step `done`'s row is in the record: the step that stops the run is its last)."""
         from jaxgpt.checkpoints import layout
 
-        self.dropped_streak = self.dropped_streak + 1 if dropped else 0
-        self.dropped_total += int(dropped)
         limit = self.run.train_cfg.max_dropped_steps
         if self.dropped_streak >= limit:
             latest = layout.latest_checkpoint(self.run.run_dir)

@@ -25,7 +25,7 @@ from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load
 from jaxgpt.data.batches import BatchSampler, WholeSplit
 from jaxgpt.data.chat_rows import ConversationRows
 from jaxgpt.data.packing import DocumentSampler
-from jaxgpt.data.prepare import prepare_dataset
+from jaxgpt.data.prepare import prepare_dataset, resolve_options
 from jaxgpt.data.shards import DataError, Dataset, open_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TOKENIZER_NAMES, TokenizerError, TrainedTokenizer, get_tokenizer
 from jaxgpt.evaluation.core import PreparedTask, prepare
@@ -81,7 +81,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
     check_writable(run_dir, model_cfg, tidy=lock)
     dataset, tokenizer = _dataset(run_dir, model_cfg, train_cfg, data_root)
     ds_path = dataset.path
-    train_batches, val_batches = _samplers(model_cfg, train_cfg, dataset)
+    try:
+        train_batches, val_batches = _samplers(model_cfg, train_cfg, dataset)
+    except DataError as e:  # "train split: dataset too small ...": which run's, which dataset
+        raise DataError(f"{run_dir}/train.json: {dataset.path} {e}") from None
     if train_batches.n_windows < train_cfg.sequences_per_step:
         raise DataError(
             f"{ds_path}: train split has {train_batches.n_windows} sequences of {train_cfg.seq_len(model_cfg)} tokens, "
@@ -93,7 +96,10 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
             print(f"Moved old checkpoints aside to {moved}")
     resume_from = _resume_point(run_dir)
     if resume_from is not None:
-        _check_resume(resume_from, model_cfg, train_cfg, dataset)
+        try:
+            _check_resume(resume_from, model_cfg, train_cfg, dataset)
+        except ConfigError as e:  # "model.json: ..." or "train.json: ...": which run's
+            raise ConfigError(f"{run_dir}/{e}") from None
         _check_tokenizer(resume_from, tokenizer)
     init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     examples, core = _benchmarks(model_cfg, train_cfg, data_root, tokenizer)
@@ -118,6 +124,10 @@ def _dataset(
 ) -> tuple[Dataset, TrainedTokenizer | None]:
     """The run's dataset, prepared if missing and checked against the model; a trained tokenizer
     (train.json names one), which must be the one that prepared it."""
+    try:
+        resolve_options(train_cfg.dataset.source, train_cfg.dataset.options)
+    except DataError as e:  # an unknown source or option: the run's train.json says so
+        raise DataError(f"{run_dir}/train.json: dataset: {e}") from None
     ds_path = prepare_dataset(
         train_cfg.dataset.source,
         train_cfg.tokenizer,

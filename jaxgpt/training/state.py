@@ -70,7 +70,10 @@ def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[
     """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run)."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     compute_dtype = _compute_dtype(run, log)
-    mesh = sharding.make_mesh(cfg.mesh, cfg.microbatch_size)
+    try:
+        mesh = sharding.make_mesh(cfg.mesh, cfg.microbatch_size)
+    except ConfigError as e:  # "train.json: ...": which run's
+        raise ConfigError(f"{run.run_dir}/{e}") from None
 
     def build() -> tuple[Any, Any]:
         model = build_model(mcfg, seed=cfg.seed)
