@@ -134,7 +134,12 @@ def test_a_users_template_from_the_options(tmp_path: Path) -> None:
             ['{"messages": [{"role": "user", "content": "b"}]}'],
             "a.jsonl:1: the conversation must end with an assistant",
         ),
-        (['{"instruction": "a", "output": "b"}', '{"instruction": "a", '], "a.jsonl:2: malformed JSON"),
+        (
+            ['{"instruction": "a", "output": "b"}', '{"instruction": "a", '],
+            "a.jsonl:2: malformed JSON: the line is cut off after column 20",
+        ),
+        (['{"instruction": "a", "output": "bc'], "a.jsonl:1: malformed JSON: the line is cut off after column 34"),
+        (['{"instruction": "a" "output": "b"}'], "a.jsonl:1: malformed JSON (Expecting ',' delimiter at column 21)"),
         (['{"text": "plain"}'], "a.jsonl:1: neither an Alpaca record"),
         (["[1, 2]"], "a.jsonl:1: expected a JSON object"),
     ],
@@ -144,7 +149,7 @@ def test_bad_records_name_the_file_and_line_in_one_line(tmp_path: Path, lines: l
     with pytest.raises(DataError) as e:
         prepare(tmp_path, [tmp_path / "a.jsonl"])
     assert message in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "data" / "conversations-a-bytes").exists()  # nothing written
+    assert not (tmp_path / "data" / "conversations-a-jsonl-bytes").exists()  # nothing written
 
 
 def test_bad_options_and_files_are_one_line(tmp_path: Path) -> None:
@@ -240,3 +245,23 @@ def test_a_dataset_of_older_ids_is_prepared_again(tmp_path: Path) -> None:
     prepare_dataset("conversations", "bytes", tmp_path / "data", log=lines.append, options=options)
     assert lines[0].startswith(f"preparing dataset {path}: fingerprint changed")
     assert json.loads((path / "manifest.json").read_text())["fingerprint"].endswith(RENDERING)
+
+
+def test_a_json_file_of_one_object_or_cut_off_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "one.json").write_text(json.dumps(ALPACA[0]))  # one record: not a data set
+    with pytest.raises(DataError) as e:
+        prepare(tmp_path, [tmp_path / "one.json"])
+    assert str(e.value).startswith(f"{tmp_path / 'one.json'}: holds one JSON dict, expected a list of records")
+    assert "validation_fraction" not in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "cut.json").write_text(json.dumps(ALPACA, indent=1)[:300])
+    with pytest.raises(DataError, match=r"cut.json:\d+: malformed JSON: the file is cut off after column \d+"):
+        prepare(tmp_path, [tmp_path / "cut.json"])
+
+
+def test_chat_jsonl_and_chat_parquet_prepare_into_two_folders(tmp_path: Path) -> None:
+    (tmp_path / "chat.jsonl").write_text("\n".join(json.dumps(r) for r in ALPACA))
+    pq.write_table(pa.Table.from_pylist(ALPACA[:20] * 2), tmp_path / "chat.parquet")
+    a = prepare(tmp_path, [tmp_path / "chat.jsonl"], validation_fraction=0.1)
+    b = prepare(tmp_path, [tmp_path / "chat.parquet"], validation_fraction=0.1)
+    assert (a.name, b.name) == ("conversations-chat-jsonl-bytes", "conversations-chat-parquet-bytes")
+    assert open_dataset(a).manifest["fingerprint"] != open_dataset(b).manifest["fingerprint"]  # neither overwrote

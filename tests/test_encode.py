@@ -271,7 +271,7 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
         while not (
             1_000_000 < read_position(proc.pid, tmp_path / "big.jsonl") < size // 2
             if one_read
-            else list(data.glob("text-big-gpt2.tmp-*"))
+            else list(data.glob("text-big-jsonl-gpt2.tmp-*"))
         ):
             assert proc.poll() is None and time.monotonic() < deadline, "never started tokenizing"
             time.sleep(0.002)
@@ -283,4 +283,4 @@ def test_ctrl_c_while_tokenizing_exits_and_leaves_nothing(one_read: bool, tmp_pa
     assert err.strip().splitlines() == [
         "interrupted: no half-written dataset was kept (run the command again to prepare it)"
     ], err
-    assert sorted(p.name for p in data.iterdir()) == [".text-big-gpt2.lock"]
+    assert sorted(p.name for p in data.iterdir()) == [".text-big-jsonl-gpt2.lock"]

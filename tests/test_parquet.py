@@ -131,7 +131,7 @@ def test_text_column_option_and_flag(tmp_path: Path) -> None:
     write_parquet(tmp_path / "c.parquet", {"content": docs}, text=[str(i) for i in range(40)])
     root = tmp_path / "data"
     assert dd.main(["text", str(tmp_path / "c.parquet"), "--text-column", "content", "--data-dir", str(root)]) == 0
-    ds = open_dataset(root / "text-c-bytes")
+    ds = open_dataset(root / "text-c-parquet-bytes")
     assert ds.manifest["options"]["text_column"] == "content"
     assert ds.manifest["splits"]["train"]["documents"] + ds.manifest["splits"]["val"]["documents"] == 40
     assert ds.train.n_tokens + ds.val.n_tokens == sum(len(d.encode()) + 1 for d in docs)
@@ -139,9 +139,8 @@ def test_text_column_option_and_flag(tmp_path: Path) -> None:
     lines: list[str] = []
     prepare.prepare_dataset("text", "bytes", root, options={"paths": [str(tmp_path / "c.parquet")]}, log=log_to(lines))
     assert "options changed" in lines[0]
-    assert open_dataset(root / "text-c-bytes").train.n_tokens + open_dataset(root / "text-c-bytes").val.n_tokens == sum(
-        len(str(i)) + 1 for i in range(40)
-    )
+    again = open_dataset(root / "text-c-parquet-bytes")
+    assert again.train.n_tokens + again.val.n_tokens == sum(len(str(i)) + 1 for i in range(40))
 
 
 # ----------------------------------------------------------------------------- errors

@@ -60,7 +60,7 @@ def test_find_and_read(corpus: Path) -> None:
     assert [f.name for f in again] == ["b.md", "a.txt", "c.jsonl"]
     assert sources.default_name([str(corpus)]) == "corpus"
     assert sources.default_name([str(corpus / "**" / "*.txt")]) == "corpus"
-    assert sources.default_name([str(corpus / "a.txt")]) == "a"
+    assert sources.default_name([str(corpus / "a.txt")]) == "a-txt"  # a.parquet beside it: a-parquet
 
 
 @pytest.mark.parametrize(

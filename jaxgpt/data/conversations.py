@@ -11,7 +11,7 @@ Formats, told apart record by record:
              fine-tuning files, smoltalk's parquet (a list of structs); several turns; an assistant
              message may carry OpenAI's "weight": 0 (rendered, not trained on).
 
-Files: .json (an array of records, or one record), .jsonl (one per line; blank lines skipped) and
+Files: .json (an array of records), .jsonl (one per line; blank lines skipped) and
 .parquet (one per row: a `messages` column, or `instruction` and `output` columns with an optional
 `input`), given as files, folders (recursive) or globs. Every problem is a DataError of one line
 naming the file and line (or row): a missing field, a wrong type, an empty answer, roles out of
@@ -96,18 +96,34 @@ def to_messages(record: Any, where: str) -> Conversation:
     return messages
 
 
+def _cut_off(text: str, e: json.JSONDecodeError) -> tuple[int, int] | None:
+    """(line, column) where `text` ends mid-record, when that is the error; else None."""
+    if not (e.msg.startswith("Unterminated string") or not text[e.pos :].strip()):
+        return None
+    lines = text.rstrip().split("\n")
+    return len(lines), len(lines[-1])
+
+
 def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8-sig"))
+        text = path.read_bytes().decode("utf-8-sig")
+        data = json.loads(text)
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 (byte {e.start})") from None
     except json.JSONDecodeError as e:
+        cut = _cut_off(text, e)
+        if cut is not None:
+            raise DataError(
+                f"{path}:{cut[0]}: malformed JSON: the file is cut off after column {cut[1]} ({e.msg})"
+            ) from None
         raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-    if isinstance(data, list):
-        for i, record in enumerate(data):
-            yield f"{path}[{i}]", record
-    else:
-        yield str(path), data
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: holds one JSON {type(data).__name__}, expected a list of records: a .json file is a JSON "
+            f"array of Alpaca or chat records (.jsonl: one record a line)"
+        )
+    for i, record in enumerate(data):
+        yield f"{path}[{i}]", record
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -117,10 +133,16 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
                 continue
             where = f"{path}:{number}"
             try:
-                yield where, json.loads(raw.decode("utf-8"))
+                text = raw.decode("utf-8").rstrip("\r\n")  # the error's column is then in this line
+                yield where, json.loads(text)
             except UnicodeDecodeError as e:
                 raise DataError(f"{where}: not UTF-8 (byte {e.start})") from None
             except json.JSONDecodeError as e:
+                cut = _cut_off(text, e)
+                if cut is not None:
+                    raise DataError(
+                        f"{where}: malformed JSON: the line is cut off after column {cut[1]} ({e.msg})"
+                    ) from None
                 raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
 
 

@@ -208,13 +208,14 @@ def find_text_files(patterns: Iterable[str]) -> list[Path]:
 
 
 def default_name(patterns: list[str]) -> str:
-    """A folder-name-safe name for a text corpus: the first path's file stem or folder name."""
+    """A folder-name-safe name for a corpus: the first path's folder name, or its file name with the
+    extension after a '-' (chat.jsonl -> chat-jsonl: chat.parquet beside it is another dataset)."""
     first = patterns[0]
     if _is_glob(first):  # corpus/**/*.txt -> corpus
         parts = Path(first).expanduser().parts
         first = str(Path(*parts[: next(i for i, p in enumerate(parts) if _is_glob(p))] or ["."]))
     path = Path(first).expanduser().resolve()
-    stem = path.name if path.is_dir() else path.stem
+    stem = path.name if path.is_dir() or not path.suffix else f"{path.stem}-{path.suffix[1:]}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "corpus"
 
 
