@@ -19,14 +19,19 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jaxgpt import caches
-from jaxgpt.chat.answer import REPLACEMENT, Assistant, Sampling
 from jaxgpt.checkpoints.layout import CheckpointError
+from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
 from jaxgpt.config import ConfigError
 from jaxgpt.data.chat_template import TemplateError
 from jaxgpt.data.tokenizer import TokenizerError
-from jaxgpt.model.sampling import add_sampling_args, check_sampling_args
+from jaxgpt.generation.sampling import SamplingParams
+from jaxgpt.generation.text import REPLACEMENT
+
+if TYPE_CHECKING:
+    from jaxgpt.chat.answer import Assistant
 
 DEFAULT_TOP_K = 50  # when sampling (temperature > 0) and --top-k is not given: nanochat's chat_cli
 
@@ -49,26 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raw(bot_model: tuple, text: str, sampling: Sampling) -> str:
-    from jaxgpt.model.sampling import generate_batch
+def _raw(checkpoint: Path, text: str, params: SamplingParams) -> str:
+    """A base model's continuation of `text` (no template), ending at end-of-text or the context."""
+    from jaxgpt.checkpoints.store import load_model
+    from jaxgpt.generation.engine import Engine
 
-    model, tok = bot_model
-    (ids,) = generate_batch(
-        model,
-        [tok.encode(text)],
-        max_new_tokens=sampling.max_new_tokens,
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        eot_id=tok.eot_id,
-        n_vocab=tok.n_vocab,
-        on_full="stop",
-    )
-    return tok.decode(ids).rstrip(REPLACEMENT)
+    model, _cfg, tok, _path = load_model(checkpoint)
+    params = replace(params, stop_ids=frozenset({tok.eot_id}), on_full="stop")
+    (done,) = Engine(model, tok, rows=1).generate([tok.encode(text)], params)
+    return done.text.text.rstrip(REPLACEMENT)
 
 
-def _interactive(bot: Assistant, system: str | None, sampling: Sampling) -> int:
+def _interactive(bot: Assistant, system: str | None, params: SamplingParams) -> int:
     print(f"Chatting with {bot.where} (template {bot.template.name!r}). /clear starts over, /quit or Ctrl-D ends.")
     messages: list[dict] = [{"role": "system", "content": system}] if system else []
     turn = 0
@@ -90,7 +87,7 @@ def _interactive(bot: Assistant, system: str | None, sampling: Sampling) -> int:
         print("Assistant: ", end="", flush=True)
         pieces = []
         try:
-            for piece in bot.stream(messages, replace(sampling, seed=sampling.seed + turn)):
+            for piece in bot.stream(messages, replace(params, seed=params.seed + turn)):
                 pieces.append(piece)
                 print(piece, end="", flush=True)
         except KeyboardInterrupt:  # stop this answer, keep the conversation
@@ -111,23 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     prompt = sys.stdin.read().strip() if args.prompt == "-" else args.prompt
     if prompt is not None and not prompt:
         parser.error("--prompt must not be empty")
-    top_k = args.top_k if args.top_k is not None or args.temperature == 0 else DEFAULT_TOP_K
-    sampling = Sampling(args.max_new_tokens, args.temperature, top_k, args.top_p, args.seed)
+    params = sampling_params(args, top_k=None if args.temperature == 0 else DEFAULT_TOP_K)
     caches.enable_compile_cache()
     try:
         if args.raw:
-            from jaxgpt.checkpoints.store import load_model
-
-            model, _cfg, tok, _path = load_model(args.checkpoint)
-            print(prompt + _raw((model, tok), prompt, sampling))
+            print(prompt + _raw(args.checkpoint, prompt, params))
             return 0
+        from jaxgpt.chat.answer import Assistant  # JAX starts here, after the checks
+
         bot = Assistant.load(args.checkpoint)
         if prompt is None:
-            return _interactive(bot, args.system, sampling)
+            return _interactive(bot, args.system, params)
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": prompt}
         ]
-        for piece in bot.stream(messages, sampling):
+        for piece in bot.stream(messages, params):
             print(piece, end="", flush=True)
         print()
     except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:

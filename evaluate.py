@@ -111,7 +111,7 @@ def main_exact_match(args: argparse.Namespace) -> int:
             f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,}, template "
             f"{template.name!r})"
         )
-        r = exact_match(Assistant(model, tok, template, str(ckpt_dir)), questions, batch_size=args.batch_size or 16)
+        r = exact_match(Assistant(model, tok, template, str(ckpt_dir), rows=args.batch_size or 16), questions)
     except (*INPUT_ERRORS, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,8 @@ reference to the judge (jaxgpt/chat/judge.py: the book's rubric, 0-100); each ge
 (instruction, reference, answer, score, the judge's raw reply, error), then the mean over the
 scored ones, and how many replies held no number or failed, are printed and written to
 <out>.summary.json. Requests time out after --timeout seconds and are retried at most --retries times.
+One request probes the judge before any answer is drawn: if it fails, the command stops there (exit
+code 2). Exit code 1 when no answer was scored (every request failed), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from jaxgpt import caches
 from jaxgpt.chat.judge import RUBRIC, Judge, summary
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError
+from jaxgpt.data.chat_prepare import VAL_FILE
 from jaxgpt.data.chat_template import ChatTemplate, TemplateError
 from jaxgpt.data.shards import DataError
 from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
 from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, held_out, train_config
+from jaxgpt.generation.sampling import SamplingParams
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,9 +70,8 @@ def _instruction(tok: Tokenizer, template: ChatTemplate, messages: list[dict]) -
     return text[: -len(opening)].rstrip() if opening and text.endswith(opening) else text
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The command line's numbers and the API key (returned), checked before anything loads."""
     for name in ("limit", "max_new_tokens", "timeout"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be > 0")
@@ -77,54 +80,76 @@ def main(argv: list[str] | None = None) -> int:
     key = "none" if args.api_key_env == "NONE" else os.environ.get(args.api_key_env)
     if not key:
         parser.error(f"--api-key-env: ${args.api_key_env} is not set (NONE: a judge without a key)")
-    try:
-        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
-        dataset = conversation_dataset(args.questions or ckpt_dir, args.data_dir)
-        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
-        check_dataset(dataset, tok, model_cfg.vocab_size)
-        questions = held_out(dataset, args.limit)
-        template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
-        from jaxgpt.chat.answer import Assistant, Sampling
-        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+    return key
 
-        caches.enable_compile_cache()
-        model, _cfg, _tok, _path = load_model(ckpt_dir)
-        bot = Assistant(model, tok, template, str(ckpt_dir))
-        print(
-            f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,})\n"
-            f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}"
-        )
-        answers = bot.answer_all([m for m, _ in questions], Sampling(max_new_tokens=args.max_new_tokens))
+
+def _questions(args: argparse.Namespace) -> tuple[Path, Tokenizer, ChatTemplate, list]:
+    """The checkpoint, its tokenizer, the questions' template and the held-out questions (no JAX)."""
+    ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
+    cfg = train_config(train, str(ckpt_dir / "train.json"))
+    dataset = conversation_dataset(args.questions or ckpt_dir, args.data_dir)
+    tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
+    check_dataset(dataset, tok, model_cfg.vocab_size)
+    template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
+    questions = held_out(dataset, args.limit)
+    print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/{VAL_FILE} ({len(questions):,})")
+    return ckpt_dir, tok, template, questions
+
+
+def _answers(ckpt_dir: Path, tok: Tokenizer, template: ChatTemplate, questions: list, max_tokens: int) -> list[str]:
+    """Greedy answers to every question, drawn together by the engine."""
+    from jaxgpt.chat.answer import Assistant  # JAX starts here, after every input check and the probe
+    from jaxgpt.checkpoints.store import load_model
+
+    caches.enable_compile_cache()
+    model, _cfg, _tok, _path = load_model(ckpt_dir)
+    bot = Assistant(model, tok, template, str(ckpt_dir), rows=16)
+    return bot.answer_all([m for m, _ in questions], SamplingParams(max_tokens, temperature=0.0))
+
+
+def _score_all(judge: Judge, out: Path, rows_in: list[tuple[str, str, str]]) -> list[dict]:
+    """Each (instruction, reference, answer) scored, one JSONL line each as it comes."""
+    rows = []
+    with open(out, "w", encoding="utf-8") as f:
+        for i, (instruction, reference, answer) in enumerate(rows_in):
+            verdict = judge.score(instruction, reference, answer)
+            row = {"instruction": instruction, "reference": reference, "answer": answer, "score": verdict.score}
+            rows.append(row | {"judge_reply": verdict.reply, "error": verdict.error})
+            f.write(json.dumps(rows[-1], ensure_ascii=False) + "\n")
+            f.flush()
+            shown = verdict.score if verdict.score is not None else f"none ({verdict.error or 'no number'})"
+            print(f"[{i + 1}/{len(rows_in)}] score {shown}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """0 when at least one answer was scored; 1 when none was; 2 for bad input or an unreachable judge."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    key = _check(parser, args)
+    try:
+        ckpt_dir, tok, template, questions = _questions(args)
     except (ConfigError, DataError, TokenizerError, layout.CheckpointError, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     judge = Judge(args.url, args.model, key, timeout=args.timeout, retries=args.retries)
-    rows = []
-    with open(args.out, "w", encoding="utf-8") as out:
-        for i, ((messages, reference), answer) in enumerate(zip(questions, answers)):
-            instruction = _instruction(tok, template, messages)
-            verdict = judge.score(instruction, reference, answer)
-            row = {
-                "instruction": instruction,
-                "reference": reference,
-                "answer": answer,
-                "score": verdict.score,
-                "judge_reply": verdict.reply,
-                "error": verdict.error,
-            }
-            rows.append(row)
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-            out.flush()
-            shown = verdict.score if verdict.score is not None else f"none ({verdict.error or 'no number'})"
-            print(f"[{i + 1}/{len(questions)}] score {shown}", flush=True)
-    result = summary(rows)
+    problem = judge.probe()
+    if problem is not None:
+        print(f"error: the judge at {args.url} did not answer a first request ({problem})", file=sys.stderr)
+        return 2
+    print(f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}")
+    answers = _answers(ckpt_dir, tok, template, questions, args.max_new_tokens)
+    asked = [(_instruction(tok, template, m), ref, a) for (m, ref), a in zip(questions, answers)]
+    result = summary(_score_all(judge, args.out, asked))
     args.out.with_name(args.out.name + ".summary.json").write_text(json.dumps(result, indent=2) + "\n")
     mean = "n/a" if result["mean"] is None else f"{result['mean']:.2f}"
     print(
         f"mean score {mean} over {result['scored']} of {result['examples']} answers "
         f"({result['unparseable']} replies without a number, {result['failed']} failed requests)"
     )
+    if not result["scored"]:
+        print(f"error: no answer was scored ({result['failed']} requests failed); see {args.out}", file=sys.stderr)
+        return 1
     return 0
 
 

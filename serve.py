@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         served = api.load(
             args.checkpoint, model_name=args.model_name, max_batch=args.max_batch, max_queue=args.max_queue
         )
-        warm_s = served.engine.start()
+        warm_s = served.worker.start()
     except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

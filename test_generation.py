@@ -5,22 +5,23 @@
     uv run test_generation.py runs/tiny/checkpoints/best --prompt "To be" --prompt "Once upon"   # one batch
     uv run test_generation.py runs/gpt2                          # an imported GPT-2 (import_gpt2.py)
 
-Decoding uses a KV cache and a compiled one-token step (see jaxgpt/model/sampling.py); the last line reports
-the speed in tokens per second.
+The prompts are drawn together by the generation engine (jaxgpt/generation/: a KV cache and a compiled
+one-token step); the last line reports the speed in tokens per second.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from jaxgpt import caches
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.checkpoints.store import load_model
+from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
 from jaxgpt.config import ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
-from jaxgpt.model.sampling import GenerationStats, add_sampling_args, check_sampling_args, continuations
 
 PROMPT = "Every effort moves you"
 
@@ -45,11 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from jaxgpt.generation.engine import Engine
+
     print(f"Checkpoint: {path}")
-    stats = GenerationStats()
-    for prompt, text in zip(prompts, continuations(model, tok, prompts, args, stats)):
-        print(("\n" if len(prompts) > 1 else "") + prompt + text)
-    print(f"\n[{stats.summary()}]")
+    engine = Engine(model, tok, rows=len(prompts))
+    params = dataclasses.replace(sampling_params(args), stop_ids=frozenset({tok.eot_id}))
+    for prompt, done in zip(prompts, engine.generate([tok.encode(p) for p in prompts], params)):
+        print(("\n" if len(prompts) > 1 else "") + prompt + done.text.text)
+    print(f"\n[{engine.stats.summary()}]")
     return 0
 
 

@@ -15,9 +15,11 @@ import chat
 import evaluate
 import test_generation
 import train
-from jaxgpt.chat.answer import Assistant, Sampling
+from jaxgpt.chat.answer import Assistant
+from jaxgpt.checkpoints.store import load_model
 from jaxgpt.data.chat_template import ChatTemplate
 from jaxgpt.data.tokenizer import get_tokenizer
+from jaxgpt.generation.sampling import SamplingParams
 
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
@@ -83,7 +85,7 @@ def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(built, ca
     run = built
     bot = Assistant.load(run)
     assert bot.template == ChatTemplate.from_dict(SHORT)  # read from the checkpoint's chat_template.json
-    want = bot.answer([{"role": "user", "content": "Reverse the letters: abc"}], Sampling(max_new_tokens=20))
+    want = bot.answer([{"role": "user", "content": "Reverse the letters: abc"}], SamplingParams(20, temperature=0.0))
     capsys.readouterr()
     assert chat.main([str(run), "-p", "Reverse the letters: abc", "--temperature", "0", "--max-new-tokens", "20"]) == 0
     assert capsys.readouterr().out == want + "\n"
@@ -91,26 +93,25 @@ def test_one_shot_prints_the_greedy_answer_of_the_checkpoints_template(built, ca
 
 def test_the_answer_streams_in_pieces_that_make_the_whole_answer(built) -> None:
     bot = Assistant.load(built)
-    sampling = Sampling(max_new_tokens=30, temperature=1.0, seed=3)
+    sampling = SamplingParams(30, temperature=1.0, seed=3)
     messages = [{"role": "user", "content": "Spell the word: abcd"}]
     pieces = list(bot.stream(messages, sampling))
     assert "".join(pieces) == bot.answer(messages, sampling) and len(pieces) > 1
     assert bot.answer(messages, sampling) == bot.answer(messages, sampling)  # the same seed, the same answer
     # Batched answers equal one-at-a-time answers (each row draws from its own seeded generator).
     many = [[{"role": "user", "content": f"Sort the letters of: {w}"}] for w in ("dcba", "zyx", "qwerty")]
-    assert bot.answer_all(many, sampling, batch_size=3) == [bot.answer(m, sampling) for m in many]
+    assert Assistant.load(built, rows=3).answer_all(many, sampling) == [bot.answer(m, sampling) for m in many]
 
 
 def test_a_multi_token_end_is_cut_from_the_answer(built) -> None:
-    bot = Assistant.load(built)
     end = "ab"  # two byte tokens: an answer stops once its ids end with them
-    bot2 = Assistant(bot.model, bot.tok, ChatTemplate.from_dict({**SHORT, "end": end}))
-    tok = get_tokenizer("bytes")
-    assert bot2.end == tok.encode(end) and bot2._cut(tok.encode("xyzabq")) == tok.encode("xyz")
-    text = "".join(
-        bot2.stream([{"role": "user", "content": "hi"}], Sampling(max_new_tokens=40, temperature=2.0, seed=1))
-    )
-    assert end not in text
+    model, _cfg, tok, _path = load_model(built)
+    bot2 = Assistant(model, tok, ChatTemplate.from_dict({**SHORT, "end": end}))
+    assert bot2.params(SamplingParams()).end == tuple(get_tokenizer("bytes").encode(end))
+    (done,) = bot2.requests([[{"role": "user", "content": "hi"}]], SamplingParams(40, temperature=2.0, seed=1))
+    assert end not in done.text.text
+    if done.finish_reason == "stop":  # the ids drawn end with the end's, which the text leaves out
+        assert tok.decode(done.sampled).endswith(done.text.text + end)
 
 
 @SLOW  # a subprocess, or a second training run

@@ -19,7 +19,10 @@ import test_generation
 from bench import decode
 from jaxgpt.config import ModelConfig, to_dict
 from jaxgpt.cpu import matvec as cpu_matvec
-from jaxgpt.model import sampling as g
+from jaxgpt.data.tokenizer import get_tokenizer
+from jaxgpt.generation import decoder as g
+from jaxgpt.generation.engine import Engine, GenerationStats
+from jaxgpt.generation.sampling import SamplingParams, filter_logits, sample_next
 from jaxgpt.model.gpt import build_model, stack_layer_weights
 from jaxgpt.ops import neutral
 
@@ -98,6 +101,29 @@ def tiny(seed: int = 0, **kw) -> nnx.Module:
 @nnx.jit
 def _forward(model: nnx.Module, idx: jnp.ndarray) -> jnp.ndarray:
     return model(idx)
+
+
+def generate(
+    model: nnx.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    eot_id: int | None = None,
+    stats: GenerationStats | None = None,
+    tok: object = None,
+    **kw,
+) -> list[list[int]]:
+    """Each prompt's new tokens drawn by the engine (one row each; a stop token not included), slide by default."""
+    engine = Engine(model, tok, rows=len(prompts))
+    params = SamplingParams(
+        max_tokens=max_new_tokens,
+        stop_ids=frozenset() if eot_id is None else frozenset({eot_id}),
+        **{"temperature": 0.0, "on_full": "slide", **kw},
+    )
+    done = engine.generate(prompts, params)
+    if stats is not None:
+        stats.__dict__.update(engine.stats.__dict__)
+    return [[t for t in r.sampled if t != eot_id] for r in done]
 
 
 def full_logits(model: nnx.Module, ids: list[int]) -> np.ndarray:
@@ -208,7 +234,7 @@ def test_slide_reprefills_the_last_half_and_matches_the_model_on_that_window() -
     model = tiny(3)
     rng = np.random.default_rng(4)
     prompt = rng.integers(0, V, 5).tolist()
-    new = g.generate_batch(model, [prompt], max_new_tokens=3 * CTX)[0]
+    new = generate(model, [prompt], max_new_tokens=3 * CTX)[0]
     assert len(new) == 3 * CTX  # slides past the context instead of stopping or failing
     # Reference with the same policy, the full forward pass for every token.
     ids, start, keep = list(prompt), 0, CTX // 2
@@ -221,8 +247,8 @@ def test_slide_reprefills_the_last_half_and_matches_the_model_on_that_window() -
 
 def test_stop_mode_ends_at_the_context_length() -> None:
     model = tiny(3)
-    stats = g.GenerationStats()
-    out = g.generate_batch(model, [[1, 2, 3], [4] * CTX], max_new_tokens=100, on_full="stop", stats=stats)
+    stats = GenerationStats()
+    out = generate(model, [[1, 2, 3], [4] * CTX], max_new_tokens=100, on_full="stop", stats=stats)
     assert len(out[0]) == CTX - 3 and out[1] == []  # a full prompt leaves no room
     assert stats.prefills == 1 and stats.new_tokens == CTX - 3
 
@@ -231,36 +257,37 @@ def test_batched_greedy_equals_one_prompt_at_a_time_and_decode_compiles_once() -
     model = tiny(5)
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8], [9, 10, 11]]
     before = dict(g.TRACES)
-    stats = g.GenerationStats()
-    batched = g.generate_batch(model, prompts, max_new_tokens=2 * CTX, stats=stats)
+    stats = GenerationStats()
+    batched = generate(model, prompts, max_new_tokens=2 * CTX, stats=stats)
     assert [len(b) for b in batched] == [2 * CTX] * 3
     assert g.TRACES["step"] - before.get("step", 0) <= 1  # one compile for B=3, however many tokens
     assert stats.steps > CTX and stats.prefills >= 3  # slides happened, rows at different times
     for prompt, got in zip(prompts, batched):
-        assert list(g.generate(model, prompt, max_new_tokens=2 * CTX)) == got
+        assert generate(model, [prompt], max_new_tokens=2 * CTX)[0] == got
 
 
 def test_end_of_text_stops_a_row_and_is_not_returned() -> None:
     model = tiny(6)
-    first = g.generate_batch(model, [[1, 2], [3]], max_new_tokens=6)
+    first = generate(model, [[1, 2], [3]], max_new_tokens=6)
     eot = first[0][2]  # make row 0's third new token the end-of-text id
 
     def cut(seq: list[int]) -> list[int]:
         return seq[: seq.index(eot)] if eot in seq else seq
 
-    out = g.generate_batch(model, [[1, 2], [3]], max_new_tokens=6, eot_id=eot)
+    out = generate(model, [[1, 2], [3]], max_new_tokens=6, eot_id=eot)
     assert out == [cut(first[0]), cut(first[1])] and len(out[0]) <= 2
 
 
-def test_n_vocab_excludes_padded_ids() -> None:
-    model = tiny(7)
-    out = g.generate_batch(model, [[1]], max_new_tokens=30, temperature=2.0, seed=1, n_vocab=5)
-    assert set(out[0]) <= set(range(5))
+def test_only_the_tokenizers_ids_are_drawn_from_a_padded_vocabulary() -> None:
+    model = tiny(7, vocab_size=320)  # the bytes tokenizer's 257 ids, padded
+    kw = dict(max_new_tokens=60, temperature=2.0, seed=1)
+    assert max(generate(model, [[1]], **kw)[0]) >= 257  # without a tokenizer every id of the model is drawn
+    assert max(generate(model, [[1]], tok=get_tokenizer("bytes"), **kw)[0]) < 257
 
 
 def test_a_to_a_models_decode_too() -> None:
     model = build_model(ModelConfig(architecture="a-to-a", vocab_size=V, context_length=CTX, emb_dim=C))
-    out = g.generate_batch(model, [[3, 4]], max_new_tokens=4)[0]
+    out = generate(model, [[3, 4]], max_new_tokens=4)[0]
     want = [4]
     for _ in range(4):  # no context: each token follows from the previous one alone
         want.append(int(full_logits(model, [want[-1]])[-1].argmax()))
@@ -275,7 +302,7 @@ def logits_of(probs: list[float]) -> np.ndarray:
 
 
 def kept(logits: np.ndarray, **kw) -> set[int]:
-    return set(np.flatnonzero(np.isfinite(g.filter_logits(logits, **kw))).tolist())
+    return set(np.flatnonzero(np.isfinite(filter_logits(logits, **kw))).tolist())
 
 
 def test_top_k_keeps_exactly_the_k_largest() -> None:
@@ -285,7 +312,7 @@ def test_top_k_keeps_exactly_the_k_largest() -> None:
     assert kept(x, top_k=6) == kept(x, top_k=100) == set(range(6))
     ties = np.array([1.0, 2.0, 2.0, 2.0, 0.0])
     assert kept(ties, top_k=2) == {1, 2}  # exactly k: ties go to the lower id
-    kept_vals = g.filter_logits(x, top_k=3)[[1, 3, 5]]
+    kept_vals = filter_logits(x, top_k=3)[[1, 3, 5]]
     assert np.array_equal(kept_vals, x[[1, 3, 5]])  # kept logits are untouched
 
 
@@ -307,19 +334,20 @@ def test_top_p_keeps_the_smallest_nucleus() -> None:
 def test_sampling_draws_only_kept_tokens_in_proportion() -> None:
     x = logits_of([0.25, 0.125, 0.5, 0.125])
     rng = np.random.default_rng(0)
-    draws = [g.sample_next(x, rng, 1.0, None, 0.75) for _ in range(4000)]
+    draws = [sample_next(x, rng, SamplingParams(temperature=1.0, top_p=0.75)) for _ in range(4000)]
     counts = np.bincount(draws, minlength=4) / len(draws)
     assert counts[1] == counts[3] == 0
     assert counts[2] == pytest.approx(2 / 3, abs=0.03) and counts[0] == pytest.approx(1 / 3, abs=0.03)
-    assert g.sample_next(x, rng, 0.0, None, None) == 2  # temperature 0 is greedy
+    assert sample_next(x, rng, SamplingParams(temperature=0.0)) == 2  # temperature 0 is greedy
+    assert sample_next(x, rng, SamplingParams(temperature=0.0, allowed_ids=(1, 3))) == 1  # among the allowed
 
 
 def test_same_seed_same_text_other_seed_other_text() -> None:
     model = tiny(8)
     kw = dict(max_new_tokens=24, temperature=1.0, top_k=20, top_p=0.9)
-    a = g.generate_batch(model, [[1, 2], [3]], seed=11, **kw)
-    assert g.generate_batch(model, [[1, 2], [3]], seed=11, **kw) == a
-    assert g.generate_batch(model, [[1, 2], [3]], seed=12, **kw) != a
+    a = generate(model, [[1, 2], [3]], seed=11, **kw)
+    assert generate(model, [[1, 2], [3]], seed=11, **kw) == a
+    assert generate(model, [[1, 2], [3]], seed=12, **kw) != a
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -380,7 +408,7 @@ def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(
     got = [dec.prefill([seq[:2]] * rows)[0]] + [dec.step([t] * rows)[0] for t in seq[2:]]
     diff, tol = max(np.abs(a - b).max() for a, b in zip(got, ref[1:])), tolerance(ref, "bfloat16")
     assert diff <= tol, (diff, tol)
-    assert "custom_call_target" not in dec._compiled_step(CTX).as_text()
+    assert "custom_call_target" not in dec._compiled("step", CTX).as_text()
 
 
 def test_short_prompts_prefill_16_32_or_64_tokens_longer_ones_a_multiple_of_64() -> None:
@@ -412,7 +440,9 @@ def test_attention_spans_grow_with_the_rows_and_stay_exact() -> None:
     diffs = [np.abs(dec.prefill([ids[:100]])[0] - ref[99]).max()]
     for pos in range(100, 300):  # crosses the 128 and 256 span boundaries, ends at the context
         diffs.append(np.abs(dec.step([ids[pos]])[0] - ref[pos]).max())
-    assert sorted(dec._steps) == [128, 256, 300] and max(diffs) <= TOL, max(diffs)
+    assert sorted(size for kind, size in dec._programs if kind == "step") == [128, 256, 300] and max(diffs) <= TOL, max(
+        diffs
+    )
 
 
 def test_scan_layers_models_decode_with_the_unrolled_models_logits_and_prefill_through_their_scan() -> None:
@@ -461,9 +491,10 @@ def _original_step_hlo(model: nnx.Module, rows: int) -> str:
     graphdef, state = nnx.split(model)
     cache = g.KVCache.zeros(model.cfg, rows)
     ids = jnp.zeros((rows,), jnp.int32)
+    leaves, treedef = jax.tree.flatten(state)
     return (
-        jax.jit(g._step, static_argnums=(0, 1))
-        .lower(graphdef, CTX, state, cache.k, cache.v, ids, ids)
+        jax.jit(g._step, static_argnums=(0, 1, 2))
+        .lower(graphdef, treedef, CTX, leaves, cache.k, cache.v, ids, ids)
         .compile()
         .as_text()
     )
@@ -486,7 +517,7 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
     convert (nor XLA's own bf16 -> f32 upcast) of a weight, no slice of a layer out of stacked weights."""
     model = tiny(13, **kw)
     dec = g.KVDecoder(model, rows)
-    hlo = dec._compiled_step(CTX).as_text()
+    hlo = dec._compiled("step", CTX).as_text()
     assert weight_copies(hlo, model) == []
     # The dense layers' and the head's products (XLA dots, or cpu_matvec's kernel) and no more: attention
     # against the cache is ops.vecmat's fused product and sum on the CPU, and runs no YNNPACK reduction
@@ -557,7 +588,7 @@ def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) 
     model = tiny(15, **MODERN, **NEW_2026, **kw)
     dec = g.KVDecoder(model, 3)  # 3 rows: the gate's (3, 12) slice of the activations is no weight's shape
     assert dec._cache[0].shape == (L, 3, 2, C // H, CTX) and dec._cache[1].shape == (L, 3, 2, CTX, C // H)
-    hlo = dec._compiled_step(CTX).as_text()
+    hlo = dec._compiled("step", CTX).as_text()
     assert weight_copies(hlo, model) == []
     ops = model.ops.for_decoding(3)
     native = hlo.count(f'custom_call_target="{cpu_matvec.TARGET}"')
@@ -565,8 +596,8 @@ def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) 
 
 
 def test_generate_holds_no_copy_of_the_model() -> None:
-    """Decoding calls the model's own forward pass: sampling.py names none of a block's parts."""
-    source = (Path(__file__).parent.parent / "jaxgpt" / "model" / "sampling.py").read_text()
+    """Decoding calls the model's own forward pass: the generation package names none of a block's parts."""
+    source = "".join(p.read_text() for p in (Path(__file__).parent.parent / "jaxgpt" / "generation").glob("*.py"))
     assert "cached_features" in source
     for part in ("ln1", "ln2", ".qkv", ".proj", ".mlp", "pos_emb", "blocks", "ln_f"):
         assert part not in source, part

@@ -15,7 +15,7 @@ from conftest import SLOW, write_run
 
 import judge
 import train
-from jaxgpt.chat.judge import RUBRIC, Judge, parse_score
+from jaxgpt.chat.judge import PROBE, RUBRIC, Judge, parse_score
 
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}
@@ -134,7 +134,7 @@ def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tm
     replies = iter(["80", "no idea", 500, "60", "100", "Score: 20"])  # one each, in the order asked
 
     def reply(prompt: str, attempt: int) -> object:
-        return next(replies)
+        return "100" if prompt == PROBE else next(replies)
 
     server = stand_in(reply)
     monkeypatch.setenv("JUDGE_KEY", "sk-local")
@@ -175,6 +175,50 @@ def test_judge_command_writes_a_line_per_answer_and_the_mean(tuned, stand_in, tm
     text = capsys.readouterr().out
     assert "mean score 65.00 over 4 of 6 answers (1 replies without a number, 1 failed requests)" in text
     assert all(auth == "Bearer sk-local" for _, auth, _ in server.requests)
+    assert server.requests[0][2]["messages"][0]["content"] == PROBE  # probed before the first answer
+
+
+def judge_args(run: Path, url: str, out: Path, data: Path) -> list[str]:
+    return [str(run), "--url", url, "--model", "m", "--api-key-env", "NONE", "--out", str(out)] + [
+        "--retries",
+        "0",
+        "--timeout",
+        "2",
+        "--data-dir",
+        str(data),
+        "--max-new-tokens",
+        "4",
+    ]
+
+
+def test_the_probe_says_whether_the_endpoint_answers(stand_in) -> None:
+    assert Judge(stand_in(lambda prompt, attempt: "100").url, "j", "k", timeout=5, retries=0).probe() is None
+    assert Judge(stand_in(lambda prompt, attempt: "no number").url, "j", "k", timeout=5, retries=0).probe() is None
+    assert "500" in Judge(stand_in(lambda prompt, attempt: 500).url, "j", "k", timeout=5, retries=0).probe()
+    refused = Judge("http://127.0.0.1:9/v1", "j", "k", timeout=2, retries=0).probe()
+    assert refused.startswith("APIConnectionError")
+
+
+@SLOW  # a fine-tuning run first
+def test_an_unreachable_judge_stops_before_any_answer_is_drawn(tuned, stand_in, tmp_path, capsys) -> None:
+    run, data = tuned
+    out = tmp_path / "judged.jsonl"
+    for url in ("http://127.0.0.1:9/v1", stand_in(lambda prompt, attempt: 500).url):
+        assert judge.main(judge_args(run, url, out, data)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: the judge at {url} did not answer a first request") and err.count("\n") == 1
+        assert not out.exists()  # nothing drawn, nothing written
+
+
+@SLOW  # a fine-tuning run first
+def test_nothing_scored_is_a_failure(tuned, stand_in, tmp_path, capsys) -> None:
+    run, data = tuned
+    out = tmp_path / "judged.jsonl"
+    server = stand_in(lambda prompt, attempt: "100" if prompt == PROBE else 500)  # up, then failing every time
+    assert judge.main(judge_args(run, server.url, out, data)) == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6 and all(r["score"] is None and "500" in r["error"] for r in rows)
+    assert "error: no answer was scored (6 requests failed)" in capsys.readouterr().err
 
 
 @SLOW  # a fine-tuning run first

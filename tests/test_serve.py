@@ -28,7 +28,8 @@ from conftest import ROOT, SLOW, write_run
 
 import serve
 import test_generation
-from jaxgpt.chat.answer import Assistant, Sampling
+from jaxgpt.chat.answer import Assistant
+from jaxgpt.generation.sampling import SamplingParams
 
 KEY = "test-key"
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
@@ -276,7 +277,7 @@ def test_max_tokens_stops_where_the_context_is_full(server: Server) -> None:
 def test_chat_answers_through_the_checkpoints_template(server: Server, tuned: Path) -> None:
     messages = [{"role": "user", "content": "Reverse the letters: abc"}]
     bot = Assistant.load(tuned)
-    want = bot.answer(messages, Sampling(max_new_tokens=24, temperature=0))
+    want = bot.answer(messages, SamplingParams(24, temperature=0.0))
     chat = server.client().chat.completions.create(model=server.name, messages=messages, max_tokens=24, temperature=0)
     assert chat.choices[0].message.content == want and chat.choices[0].message.role == "assistant"
     assert chat.usage.prompt_tokens == len(bot.template.prompt(bot.tok, messages))

@@ -22,6 +22,7 @@ RUBRIC = (
     "Given the input `{instruction}` and correct output `{reference}`, score the model response "
     "`{answer}` on a scale from 0 to 100, where 100 is the best score. Respond with the integer number only."
 )
+PROBE = "Reply with the number 100 and nothing else."  # judge.py's first request: is the endpoint there?
 _NUMBER = re.compile(r"(?<![\d.])(\d{1,3})(?![\d.])")
 
 
@@ -54,14 +55,30 @@ class Judge:
     def score(self, instruction: str, reference: str, answer: str) -> Verdict:
         prompt = RUBRIC.format(instruction=instruction, reference=reference, answer=answer)
         try:
-            out = self.client.chat.completions.create(
-                model=self.model, temperature=0.0, messages=[{"role": "user", "content": prompt}]
-            )
+            reply = self._ask(prompt)
         except self._errors as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            return Verdict(None, None, f"{type(e).__name__}: {first[:200]}")
-        reply = (out.choices[0].message.content or "") if out.choices else ""
+            return Verdict(None, None, _why(e))
         return Verdict(parse_score(reply), reply)
+
+    def probe(self) -> str | None:
+        """One request before any answer is drawn (with the same timeout and retries): None when the
+        endpoint answered, whatever it said; else why it did not, in one line."""
+        try:
+            self._ask(PROBE)
+        except self._errors as e:
+            return _why(e)
+        return None
+
+    def _ask(self, prompt: str) -> str:
+        out = self.client.chat.completions.create(
+            model=self.model, temperature=0.0, messages=[{"role": "user", "content": prompt}]
+        )
+        return (out.choices[0].message.content or "") if out.choices else ""
+
+
+def _why(e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{type(e).__name__}: {first[:200]}"
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:

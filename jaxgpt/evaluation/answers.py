@@ -102,13 +102,12 @@ def task_of(messages: list[dict[str, Any]]) -> str:
     return words[0] if words else ""
 
 
-def exact_match(bot: Assistant, questions: list[Question], batch_size: int = 16) -> dict[str, Any]:
-    """Greedy answers to every question, compared with the references."""
-    from jaxgpt.chat.answer import Sampling
+def exact_match(bot: Assistant, questions: list[Question]) -> dict[str, Any]:
+    """Greedy answers to every question (drawn together in the bot's engine rows), compared with the references."""
+    from jaxgpt.generation.sampling import SamplingParams
 
     longest = max(len(bot.tok.encode(ref)) for _, ref in questions)
-    sampling = Sampling(max_new_tokens=2 * longest + 8, temperature=0.0)
-    answers = bot.answer_all([m for m, _ in questions], sampling, batch_size=batch_size)
+    answers = bot.answer_all([m for m, _ in questions], SamplingParams(max_tokens=2 * longest + 8, temperature=0.0))
     rows = [
         {
             "prompt": m[-1]["content"],

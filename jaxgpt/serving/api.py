@@ -14,7 +14,7 @@ Endpoints (docs/serving.md has the parameters):
 With an API key every endpoint but /health needs `Authorization: Bearer KEY` (401 otherwise).
 Every error is OpenAI's error object with one clear message; a full queue is a 503 with
 Retry-After. The route handlers only check, submit and format: the model runs on the engine's
-thread (engine.py), never on the event loop.
+thread (worker.py), never on the event loop.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, encode_with_specials
 from jaxgpt.serving import protocol as p
 from jaxgpt.serving import responses as r
-from jaxgpt.serving.engine import Engine, Job, Piece, QueueFull
+from jaxgpt.serving.worker import Job, Piece, QueueFull, Worker
 
 log = logging.getLogger("jaxgpt.serving")
 OPEN_PATHS = frozenset({"/health", "/healthz"})  # answered without the API key (load balancers, tests)
@@ -58,20 +58,20 @@ class Served:
     tok: Tokenizer
     template: ChatTemplate | None  # None: a base model, no chat
     context: int
-    engine: Engine
+    worker: Worker
 
 
 def load(path: Path, *, model_name: str | None, max_batch: int, max_queue: int) -> Served:
     """The checkpoint (a run dir, checkpoint folder or latest/best link) loaded once, its chat template
-    read, the engine built (not started). Raises the loaders' one-line errors."""
+    read, the engine's worker built (not started). Raises the loaders' one-line errors."""
     from jaxgpt.checkpoints.store import load_model  # JAX starts here, after serve.py's checks
 
     model, cfg, tok, ckpt = load_model(path)
     template = read_template(ckpt)
     if template is not None:
         template.check(tok)
-    engine = Engine(model, tok, max_batch=max_batch, max_queue=max_queue)
-    return Served(model_name or _run_name(path, ckpt), str(ckpt), tok, template, cfg.context_length, engine)
+    worker = Worker(model, tok, max_batch=max_batch, max_queue=max_queue)
+    return Served(model_name or _run_name(path, ckpt), str(ckpt), tok, template, cfg.context_length, worker)
 
 
 def _run_name(path: Path, ckpt: Path) -> str:
@@ -147,7 +147,7 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
 def _submit(served: Served, choices: list[Any]) -> Job:
     job = Job(asyncio.get_running_loop(), choices)
     try:
-        served.engine.submit(job)
+        served.worker.submit(job)
     except QueueFull as e:
         raise p.APIError(
             503,
@@ -161,14 +161,14 @@ def _submit(served: Served, choices: list[Any]) -> Job:
 
 async def _collect(job: Job) -> r.Answers:
     """The whole answers of a request that is not streamed."""
-    out = r.Answers(len(job.choices))
+    out = r.Answers(job.answers)
     try:
         async for piece in job.pieces():
             out.add(piece)
     except RuntimeError as e:
         raise p.APIError(500, str(e), kind="server_error") from None
     finally:
-        job.cancelled = True  # a cancelled task (shutdown, client gone) frees its rows; no-op once done
+        job.cancel()  # a cancelled task (shutdown, client gone) frees its rows; no-op once done
     return out
 
 
@@ -189,7 +189,7 @@ def _sse(
         except RuntimeError as e:
             yield f"data: {json.dumps(p.APIError(500, str(e), kind='server_error').body())}\n\n"
         finally:
-            job.cancelled = True  # the client went away (Starlette cancels this generator): free the rows
+            job.cancel()  # the client went away (Starlette cancels this generator): free the rows
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -256,7 +256,7 @@ def _install_chat(app: FastAPI, served: Served) -> None:
         if not body.stream:
             return JSONResponse(r.chat_response(meta, await _collect(job), prompt_tokens, tok, body.logprobs))
         usage = body.stream_options is not None and body.stream_options.include_usage
-        opening = [r.chat_chunk(meta, c.index, {"role": "assistant", "content": ""}) for c in choices]
+        opening = [r.chat_chunk(meta, i, {"role": "assistant", "content": ""}) for i in range(body.n)]
         first = iter([opening])  # the role before anything else, once per choice
 
         def chunks(piece: Piece) -> list[dict[str, Any]]:
@@ -333,7 +333,7 @@ def create_app(served: Served, api_key: str | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(served.engine.stop)  # after uvicorn has let the requests in flight end
+        await asyncio.to_thread(served.worker.stop)  # after uvicorn has let the requests in flight end
 
     app = FastAPI(title="jaxgpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     _install_errors(app)
@@ -342,7 +342,7 @@ def create_app(served: Served, api_key: str | None = None) -> FastAPI:
     @app.get("/health")
     @app.get("/healthz")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": served.name, **served.engine.status()}
+        return {"status": "ok", "model": served.name, **served.worker.status()}
 
     model = {
         "id": served.name,

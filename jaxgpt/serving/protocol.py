@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from jaxgpt.data.chat_template import ChatTemplate, TemplateError
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.serving.engine import Choice, Sampling
-from jaxgpt.serving.rows import MAX_LOGPROBS
+from jaxgpt.generation.sampling import MAX_LOGPROBS, SamplingParams
+from jaxgpt.serving.worker import Choice
 
 MAX_CHOICES = 128  # prompts x n of one request
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default
@@ -116,8 +116,8 @@ def _unsupported(body: _Common) -> None:
             )
 
 
-def _sampling(body: _Common, max_tokens: int, stop_ids: frozenset[int], **extra: Any) -> Sampling:
-    """The sampling of every choice of a request (each choice's seed is seed + its index)."""
+def _sampling(body: _Common, max_tokens: int, stop_ids: frozenset[int], **extra: Any) -> SamplingParams:
+    """The sampling of every answer of a request (each answer's seed is seed + its index)."""
     _unsupported(body)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > 4 or any(not s for s in stop):
@@ -126,7 +126,7 @@ def _sampling(body: _Common, max_tokens: int, stop_ids: frozenset[int], **extra:
     top_k = None if body.top_k in (None, -1, 0) else body.top_k
     top_p = None if body.top_p in (None, 1.0) else body.top_p
     seed = body.seed if body.seed is not None else secrets.randbits(62)  # no seed: a fresh draw each time
-    return Sampling(
+    return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
         top_k=top_k,
@@ -197,9 +197,8 @@ def completion_choices(body: CompletionRequest, tok: Tokenizer, context: int) ->
     choices = []
     for i, ids in enumerate(prompts):
         max_tokens = _room(ids, context, base.max_tokens, f"prompt {i}" if len(prompts) > 1 else "the prompt", "prompt")
-        sampling = dataclasses.replace(base, max_tokens=max_tokens)
-        text = tok.decode(ids) if body.echo else ""
-        choices.extend(Choice(i * body.n + j, ids, sampling, prompt_text=text) for j in range(body.n))
+        params = dataclasses.replace(base, max_tokens=max_tokens)
+        choices.append(Choice(ids, params, body.n, i * body.n, tok.decode(ids) if body.echo else ""))
     return choices, sum(map(len, prompts))
 
 
@@ -242,7 +241,7 @@ def chat_choices(body: ChatRequest, tok: Tokenizer, template: ChatTemplate, cont
         end=tuple(end) if len(end) > 1 else (),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
-    return [Choice(j, ids, sampling) for j in range(body.n)], len(ids)
+    return [Choice(ids, sampling, body.n)], len(ids)
 
 
 def check_model(name: str, served: str) -> None:

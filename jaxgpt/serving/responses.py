@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.serving.engine import Piece, TokenLogprob
-from jaxgpt.serving.text import token_bytes, token_text
+from jaxgpt.generation.sampling import TokenLogprob
+from jaxgpt.generation.text import token_bytes, token_text
+from jaxgpt.serving.worker import Piece
 
 
 @dataclass(frozen=True)

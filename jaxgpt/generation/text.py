@@ -21,15 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxgpt.chat.answer import REPLACEMENT
 from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer
+
+REPLACEMENT = "\ufffd"  # what decoding gives for the bytes of a character not yet complete
 
 
 class TextStream:
     """One answer's text, pushed a token at a time (see the module's docstring)."""
 
-    def __init__(self, tok: Tokenizer, stop: Sequence[str] = (), end: Sequence[int] = ()) -> None:
-        self.tok = tok
+    def __init__(self, tok: Tokenizer | None, stop: Sequence[str] = (), end: Sequence[int] = ()) -> None:
+        if tok is None and (stop or len(end) > 1):
+            raise ValueError("stop strings and a multi-token end need a tokenizer (the text of the answer)")
+        self.tok = tok  # None: ids only, no text (an engine without a tokenizer)
         self.stop = tuple(s for s in stop if s)
         self.end = list(end) if len(end) > 1 else []  # a one-token end is a stop id: the engine's
         self.ids: list[int] = []
@@ -43,6 +46,8 @@ class TextStream:
         stop string or the end completes: the answer is then final."""
         self.offsets.append(len(self.text))
         self.ids.append(token)
+        if self.tok is None:
+            return ""
         if self.end and self.ids[-len(self.end) :] == self.end:
             return self._final(self.tok.decode(self.ids[: -len(self.end)]))
         self.text = self.tok.decode(self.ids)

@@ -1,0 +1,366 @@
+"""The KV cache of a fixed number of rows, and the compiled programs that fill and advance it.
+
+    dec = KVDecoder(model, rows=16, n_vocab=tok.n_vocab)
+    logits = dec.prefill_row(3, prompt_ids)       # (V,): row 3 restarts from this prompt, the others keep theirs
+    dec.copy_row(3, 4)                            # row 4 becomes row 3 (a prompt sampled n times: one prefill)
+    logits = dec.step(tokens, advance=busy)       # (rows, V): one token per advancing row
+    logits = dec.prefill(windows)                 # (rows, V): every row at once (the benchmark, the tests)
+    scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob and the top 5 (echo)
+    dec.set_weights(model)                        # new weights of the same model, the same programs (RL)
+
+Every program calls the model's own forward pass (model.GPT.cached_features with a model.KVCache):
+there is no second copy of a block here. Keys live in (L, B, K, D, S) and values in (L, B, K, S, D)
+caches, S = context_length, allocated once. A prompt is prefilled into its row alone, padded to
+prefill_length's buckets (one program per length), and written into the shared cache in place; a
+step feeds one token per row at that row's position and attends over the shortest span of slots
+(128, 256, ... up to S) holding every advancing row. So a row's numbers never depend on its
+neighbours, and a row restarts without waiting for the others (continuous batching).
+
+Steps (and on the CPU prefills) run `decoding_model`, a copy of the model made when the decoder is
+built: unrolled (no step slices a scan_layers model's stacked weights), untied, and with its dense
+weights already in the compute dtype (ops.for_decoding). With a device mesh the cache's rows are
+spread over its data axis and the decoding copy is on every device.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.model.gpt import KVCache, abstract_model, head_logits, head_weight, unstack_layer_weights
+from jaxgpt.ops import Ops
+
+BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
+SHORTEST_PREFILL = 16  # ... and shorter prompts to 16, 32 or 64 tokens (prefill_length)
+MAX_SCORED = 20  # alternatives per prompt token the scoring program ranks (sampling.MAX_LOGPROBS)
+# How often each program was traced (a Python side effect that runs only while tracing): the
+# tests use it to check that decoding never recompiles.
+TRACES: collections.Counter[str] = collections.Counter()
+
+
+# ----------------------------------------------------------------------------- the programs
+
+
+def _prefill(
+    graphdef: nnx.GraphDef, state: nnx.State, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array, last: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Every row's right-padded prompt (B, P) through the model; slots 0..P-1 of the caches are
+    overwritten (padding too: masked until a step writes over it). Logits (B, V) at `last` (B,)."""
+    TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, state)
+    x, cache = model.cached_features(tokens, KVCache(cache_k, cache_v))  # (B, P, C)
+    x = x[jnp.arange(tokens.shape[0]), last]  # (B, C): only each row's last token needs logits
+    return cache.k, cache.v, model.logits(x)
+
+
+def _prefill_row(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    last: jax.Array,
+    row: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One right-padded prompt (1, P) through the model with a (L, 1, K, D, P) cache of its own,
+    whose slots then overwrite slots 0..P-1 of `row` of the shared caches (donated: in place).
+    Returns the caches and the (1, V) logits at `last`."""
+    TRACES["prefill_row"] += 1
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    L, _, K, D, _ = cache_k.shape
+    P_ = tokens.shape[1]
+    small = KVCache(jnp.zeros((L, 1, K, D, P_), cache_k.dtype), jnp.zeros((L, 1, K, P_, D), cache_v.dtype))
+    x, small = model.cached_features(tokens, small)  # (1, P, C)
+    cache_k = jax.lax.dynamic_update_slice(cache_k, small.k, (0, row, 0, 0, 0))
+    cache_v = jax.lax.dynamic_update_slice(cache_v, small.v, (0, row, 0, 0, 0))
+    return cache_k, cache_v, model.logits(x[jnp.arange(1), last])  # (1, V)
+
+
+def _copy_row(cache_k: jax.Array, cache_v: jax.Array, src: jax.Array, dst: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Row `dst` of both caches becomes row `src` (donated: in place)."""
+    take = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=src, slice_size=1, axis=1)
+    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=dst, axis=1)
+    return put(cache_k, take(cache_k)), put(cache_v, take(cache_v))
+
+
+def _step(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    span: int,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    pos: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One new token per row: tokens, pos (B,) int32; row b's token sits at position pos[b], its
+    key/value go to slot pos[b] (in place), and it attends to slots 0..pos[b] of its row, read from
+    the first `span` slots only. Takes the state's leaves: JAX flattens a list in C++, an nnx.State
+    in Python (about half a millisecond for GPT-2's 149 arrays). Returns the caches and (B, V) logits."""
+    TRACES["step"] += 1
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    x, cache = model.cached_features(tokens[:, None], KVCache(cache_k, cache_v, pos=pos, span=span))  # (B, 1, C)
+    return cache.k, cache.v, model.logits(x[:, 0])
+
+
+def _score(
+    graphdef: nnx.GraphDef, treedef: Any, n_vocab: int, leaves: list[jax.Array], tokens: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(1, P) ids -> position t's logprob of token t + 1 (P - 1,) and its MAX_SCORED most likely next
+    ids and their logprobs (P - 1, MAX_SCORED): the model's forward pass and head, as evaluate.py
+    scores; ids past the tokenizer's n_vocab never rank."""
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    x = model.features(tokens)[0, :-1]  # (P-1, C)
+    logits = head_logits(model.ops, model.cfg, head_weight(model), x)  # (P-1, V) float32
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logp, tokens[0, 1:, None], axis=-1)[:, 0]
+    ranked = jnp.where(jnp.arange(logp.shape[-1]) < n_vocab, logp, -jnp.inf)
+    top_logprobs, top_ids = jax.lax.top_k(ranked, min(MAX_SCORED, n_vocab))
+    return chosen, top_ids, top_logprobs
+
+
+def _full_forward(graphdef: nnx.GraphDef, state: nnx.State, window: jax.Array, last: jax.Array) -> jax.Array:
+    """No cache: the model's own forward pass over (B, T) windows, logits (B, V) at `last`."""
+    TRACES["full"] += 1
+    model = nnx.merge(graphdef, state)
+    return model(window)[jnp.arange(window.shape[0]), last].astype(jnp.float32)
+
+
+_prefill_jit = jax.jit(_prefill, static_argnums=0, donate_argnums=(2, 3))
+_full_forward_jit = jax.jit(_full_forward, static_argnums=0)
+
+
+def full_forward_logits(model: nnx.Module, windows: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Uncached next-token logits (B, V) at column `last` of each (B, T) window: the reference that
+    the KV cache must match, and the benchmark's baseline."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(_full_forward_jit(graphdef, state, jnp.asarray(windows, jnp.int32), jnp.asarray(last, jnp.int32)))
+
+
+# ----------------------------------------------------------------------------- the decoding copy
+
+
+def decoding_model(model: nnx.Module, rows: int) -> nnx.Module:
+    """The model as its decode step runs for `rows` tokens at once: the same forward pass over the
+    same weights, unrolled, untied (the embedding stays float32 for its lookups while the head
+    multiplies compute-dtype values), every dense kernel converted once by ops.for_decoding(rows)."""
+    ops = model.ops.for_decoding(rows)
+    graphdef, abstract, kernels = _decoding_structure(model.cfg, ops)
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    weights = unstack_layer_weights({".".join(map(str, path)): var.get_value() for path, var in flat})
+    missing = [path for path, _ in abstract if ".".join(map(str, path)) not in weights]
+    assert len(missing) == int(model.cfg.tie_embeddings), missing  # a tied model's head: the copy's one new kernel
+    leaves = []
+    for path, var in abstract:
+        value = weights.get(".".join(map(str, path)))
+        value = head_weight(model).T if value is None else value  # (C, V), as an untied head's kernel
+        leaves.append((path, var.replace(ops.decode_kernel(value) if path in kernels else value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+@functools.lru_cache(maxsize=8)
+def _decoding_structure(cfg: ModelConfig, ops: Ops) -> tuple[nnx.GraphDef, list[tuple[Any, Any]], frozenset[Any]]:
+    """decoding_model's structure for a config (tracing a model's init takes seconds): its graph, its
+    abstract parameters (path, variable) and the paths of its dense kernels."""
+    twin = abstract_model(dataclasses.replace(cfg, scan_layers=False, tie_embeddings=False, remat=False), ops)
+    graphdef, params = nnx.split(twin, nnx.Param)  # raises if the model held other state
+    kernels = frozenset((*path, "kernel") for path, module in nnx.iter_modules(twin) if isinstance(module, nnx.Linear))
+    return graphdef, list(nnx.to_flat_state(params)), kernels
+
+
+def prefill_length(n: int, context_length: int, bucket: int = BUCKET) -> int:
+    """The padded length of a prefill whose longest prompt has n tokens: 16, 32, ... up to `bucket`,
+    then a multiple of `bucket`, at most the context: few programs, and a short prompt is not padded
+    to a whole bucket."""
+    size = SHORTEST_PREFILL
+    while size < min(n, bucket):
+        size *= 2
+    return min(context_length, size if n <= size else -(-n // bucket) * bucket)
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """An echoed prompt's scores: for each token after the first, its logprob given the tokens before
+    it and the `k` most likely tokens there (ids and logprobs, most likely first)."""
+
+    logprobs: np.ndarray  # (n - 1,) float32
+    top_ids: np.ndarray  # (n - 1, k) int32
+    top_logprobs: np.ndarray  # (n - 1, k) float32
+
+
+# ----------------------------------------------------------------------------- the decoder
+
+
+class KVDecoder:
+    """A KV cache of `rows` rows for one model, with its programs (see the module's docstring)."""
+
+    def __init__(
+        self, model: nnx.Module, rows: int, n_vocab: int | None = None, *, mesh: Any = None, bucket: int = BUCKET
+    ) -> None:
+        self.cfg, self.batch_size, self.bucket, self.mesh = model.cfg, rows, bucket, mesh
+        self.n_vocab = n_vocab or model.cfg.vocab_size
+        if mesh is not None and rows % mesh.shape["data"]:
+            raise ValueError(f"{rows} rows do not divide by the mesh's data axis ({mesh.shape['data']} devices)")
+        self.set_weights(model)
+        self.reset()
+        self._programs: dict[tuple[str, int], Any] = {}  # (kind, span or padded length) -> compiled
+        self.compile_s = 0.0
+
+    def reset(self) -> None:
+        """An empty cache (allocated once here; every program then updates it in place)."""
+        cache = KVCache.zeros(self.cfg, self.batch_size)
+        self._cache = [self._put(cache.k, 1), self._put(cache.v, 1)]  # rows over the data axis
+        self.lengths = np.zeros(self.batch_size, np.int64)  # tokens held in each row's cache
+
+    def set_weights(self, model: nnx.Module) -> None:
+        """Take `model`'s weights (the same structure: the compiled programs stay)."""
+        step_model = decoding_model(model, self.batch_size)
+        self.step_graphdef, self.step_state = nnx.split(step_model)
+        self._compiler_options = step_model.ops.decode_compiler_options()
+        leaves, self._step_treedef = jax.tree.flatten(self.step_state)
+        self._step_leaves = [self._put(leaf) for leaf in leaves]
+        # On the CPU prefills run the decoding copy too: its weights are in the compute dtype already
+        # and unrolled (a bfloat16 model's own would be cast, a scanned one's sliced, at every
+        # prefill). Elsewhere prefills run the model as it is, all prompt tokens at once.
+        on_cpu = step_model.ops.backend == "cpu"
+        self.graphdef, self.state = (self.step_graphdef, self.step_state) if on_cpu else nnx.split(model)
+        leaves, self._prefill_treedef = jax.tree.flatten(self.state)
+        self._prefill_leaves = [self._put(leaf) for leaf in leaves]
+        self._scoring_graphdef, scoring = nnx.split(model)  # echo's logprobs run the model itself
+        leaves, self._scoring_treedef = jax.tree.flatten(scoring)
+        self._scoring_leaves = [self._put(leaf) for leaf in leaves]
+
+    def _put(self, array: Any, rows_axis: int | None = None) -> Any:
+        """On the mesh (if any): replicated, or spread over the data axis along `rows_axis`."""
+        if self.mesh is None:
+            return array
+        spec = [None] * np.ndim(array)
+        if rows_axis is not None:
+            spec[rows_axis] = "data"
+        return jax.device_put(array, NamedSharding(self.mesh, P(*spec)))
+
+    def _compiled(self, kind: str, size: int) -> Any:
+        """A program compiled ahead of time, once: a call then hashes no graph and flattens no state,
+        and refuses other shapes rather than recompile."""
+        if (kind, size) not in self._programs:
+            started = time.perf_counter()
+            # Example arguments placed as the calls place theirs (a compiled program takes no other).
+            ids, one = self._put(np.zeros(self.batch_size, np.int32), 0), self._put(np.zeros(1, np.int32))
+            scalar, tokens = self._put(np.int32(0)), self._put(np.zeros((1, size), np.int32))
+            if kind == "step":
+                lowered = jax.jit(_step, static_argnums=(0, 1, 2), donate_argnums=(4, 5)).lower(
+                    self.step_graphdef, self._step_treedef, size, self._step_leaves, *self._cache, ids, ids
+                )
+            elif kind == "prefill":
+                lowered = jax.jit(_prefill_row, static_argnums=(0, 1), donate_argnums=(3, 4)).lower(
+                    self.graphdef, self._prefill_treedef, self._prefill_leaves, *self._cache, tokens, one, scalar
+                )
+            elif kind == "copy":
+                lowered = jax.jit(_copy_row, donate_argnums=(0, 1)).lower(*self._cache, scalar, scalar)
+            else:
+                lowered = jax.jit(_score, static_argnums=(0, 1, 2)).lower(
+                    self._scoring_graphdef, self._scoring_treedef, self.n_vocab, self._scoring_leaves, tokens
+                )
+            options = self._compiler_options if kind == "step" else None
+            self._programs[kind, size] = lowered.compile(compiler_options=options)
+            self.compile_s += time.perf_counter() - started
+        return self._programs[kind, size]
+
+    def span_for(self, longest: int) -> int:
+        """Cache slots a step reads when the longest advancing row holds `longest` tokens."""
+        span = 128
+        while span < longest:
+            span *= 2
+        return min(span, self.cfg.context_length)
+
+    def prefill_row(self, row: int, prompt: Sequence[int]) -> np.ndarray:
+        """Restart `row` from `prompt` (1..context_length ids, positions from 0); its next-token logits
+        (V,). The other rows keep their caches and lengths."""
+        n, ctx = len(prompt), self.cfg.context_length
+        if not 0 <= row < self.batch_size or not 1 <= n <= ctx:
+            raise ValueError(f"prefill_row: row {row} of {self.batch_size}, a prompt of 1..{ctx} ids, got {n}")
+        tokens = np.zeros((1, prefill_length(n, ctx, self.bucket)), np.int32)
+        tokens[0, :n] = prompt
+        program = self._compiled("prefill", tokens.shape[1])
+        last = self._put(np.asarray([n - 1], np.int32))
+        *self._cache, logits = program(
+            self._prefill_leaves, *self._cache, self._put(tokens), last, self._put(np.int32(row))
+        )
+        lengths = self.lengths.copy()  # step() replaces the array: never change one it handed out
+        lengths[row] = n
+        self.lengths = lengths
+        return np.asarray(logits[0])
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row `dst` becomes a copy of row `src` (cache and length)."""
+        program = self._compiled("copy", 0)
+        self._cache = list(program(*self._cache, self._put(np.int32(src)), self._put(np.int32(dst))))
+        lengths = self.lengths.copy()
+        lengths[dst] = lengths[src]
+        self.lengths = lengths
+
+    def step(self, tokens: Sequence[int], advance: np.ndarray | None = None) -> np.ndarray:
+        """Append one token per row at position self.lengths[row]; the next logits (B, V). Rows where
+        `advance` is False are computed but not advanced (what they attend to does not matter)."""
+        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
+        if (self.lengths[advance] >= self.cfg.context_length).any():
+            raise ValueError(
+                f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window"
+            )
+        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
+        program = self._compiled("step", self.span_for(int(pos[advance].max(initial=0)) + 1))
+        tokens = self._put(np.asarray(tokens, np.int32), 0)
+        *self._cache, logits = program(self._step_leaves, *self._cache, tokens, self._put(pos, 0))
+        self.lengths = self.lengths + advance
+        return np.asarray(logits)
+
+    def prefill(self, windows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Restart every row from its window (1..context_length tokens) in one program; (B, V) logits."""
+        n = np.array([len(w) for w in windows], np.int64)
+        ctx = self.cfg.context_length
+        if len(windows) != self.batch_size or n.min() < 1 or n.max() > ctx:
+            raise ValueError(f"prefill: need {self.batch_size} windows of 1..{ctx} tokens, got lengths {n.tolist()}")
+        tokens = np.zeros((self.batch_size, prefill_length(int(n.max()), ctx, self.bucket)), np.int32)
+        for row, window in zip(tokens, windows):
+            row[: len(window)] = window
+        *self._cache, logits = _prefill_jit(
+            self.graphdef, self.state, *self._cache, self._put(tokens, 0), self._put((n - 1).astype(np.int32), 0)
+        )
+        self.lengths = n
+        return np.asarray(logits)
+
+    def prompt_logprobs(self, prompt: Sequence[int], k: int) -> PromptScores:
+        """Each prompt token's logprob after the ones before it, and the `k` (<= MAX_SCORED) most
+        likely tokens at each position (the padding after the prompt changes no scored position)."""
+        n, ctx = len(prompt), self.cfg.context_length
+        assert 1 <= n <= ctx and 0 <= k <= MAX_SCORED, (n, k)
+        tokens = np.zeros((1, prefill_length(n, ctx, self.bucket)), np.int32)
+        tokens[0, :n] = prompt
+        program = self._compiled("score", tokens.shape[1])
+        chosen, top_ids, top_lp = jax.device_get(program(self._scoring_leaves, self._put(tokens)))
+        return PromptScores(chosen[: n - 1], top_ids[: n - 1, :k], top_lp[: n - 1, :k])
+
+    def warm_up(self) -> float:
+        """Compile what a first short request runs (a 16-token prefill, a row copy, the shortest span's
+        step, a 16-token echo); the rest compiles when first needed. Returns the seconds."""
+        started = time.perf_counter()
+        self.prefill_row(0, [0])
+        self.copy_row(0, 0)
+        self.prompt_logprobs([0, 0], 1)
+        self.step(np.zeros(self.batch_size, np.int32), np.zeros(self.batch_size, bool))
+        self.lengths = np.zeros(self.batch_size, np.int64)
+        return time.perf_counter() - started
