@@ -289,9 +289,11 @@ def test_export_writes_the_runs_own_end_of_text_id(tmp_path: Path) -> None:
 
 
 def _check_exported_tokenizer(out: Path, ours, chat: bool) -> None:
-    """transformers' AutoTokenizer reads the export's tokenizer and encodes as ours does (tiktoken's
-    gpt2, bytes, a trained one); a fine-tuned run's template gives our chat ids."""
+    """transformers' AutoConfig reads the export and AutoTokenizer its tokenizer, which encodes as ours
+    does (tiktoken's gpt2, bytes, a trained one); a fine-tuned run's template gives our chat ids."""
     transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.from_pretrained(str(out))  # GPT2LMHeadModel itself needs torch: untested
+    assert (config.model_type, config.eos_token_id, config.n_layer) == ("gpt2", ours.eot_id, 1)
     hf = transformers.AutoTokenizer.from_pretrained(str(out))
     text = "Every effort moves you, 1234 héllo\n\n  日本 <|endoftext|>"
     assert hf.encode(text, add_special_tokens=False) == ours.encode(text.removesuffix("<|endoftext|>")) + [ours.eot_id]
