@@ -10,6 +10,8 @@
     uv run evaluate.py runs/gpt2 --core-from eval_bundle.zip      # offline: a local zip or folder
     uv run evaluate.py runs/tiny-instruct --exact-match           # answers to its held-out instructions
     uv run evaluate.py runs/tiny --exact-match runs/tiny-instruct # a base model, the same questions and template
+    uv run evaluate.py runs/tiny-rl --tasks builtin               # a chat model on checkable tasks: pass@1, ChatCORE
+    uv run evaluate.py runs/gpt2-rl --tasks gsm8k=test.jsonl arc-easy=ARC-Easy.parquet mmlu=mmlu/ --samples 8
 
 The dataset is the run's train.json dataset unless --dataset names another source (prepared
 with the model's tokenizer if missing) or a prepared folder. The split is scored whole, in order,
@@ -35,6 +37,9 @@ from jaxgpt.data.shards import DataError, open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.evaluation import core, core_bundle, hellaswag
 from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, exact_match, held_out, train_config
+from jaxgpt.generation.sampling import SamplingParams
+from jaxgpt.tasks.load import load_tasks
+from jaxgpt.tasks.report import report_lines
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
 
@@ -123,6 +128,34 @@ def main_exact_match(args: argparse.Namespace) -> int:
     return 0
 
 
+def main_tasks(args: argparse.Namespace) -> int:
+    """evaluate.py --tasks: a chat checkpoint on checkable tasks through the engine: pass@1 (pass@k), ChatCORE."""
+    try:
+        ckpt_dir, _model_cfg, _train = layout.checkpoint_configs(args.checkpoint)
+        tasks = load_tasks(args.tasks, limit=args.limit, rule=args.rule)
+        from jaxgpt.chat.answer import Assistant  # JAX starts here, after every input check
+        from jaxgpt.evaluation.chat_eval import score_task, too_long
+
+        caches.enable_compile_cache()
+        bot = Assistant.load(ckpt_dir, rows=args.batch_size or 64)
+        temperature = args.temperature if args.temperature is not None else (0.0 if args.samples == 1 else 1.0)
+        params = SamplingParams(args.max_new_tokens, temperature, seed=args.seed)
+        print(
+            f"Checkpoint: {ckpt_dir} (template {bot.template.name!r}); {args.samples} answer(s) per question, "
+            f"temperature {temperature:g}"
+        )
+        results = {}
+        for task in tasks:
+            results[task.name] = (score_task(bot, task, params, args.samples), task.baseline)
+            if skipped := too_long(bot, task, params):
+                print(f"  {task.name}: {skipped:,} prompts leave no room for an answer in the context: counted wrong")
+    except (*INPUT_ERRORS, TemplateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(report_lines(results)))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
@@ -189,8 +222,33 @@ def _add_benchmark_args(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=int,
         default=None,
-        help="HellaSwag: score the first N examples only; "
-        "CORE: N examples per task (a quick figure, not the CORE metric); exact match: N questions",
+        help="HellaSwag: score the first N examples only; CORE: N examples per task (a quick figure, not "
+        "the CORE metric); exact match: N questions; --tasks: N questions per task",
+    )
+    _add_task_args(parser)
+
+
+def _add_task_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of --tasks: a chat model on checkable tasks (jaxgpt/evaluation/chat_eval.py)."""
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        metavar="TASK",
+        help="score a chat checkpoint on checkable tasks: builtin, gsm8k=FILE, arc-easy=FILE, arc-challenge=FILE, "
+        "mmlu=FILE_OR_FOLDER, jsonl=FILE (public formats; download_dataset.py tasks fetches them); pass@1, pass@k "
+        "and ChatCORE; --batch-size is then the engine's rows (default 64)",
+    )
+    parser.add_argument("--samples", type=int, default=1, help="--tasks: answers per question, for pass@k (default 1)")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="--tasks: 0 with one sample, else 1.0 (default)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="--tasks: longest answer (default 256)")
+    parser.add_argument("--seed", type=int, default=0, help="--tasks: answer i draws with seed + i (default 0)")
+    parser.add_argument(
+        "--rule",
+        default="exact",
+        help="--tasks: how a jsonl task's answers are scored: exact, exact_nocase, last_number (default exact)",
     )
 
 
@@ -203,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')}={value} must be >= 1")
     if (args.hellaswag or args.hellaswag_file is not None) and (args.core or args.core_from is not None):
         parser.error("--hellaswag and --core are separate runs: give one of them")
+    if args.tasks is not None:
+        problem = _check_task_args(args)
+        if problem:
+            parser.error(problem)
+        return main_tasks(args)
     if args.exact_match is not None:
         if str(args.exact_match) in ("", "."):
             args.exact_match = None
@@ -212,6 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.core or args.core_from is not None:
         return main_core(args)
     return main_loss(args)
+
+
+def _check_task_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with --tasks' flags, in one line (None: nothing)."""
+    if args.samples < 1 or args.max_new_tokens < 1 or args.seed < 0:
+        return f"--samples={args.samples} and --max-new-tokens={args.max_new_tokens} must be >= 1, --seed >= 0"
+    if args.temperature is not None and not 0 <= args.temperature < float("inf"):
+        return f"--temperature={args.temperature} must be a finite number >= 0"
+    if args.samples > 1 and args.temperature == 0:
+        return f"--samples={args.samples} at --temperature 0 draws the same greedy answer {args.samples} times"
+    if args.exact_match is not None or args.hellaswag or args.core or args.hellaswag_file or args.core_from:
+        return "--tasks is a run of its own: leave out --exact-match, --hellaswag and --core"
+    return None
 
 
 def _loss_dataset(args: argparse.Namespace, cfg: TrainConfig, model_cfg: ModelConfig) -> Path:

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from jaxgpt import backend, caches
-from jaxgpt.config import ConfigError
+from jaxgpt.config import ConfigError, load_run_configs
+from jaxgpt.data.chat_template import TemplateError
 from jaxgpt.data.prepare import default_data_root
+from jaxgpt.rl.run import RLRun, prepare_rl_run
 from jaxgpt.stopping import REPEAT_S, StopFlag
 from jaxgpt.training.run import INPUT_ERRORS, Run, TrainingError, prepare_run
 
@@ -37,11 +39,26 @@ if TYPE_CHECKING:
 # has validated everything: no input error waits for a backend start-up.
 
 
-def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
+def train(run: Run | RLRun, stop: StopFlag, profile: tuple[int, int] | None = None) -> int:
     caches.enable_compile_cache()  # a resume or rerun loads its compiled programs (caches.py)
-    from jaxgpt.training import loop
+    if isinstance(run, Run):
+        from jaxgpt.training import loop
 
-    return loop.train(run, stop, profile)
+        return loop.train(run, stop, profile)
+    from jaxgpt.rl import loop as rl_loop
+
+    return rl_loop.train(run, stop)
+
+
+def prepare(args: argparse.Namespace, *, processes: int = 1, main: bool = True) -> Run | RLRun:
+    """The run directory checked and set up, no JAX (main: this process prepares and locks): pre-training
+    or fine-tuning, or an RL run (train.json holds an "rl" section)."""
+    data_root = args.data_dir or default_data_root()
+    if load_run_configs(args.run_dir)[1].rl is not None:
+        if args.profile is not None:
+            raise ConfigError(f"--profile traces pre-training steps; {args.run_dir} is an rl run")
+        return prepare_rl_run(args.run_dir, data_root=data_root, restart=args.restart, processes=processes)
+    return prepare_run(args.run_dir, data_root=data_root, restart=args.restart and main, lock=main, processes=processes)
 
 
 def profile_range(text: str) -> tuple[int, int]:
@@ -105,7 +122,7 @@ def _join(args: argparse.Namespace, cluster: dict[str, Any], argv: list[str]) ->
     return peers.join(cluster, peer_timeout=args.peer_timeout, run_dir=args.run_dir, command=command)
 
 
-def _prepare_in_cluster(args: argparse.Namespace) -> Run:
+def _prepare_in_cluster(args: argparse.Namespace) -> Run | RLRun:
     """Process 0 alone prepares the dataset and moves old checkpoints aside; the others then
     find both ready."""
     import jax
@@ -113,14 +130,7 @@ def _prepare_in_cluster(args: argparse.Namespace) -> Run:
     from jaxgpt.distributed import sharding  # JAX
 
     with sharding.main_process_first():
-        main = sharding.is_main_process()
-        return prepare_run(
-            args.run_dir,
-            data_root=args.data_dir or default_data_root(),
-            restart=args.restart and main,
-            lock=main,
-            processes=jax.process_count(),
-        )
+        return prepare(args, processes=jax.process_count(), main=sharding.is_main_process())
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -175,13 +185,13 @@ def main(argv: list[str] | None = None, *, stop_repeat_s: float = REPEAT_S) -> i
         try:
             cluster = _cluster(args)
             if cluster is None:
-                run = prepare_run(args.run_dir, data_root=args.data_dir or default_data_root(), restart=args.restart)
+                run = prepare(args)
             else:
                 peers = _join(args, cluster, argv)
                 run = _prepare_in_cluster(args)
             check_profile(run, args.profile)
             code = train(run, stop, args.profile)  # may still raise CheckpointError while loading, before compiling
-        except INPUT_ERRORS as e:
+        except (*INPUT_ERRORS, TemplateError) as e:
             print(f"error: {e}", file=sys.stderr)
             code = 2
         except TrainingError as e:

@@ -13,9 +13,11 @@
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
     uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
+    uv run -m bench serve --memory                            # serve.py's resident memory after 100 and 2,000 requests
+    uv run -m bench engine                                    # the engine at the RL sampling shape: 1 row vs 16
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py); this file
+train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py, engine.py); this file
 is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
@@ -428,6 +430,22 @@ def _run_gemv(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- serve
 
 
+def _add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", type=Path, nargs="?", default=None, help="an rl run directory (default: runs/tiny-rl), random weights"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds, 1 and 16 rows in turn (default: 3)")
+
+
+def _run_engine(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.engine: the engine's tokens/s at the RL sampling shape, 1 row against 16."""
+    from bench import engine
+
+    if args.rounds < 1:
+        raise BenchError("--rounds must be >= 1")
+    return engine.bench_engine(args.run, rounds=args.rounds)
+
+
 def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run",
@@ -440,6 +458,11 @@ def _add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=8, help="streamed requests per client (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request (default: %(default)s)")
     parser.add_argument("--max-batch", type=int, default=16, help="serve.py --max-batch (default: %(default)s)")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="instead: resident memory after the first 100 and after 2,000 requests, 64 clients, --max-batch 64",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -449,6 +472,8 @@ def _run_serve(args: argparse.Namespace) -> dict[str, Any]:
     clients = [int(c) for c in _csv(args.clients, "--clients", None)]
     if min(args.requests, args.max_tokens, args.max_batch) < 1:
         raise BenchError("--requests, --max-tokens and --max-batch must be >= 1")
+    if args.memory:
+        return serve.bench_memory(serve.load_cfg(args.run))
     return serve.bench_serve(
         serve.load_cfg(args.run),
         clients=clients,
@@ -494,6 +519,11 @@ SUBCOMMANDS: dict[
         "sampling speed: ours vs transformers' generate (--single: KV cache vs full forward)",
         _add_generate_args,
         _run_generate,
+    ),
+    "engine": (
+        "the generation engine at the RL sampling shape: tokens/s with 1 row and with 16",
+        _add_engine_args,
+        _run_engine,
     ),
     "tokenize": (
         "download_dataset.py text against tiktoken's encode_ordinary_batch, MB/s",

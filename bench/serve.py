@@ -229,3 +229,54 @@ def _row(lv: dict[str, Any]) -> str:
 
 def load_cfg(run: Path | None) -> ModelConfig:
     return load_run_configs(run if run is not None else DEFAULT_RUN)[0]
+
+
+MEMORY_TARGET = 1.3  # resident memory after `total` requests over that after the first `first`
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (VmRSS), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError(f"no VmRSS for process {pid}")
+
+
+def bench_memory(
+    cfg: ModelConfig,
+    *,
+    clients: int = 64,
+    first: int = 100,
+    total: int = 2000,
+    max_tokens: int = 16,
+    max_batch: int = 64,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """serve.py's resident memory after its first `first` requests and after `total`, `clients` at a time
+    (streamed, as `level` sends them): what the server holds must not grow with the requests served."""
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        run = write_checkpoint(cfg, Path(tmp))
+        proc, url = start(run, Path(tmp) / "serve.log", max_batch)
+        try:
+            level(url, clients, max(1, first // clients), max_tokens)
+            after_first = rss_mib(proc.pid)
+            done = clients * max(1, first // clients)
+            level(url, clients, max(1, (total - done) // clients), max_tokens)
+            after_all = rss_mib(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+    ratio = after_all / after_first
+    log(
+        f"resident memory, --max-batch {max_batch}, {clients} clients: {after_first:,.0f} MiB after the first {done} "
+        f"requests, {after_all:,.0f} MiB after {total}: {ratio:.2f}x (target <= {MEMORY_TARGET:g}x)"
+    )
+    return {
+        "clients": clients,
+        "max_batch": max_batch,
+        "rss_first_mib": after_first,
+        "rss_last_mib": after_all,
+        "ratio": ratio,
+        "target": MEMORY_TARGET,
+        "met": ratio <= MEMORY_TARGET,
+    }

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, to_dict
+from jaxgpt.data.batch import Batch
 from jaxgpt.training.mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
 from jaxgpt.training.mfu import flops_per_token as train_flops_per_token
 
@@ -330,12 +331,12 @@ def _first_step(runner: Any, batch: tuple[Any, ...], key: Any, xla_memory: bool)
     import jax
 
     t0 = time.perf_counter()
-    jax.block_until_ready(runner(*batch[:2], key, *batch[2:]))
+    jax.block_until_ready(runner(Batch(*batch), key))
     first_step_s = time.perf_counter() - t0
     out = {"first_step_s": first_step_s, "host_rss_peak_after_first_step_mib": peak_rss_mib(), "xla_memory": None}
     if xla_memory:
         t0 = time.perf_counter()
-        compiled = runner.lower(*batch[:2], key, *batch[2:]).compile()
+        compiled = runner.lower(Batch(*batch), key).compile()
         out["xla_memory"] = {"lower_compile_s": time.perf_counter() - t0, **_memory_analysis(compiled)}
     return out
 
@@ -388,7 +389,7 @@ def _timed_windows(
     def run_steps(n: int) -> Any:
         nonlocal step, batch, out
         for _ in range(n):
-            out = runner(*batch[:2], key(step), *batch[2:])
+            out = runner(Batch(*batch), key(step))
             step += 1
             batch = put(step)  # the next batch goes to the device while this step runs
         return jax.block_until_ready(out)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 # The loader lives in config_json.py; its names are imported from here by the rest of the package.
 from jaxgpt.config_json import MODEL_FILE, TRAIN_FILE, ConfigError, from_dict, from_json, to_dict  # noqa: F401
+from jaxgpt.config_rl import RLConfig
 
 # train.json "tokenizer": "bytes", "gpt2" or a trained tokenizer's name, which becomes part of folder
 # names (<data>/tokenizers/<name>, <source>-<name>); jaxgpt/data/tokenizer.py resolves it.
@@ -347,6 +348,9 @@ class TrainConfig:
     # a latest/best link or a run dir, relative to the run directory. Step 0, fresh optimiser.
     init_from: str | None = None
     wandb: WandbConfig | None = None  # also log to Weights & Biases; None = not at all
+    # Reinforcement learning from checkable rewards (jaxgpt/config_rl.py; docs/fine-tuning.md): the run
+    # samples answers to rl.prompts from init_from's weights and trains on their rewards. None: not RL.
+    rl: RLConfig | None = None
 
     def __post_init__(self) -> None:
         self._resolve()
@@ -355,6 +359,8 @@ class TrainConfig:
         self._check_schedule()
         self._check_rows()
         self._check_names()
+        if self.rl is not None:
+            self.rl.check_train(self)
 
     def _check_numbers(self) -> None:
         """Counts, sizes and rates that must be positive."""

@@ -45,6 +45,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
 
 from jaxgpt import caches  # noqa: E402 - after JAXGPT_CACHE_DIR is set: it decides where the cache lives
+from jaxgpt.data.batch import Batch  # noqa: E402
 
 caches.enable_compile_cache()
 
@@ -147,7 +148,7 @@ def trained() -> tuple:
     model, optimizer = fresh(seed=0)
     for s in range(2):
         x, y = batch(s)
-        train_step(model, optimizer, x, y, step_key(TCFG.seed, s))
+        train_step(model, optimizer, Batch(x, y), step_key(TCFG.seed, s))
     # One microbatch by hand: MultiSteps (k=2) now holds half a window in acc_grads. The gradient
     # is synthetic but deterministic and non-zero: a jitted loss gradient would cost a long compile.
     grads = jax.tree.map(lambda p: jnp.cos(p) * 0.01, nnx.state(model, nnx.Param))

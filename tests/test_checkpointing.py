@@ -41,6 +41,7 @@ from safetensors.numpy import load_file, save_file
 from jaxgpt.checkpoints import store as ck
 from jaxgpt.checkpoints.store import CheckpointError
 from jaxgpt.config import ModelConfig
+from jaxgpt.data.batch import Batch
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.train_step import step_key, train_step
@@ -103,8 +104,8 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path: Pa
     # restored acc_grads count): the same losses, parameters and optimiser state, bit for bit.
     x, y = batch(3)
     key = step_key(restored["rng"]["seed"], restored["step"])
-    losses_a, stats_a = train_step(model, optimizer, x, y, key)
-    losses_b, stats_b = train_step(model2, optimizer2, x, y, key)
+    losses_a, stats_a = train_step(model, optimizer, Batch(x, y), key)
+    losses_b, stats_b = train_step(model2, optimizer2, Batch(x, y), key)
     assert same_bits(losses_a, losses_b)
     assert_identical(flat(model), flat(model2))
     assert_identical(flat(optimizer), flat(optimizer2))

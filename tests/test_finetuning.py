@@ -22,6 +22,7 @@ from flax import nnx
 import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.config import ModelConfig, TrainConfig
+from jaxgpt.data.batch import Batch
 from jaxgpt.data.chat_rows import ConversationRows, pack_padded
 from jaxgpt.data.prepare import prepare_dataset
 from jaxgpt.data.shards import open_dataset
@@ -155,7 +156,7 @@ def test_the_step_loss_is_the_mean_over_every_answer_token_of_the_step(dataset) 
     ce = _numpy_ce(logits.astype(np.float64), y)
     want = (ce * w).sum() / w.sum()
     optimizer = make_optimizer(model, TrainConfig(microbatch_size=4, gradient_accumulation_steps=2, train_steps=10), 10)
-    losses, stats = train_step(model, optimizer, *map(jnp.asarray, (x, y)), step_key(0, 0), *map(jnp.asarray, (w, seg)))
+    losses, stats = train_step(model, optimizer, Batch(x, y, w, seg).map(jnp.asarray), step_key(0, 0))
     assert float(stats["loss"]) == pytest.approx(want, rel=1e-5)
     np.testing.assert_allclose(np.asarray(losses), [(ce[i] * w[i]).sum() / w[i].sum() for i in range(2)], rtol=1e-5)
     assert abs(want - np.mean(np.asarray(losses))) > 1e-4  # the step's mean is not the microbatches' mean

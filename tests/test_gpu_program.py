@@ -29,6 +29,7 @@ from conftest import SLOW
 
 from jaxgpt import ops
 from jaxgpt.config import ModelConfig, TrainConfig
+from jaxgpt.data.batch import Batch
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training import muon
 from jaxgpt.training.optimizer import make_optimizer
@@ -95,7 +96,7 @@ def exported_step(cfg: ModelConfig, backend: str, platform: str, train: TrainCon
     batch = jax.ShapeDtypeStruct((K, B, T), jnp.int32)
     routed = jax.tree.leaves(muon.routes(model), is_leaf=lambda r: isinstance(r, muon.Route))
     n_muon = sum(r.part == "muon" for r in routed) if train.optimizer == "muon" else 0
-    text = runner.export(batch, batch, step_key(0, 0), platforms=[platform]).mlir_module()
+    text = runner.export(Batch(batch, batch), step_key(0, 0), platforms=[platform]).mlir_module()
     return text, len(runner.leaves), n_muon
 
 

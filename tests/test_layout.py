@@ -111,6 +111,7 @@ def test_the_root_holds_the_entry_points_and_the_rest_is_in_the_package() -> Non
         "generation",
         "model",
         "ops",
+        "rl",
         "serving",
         "tasks",
         "tracking",

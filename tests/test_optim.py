@@ -19,6 +19,7 @@ from conftest import SLOW
 from flax import nnx
 
 from jaxgpt.config import ModelConfig, TrainConfig
+from jaxgpt.data.batch import Batch
 from jaxgpt.model.gpt import abstract_model, build_model
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, make_transform, optimizer_stats
@@ -212,7 +213,7 @@ def runs() -> dict:
     acc = build_model(MODEL, seed=0)
     acc_opt = make_optimizer(acc, tr, TOTAL)
     for i, (x, y) in enumerate(batches):
-        losses, stats = train_step(acc, acc_opt, x, y, step_key(0, i))
+        losses, stats = train_step(acc, acc_opt, Batch(x, y), step_key(0, i))
         out["acc_losses"].append(np.asarray(losses))
         out["acc_stats"].append({k: np.asarray(v) for k, v in stats.items()})
         out["acc_opt_step"].append(int(acc_opt.step[...]))
@@ -225,7 +226,7 @@ def runs() -> dict:
     out["after_nan"] = []
     out["before_nan"] = params_np(acc)
     for i, (bx, by) in enumerate([out["nan_batch"], batch(4)]):
-        losses, stats = train_step(acc, acc_opt, bx, by, step_key(0, 2 + i))
+        losses, stats = train_step(acc, acc_opt, Batch(bx, by), step_key(0, 2 + i))
         out["after_nan"].append((np.asarray(losses), {k: np.asarray(v) for k, v in stats.items()}, params_np(acc)))
 
     ref = build_model(MODEL, seed=0)
@@ -251,7 +252,7 @@ def runs() -> dict:
     one = build_model(MODEL, seed=0)
     one_opt = make_optimizer(one, replace(tr, microbatch_size=K * B, gradient_accumulation_steps=1), TOTAL)
     for i, (x, y) in enumerate(batches):
-        train_step(one, one_opt, x.reshape(1, K * B, T), y.reshape(1, K * B, T), step_key(0, i))
+        train_step(one, one_opt, Batch(x.reshape(1, K * B, T), y.reshape(1, K * B, T)), step_key(0, i))
     out["one"] = params_np(one)
     out["one_model"], out["one_opt"] = one, one_opt
     return out
@@ -266,7 +267,7 @@ def test_step_runner_is_train_step_bit_for_bit(runs: dict) -> None:
     batches = runs["batches"] + [runs["nan_batch"], batch(4)]
     expected = list(zip(runs["acc_losses"], runs["acc_stats"], [None, runs["before_nan"]])) + runs["after_nan"]
     for i, ((x, y), (want_losses, want_stats, want_params)) in enumerate(zip(batches, expected)):
-        losses, stats = jax.device_get(runner(x, y, step_key(0, i)))
+        losses, stats = jax.device_get(runner(Batch(x, y), step_key(0, i)))
         np.testing.assert_array_equal(losses, want_losses)
         assert set(stats) == set(want_stats)
         for key in stats:
@@ -336,7 +337,7 @@ def test_nan_microbatch_through_train_step_is_skipped(runs: dict) -> None:
     before = params_np(model)
     x, y = runs["batches"][0]
     x = x.reshape(1, K * B, T).at[0, 0, 3].set(V)  # same shapes: reuses the compiled step
-    losses, stats = train_step(model, opt, x, y.reshape(1, K * B, T), step_key(0, 2))
+    losses, stats = train_step(model, opt, Batch(x, y.reshape(1, K * B, T)), step_key(0, 2))
     assert np.isnan(np.asarray(losses)).all()
     after = params_np(model)
     assert all(np.array_equal(before[k], after[k]) for k in before)

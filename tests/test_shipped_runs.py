@@ -28,13 +28,17 @@ def test_shipped_runs_load(run_dir: Path) -> None:
     # What was written is what was loaded (no key silently dropped or altered).
     for cfg, name in ((model, "model.json"), (train, "train.json")):
         raw = json.loads((run_dir / name).read_text())
-        resolved = to_dict(cfg)
-        for key, value in raw.items():
-            if isinstance(value, dict) and key != "options":  # a nested config: defaults filled in
-                assert {k: resolved[key][k] for k in value} == value, (name, key)
-            else:
-                assert resolved[key] == value, (name, key)
+        assert_written(raw, json.loads(json.dumps(to_dict(cfg))), name)
     assert train.total_steps(model, rows_per_epoch=train.sequences_per_step) >= 1  # rows: for train_epochs
+
+
+def assert_written(raw: dict, resolved: dict, where: str) -> None:
+    """Every key written has its value in the resolved config (nested configs: defaults filled in beside)."""
+    for key, value in raw.items():
+        if isinstance(value, dict) and key != "options" and isinstance(resolved[key], dict):
+            assert_written(value, resolved[key], f"{where}: {key}")
+        else:
+            assert resolved[key] == value, (where, key)
 
 
 def test_known_runs_are_shipped() -> None:

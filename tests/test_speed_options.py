@@ -30,6 +30,7 @@ from model_reference import ALL_NEW, MODERN, gpt_cfg
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
 from jaxgpt.cpu import kernels as cpu_kernels
+from jaxgpt.data.batch import Batch
 from jaxgpt.model.gpt import build_model, matrix_mask, unstack_layer_weights
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.ops import attention_kernel, mixed_einsum, plain_product
@@ -272,13 +273,8 @@ def test_training_steps_match_with_every_float32_option(weights) -> None:
         opt = make_optimizer(model, train, 3)
         losses = []
         for step in range(3):
-            out, _stats = train_step(
-                model,
-                opt,
-                jnp.asarray(ids[step, :, :, :-1], jnp.int32),
-                jnp.asarray(ids[step, :, :, 1:], jnp.int32),
-                step_key(0, step),
-            )
+            batch = Batch(jnp.asarray(ids[step, :, :, :-1], jnp.int32), jnp.asarray(ids[step, :, :, 1:], jnp.int32))
+            out, _stats = train_step(model, opt, batch, step_key(0, step))
             losses += np.asarray(out).tolist()
         return losses, ckpt.weights_to_numpy(model)
 

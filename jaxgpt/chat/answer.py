@@ -26,10 +26,12 @@ from jaxgpt.generation.sampling import SamplingParams
 class Assistant:
     """A model's engine, its tokenizer and its chat template."""
 
-    def __init__(self, model: Any, tok: Tokenizer, template: ChatTemplate, where: str = "", *, rows: int = 1) -> None:
+    def __init__(
+        self, model: Any, tok: Tokenizer, template: ChatTemplate, where: str = "", *, rows: int = 1, mesh: Any = None
+    ) -> None:
         template.check(tok)
         self.tok, self.template, self.where = tok, template, where
-        self.engine = Engine(model, tok, rows=rows)
+        self.engine = Engine(model, tok, rows=rows, mesh=mesh)
         self.context = model.cfg.context_length
         end = template.end_ids(tok)
         self._ends = {"stop_ids": frozenset(template.stop_ids(tok)), "end": tuple(end) if len(end) > 1 else ()}
@@ -65,12 +67,19 @@ class Assistant:
             raise TemplateError(f"the prompt is {len(ids):,} tokens; the model's context is {self.context:,}")
         return ids, dropped
 
-    def params(self, params: SamplingParams) -> SamplingParams:
-        """`params` ending where the template's answers end, inside the context."""
-        return dataclasses.replace(params, on_full="stop", **self._ends)
+    def params(self, params: SamplingParams, **changes: Any) -> SamplingParams:
+        """`params` ending where the template's answers end, inside the context (and `changes`)."""
+        return dataclasses.replace(params, on_full="stop", **self._ends, **changes)
 
     def _prompt(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> list[int]:
         return self.prompt(messages, min(params.max_tokens, self.context // 2))[0]
+
+    def render(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> list[int] | None:
+        """The prompt ids, or None when the conversation leaves no room for an answer in the context."""
+        try:
+            return self._prompt(messages, params)
+        except TemplateError:
+            return None
 
     def stream(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> Iterator[str]:
         """The answer to the last user message, as text pieces while it is drawn."""

@@ -282,13 +282,15 @@ def quarantine(ckpt: Path) -> Path:
 
 
 def lowest_val_loss(checkpoints: list[Path]) -> Path | None:
-    """The checkpoint with the lowest validation loss in its meta.json (the earliest on a tie)."""
+    """The checkpoint with the lowest validation loss in its meta.json (the earliest on a tie); the
+    figure is meta["best_key"] where a run names another (an RL run's held-out error)."""
     scored = []
     for c in checkpoints:
         try:
-            val = read_meta(c).get("val_loss")
+            meta = read_meta(c)
         except CheckpointError:
             continue
+        val = meta.get(meta.get("best_key", "val_loss"))
         if isinstance(val, (int, float)) and math.isfinite(val):
             scored.append((val, step_of(c), c))
     return min(scored)[2] if scored else None

@@ -35,12 +35,7 @@ def loss_fn(
     step, however they fall into microbatches. segments: see GPT.features."""
     if weights is not None:
         return loss_sum(model, inputs, targets, weights, segments, rngs) * scale
-    if model.cfg.loss_chunk is not None:
-        x = model.features(inputs, rngs)  # (B, T, C)
-        return chunked_loss(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]), targets.reshape(-1))
-    logits = model(inputs, rngs)  # (B, T, V)
-    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)  # (B, T)
-    return losses.mean()
+    return -token_logprobs(model, inputs, targets, rngs).mean()
 
 
 def loss_sum(
@@ -54,52 +49,71 @@ def loss_sum(
     """Sum of the cross-entropy over every position, each times its weight (validation: 0 for the
     padding of a split's last batch; fine-tuning: 1 on the answers only). inputs, targets: (B, T)
     int32; weights: (B, T) float32; segments: see GPT.features."""
+    return -(token_logprobs(model, inputs, targets, rngs, segments) * weights).sum()
+
+
+def policy_loss_sum(
+    model: nnx.Module,
+    inputs: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    advantages: jax.Array,
+    old_logprobs: jax.Array | None = None,
+    clip: float | None = None,
+    rngs: nnx.Rngs | None = None,
+) -> jax.Array:
+    """RL's loss, summed: minus sum over the sampled tokens (weights 1) of logprob x advantage (REINFORCE
+    with the group's baseline). With old_logprobs (the weights that drew the samples): PPO's clipped
+    surrogate, minus the sum of min(r A, clip(r, 1 - clip, 1 + clip) A), r = exp(logprob - old). All (B, T)."""
+    logp = token_logprobs(model, inputs, targets, rngs)
+    if old_logprobs is None:
+        objective = logp * advantages
+    else:
+        ratio = jnp.exp(logp - old_logprobs)
+        objective = jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * advantages)
+    return -(objective * weights).sum()
+
+
+def token_logprobs(
+    model: nnx.Module,
+    inputs: jax.Array,
+    targets: jax.Array,
+    rngs: nnx.Rngs | None = None,
+    segments: jax.Array | None = None,
+) -> jax.Array:
+    """(B, T) float32 log-probability of each target under the model: minus its cross-entropy. With
+    model.json's loss_chunk the head runs `loss_chunk` positions at a time (chunked_losses)."""
     if model.cfg.loss_chunk is not None:
         x = model.features(inputs, rngs, segments)  # (B, T, C)
-        return (
-            chunked_loss(
-                model.ops,
-                model.cfg,
-                head_weight(model),
-                x.reshape(-1, x.shape[-1]),
-                targets.reshape(-1),
-                weights.reshape(-1),
-            )
-            * weights.size
-        )
+        ce = chunked_losses(model.ops, model.cfg, head_weight(model), x.reshape(-1, x.shape[-1]), targets.reshape(-1))
+        return -ce.reshape(targets.shape)
     logits = model(inputs, rngs, segments)  # (B, T, V)
-    losses = optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
-    return (losses * weights).sum()
+    return -optax.losses.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
-def chunked_loss(
-    ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array, token_weights: jax.Array | None = None
-) -> jax.Array:
-    """Mean cross-entropy of the head over (N, C) features, `cfg.loss_chunk` rows at a time
-    (each row times its weight in `token_weights`, if given: (N,); the mean still divides by N).
+def chunked_losses(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array) -> jax.Array:
+    """The head's cross-entropy (N,) over (N, C) features, `cfg.loss_chunk` rows at a time.
 
     The (N, V) logits are never whole: a scan runs the head and the loss chunk by chunk, and
     jax.checkpoint makes the backward pass recompute each chunk's logits instead of keeping
     them (for GPT-2's 50k vocabulary and 16 x 1024 tokens per microbatch, 3.3 GB of float32
     logits plus as much again for their gradient, against chunk x V x 4 bytes). The last chunk is
-    padded with zero-weight rows.
+    padded.
     """
     N, C = x.shape
     chunk = min(cfg.loss_chunk, N)
     n = -(-N // chunk)
     pad = n * chunk - N
-    weights = jnp.ones(N, jnp.float32) if token_weights is None else token_weights.astype(jnp.float32)
-    weights = jnp.pad(weights, (0, pad)).reshape(n, chunk)
     x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, chunk, C)
     targets = jnp.pad(targets, (0, pad)).reshape(n, chunk)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE barrier needed
-    def chunk_sum(w: jax.Array, xc: jax.Array, yc: jax.Array, wc: jax.Array) -> jax.Array:
+    def chunk_losses(w: jax.Array, xc: jax.Array, yc: jax.Array) -> jax.Array:
         logits = head_logits(ops, cfg, w, xc)  # (chunk, V) float32
-        return (optax.losses.softmax_cross_entropy_with_integer_labels(logits, yc) * wc).sum()
+        return optax.losses.softmax_cross_entropy_with_integer_labels(logits, yc)  # (chunk,)
 
-    def body(total: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, None]:
-        return total + chunk_sum(w, *xs), None
+    def body(carry: None, xs: tuple[jax.Array, jax.Array]) -> tuple[None, jax.Array]:
+        return carry, chunk_losses(w, *xs)
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (x, targets, weights))
-    return total / N
+    _, losses = jax.lax.scan(body, None, (x, targets))
+    return losses.reshape(-1)[:N]

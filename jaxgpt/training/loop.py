@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import to_dict
+from jaxgpt.data.batch import Batch
 from jaxgpt.data.chat_template import TEMPLATE_FILE
 from jaxgpt.distributed import sharding
 from jaxgpt.distributed.peers import StopVotes
@@ -139,17 +140,17 @@ class Session:
                 self.profile.stop()
             self.records.close(outcome[0])
 
-    def fetch(self, step: int) -> tuple[jax.Array, ...]:
+    def fetch(self, step: int) -> Batch:
         """This process's rows of step `step` as global (k, B, T) arrays on the mesh: inputs and
         targets, and for packed conversations their loss weights and segments."""
         arrays = self.run.train_batches.batch(step, self.cfg.gradient_accumulation_steps, rows=self.state.rows)
-        return tuple(sharding.put_batch(a, self.state.mesh, self.cfg.microbatch_size) for a in arrays)
+        return Batch(*arrays).map(lambda a: sharding.put_batch(a, self.state.mesh, self.cfg.microbatch_size))
 
-    def dispatch(self, batch: tuple[jax.Array, ...], step: int) -> tuple[int, Any, Any]:
+    def dispatch(self, batch: Batch, step: int) -> tuple[int, Any, Any]:
         """Start step `step` on the device (asynchronously); (its number done, results, stop vote)."""
         if self.profile is not None:
             self.profile.before(step)
-        out = self.state.step(*batch[:2], step_key(self.cfg.seed, step), *batch[2:])
+        out = self.state.step(batch, step_key(self.cfg.seed, step))
         return step + 1, out, self.stops.cast()
 
     def read(self, done: int, out: Any, vote: Any) -> tuple[float, dict[str, Any]]:

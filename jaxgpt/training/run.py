@@ -94,14 +94,14 @@ def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = T
         moved = ckpt.archive_checkpoints(run_dir)
         if moved:
             print(f"Moved old checkpoints aside to {moved}")
-    resume_from = _resume_point(run_dir)
+    resume_from = resume_point(run_dir)
     if resume_from is not None:
         try:
             _check_resume(resume_from, model_cfg, train_cfg, dataset)
         except ConfigError as e:  # "model.json: ..." or "train.json: ...": which run's
             raise ConfigError(f"{run_dir}/{e}") from None
         _check_tokenizer(resume_from, tokenizer)
-    init_from = _init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
+    init_from = init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     examples, core = _benchmarks(model_cfg, train_cfg, data_root, tokenizer)
     return Run(
         run_dir,
@@ -270,7 +270,7 @@ def checkpoint_bytes(model: ModelConfig) -> int:
     return 16 * params + (1 << 20)
 
 
-def _resume_point(run_dir: Path) -> Path | None:
+def resume_point(run_dir: Path) -> Path | None:
     """The newest checkpoint that verifies; damaged newer ones are set aside (renamed, never
     deleted), `latest` is moved to it, and `best` repaired, each said in one line."""
     while (found := ckpt.latest_checkpoint(run_dir)) is not None:
@@ -303,7 +303,7 @@ _SHAPE_KEYS = (
 )
 
 
-def _init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
+def init_checkpoint(run_dir: Path, model: ModelConfig, train: TrainConfig) -> Path | None:
     """The checkpoint folder train.json `init_from` names (relative to the run directory), checked
     against model.json now, before JAX starts."""
     if train.init_from is None:
@@ -369,7 +369,7 @@ _MUON_STATE_KEYS = {"coefficients": "standard", "normuon": False}
 
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
-_RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
 
 
 def _check_tokenizer(ckpt_dir: Path, tokenizer: TrainedTokenizer | None) -> None:
@@ -398,7 +398,7 @@ def _check_resume(ckpt_dir: Path, model: ModelConfig, train: TrainConfig, datase
         # Through today's loader, so keys added since the checkpoint was written take their defaults.
         old_model = to_dict(from_dict(ModelConfig, old_model, f"{ckpt_dir}/model.json"))
         diff = {k: (old_model[k], v) for k, v in to_dict(model).items() if old_model[k] != v}
-        fixed = {k: d for k, d in diff.items() if k not in _RUNTIME_KEYS}
+        fixed = {k: d for k, d in diff.items() if k not in RUNTIME_KEYS}
         if fixed:
             key, (was, now) = next(iter(fixed.items()))
             raise ConfigError(

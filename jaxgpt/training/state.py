@@ -3,7 +3,7 @@ from the checkpoint it resumes from, or started from init_from's weights), the c
 the figures MFU needs. loop.py trains it; checkpoint_meta says what a checkpoint records of it.
 
     state, resumed_meta = build_state(run, log)
-    losses, stats = state.step(inputs, targets, step_key(seed, s))     # StepRunner: train_step.py
+    losses, stats = state.step(Batch(inputs, targets), step_key(seed, s))     # StepRunner: train_step.py
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
     return dtype
 
 
-def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[str, Any]]:
-    """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run)."""
+def build_state(
+    run: Run, log: Callable[[str], None], *, optimizer_steps: int | None = None, clip: float | None = None
+) -> tuple[TrainState, dict[str, Any]]:
+    """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run).
+    optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio."""
     cfg, mcfg = run.train_cfg, run.model_cfg
+    steps = optimizer_steps or run.total_steps
     compute_dtype = _compute_dtype(run, log)
     try:
         mesh = sharding.make_mesh(cfg.mesh, cfg.microbatch_size)
@@ -77,7 +81,7 @@ def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[
 
     def build() -> tuple[Any, Any]:
         model = build_model(mcfg, seed=cfg.seed)
-        return model, make_optimizer(model, cfg, run.total_steps)
+        return model, make_optimizer(model, cfg, steps)
 
     model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
     routing = None
@@ -97,10 +101,10 @@ def build_state(run: Run, log: Callable[[str], None]) -> tuple[TrainState, dict[
     state = TrainState(
         model,
         optimizer,
-        StepRunner(model, optimizer),
+        StepRunner(model, optimizer, clip),
         mesh,
         sharding.local_rows(mesh, cfg.microbatch_size),
-        make_schedule(cfg, run.total_steps),
+        make_schedule(cfg, steps),
         compute_dtype,
         routing,
         mfu.flops_per_token(mcfg, cfg.seq_len(mcfg)),

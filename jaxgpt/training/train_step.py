@@ -1,9 +1,9 @@
 """The train step: one optimiser step over k microbatches, compiled once; and its dropout key.
 
-    runner = StepRunner(model, optimizer)           # the one step program (the trainer's, the tests')
-    losses, stats = runner(inputs, targets, step_key(seed, step))
+    runner = StepRunner(model, optimizer)           # the one step program (the trainer's, RL's, the tests')
+    losses, stats = runner(Batch(inputs, targets), step_key(seed, step))
     runner.sync()                                   # before reading model or optimizer
-    losses, stats = train_step(model, optimizer, inputs, targets, key)   # the same, once
+    losses, stats = train_step(model, optimizer, Batch(inputs, targets), key)   # the same, once
 
 A train step is a pure function of (model, optimiser, batch, key): the loop around it (loop.py)
 only fetches data, steps, logs, evaluates and saves. The loss is jaxgpt/model/loss.py's; the
@@ -20,65 +20,67 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgpt.model.loss import loss_fn
+from jaxgpt.data.batch import Batch
+from jaxgpt.model.loss import loss_fn, loss_sum, policy_loss_sum
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
 
 
 def _train_step(
-    model: nnx.Module,
-    optimizer: nnx.Optimizer,
-    inputs: jax.Array,
-    targets: jax.Array,
-    step_key: jax.Array,
-    weights: jax.Array | None = None,
-    segments: jax.Array | None = None,
+    model: nnx.Module, optimizer: nnx.Optimizer, batch: Batch, step_key: jax.Array, clip: float | None = None
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
 
-    inputs, targets: (k, B, T) int32; step_key: the dropout key of this step; weights (k, B, T)
-    float32 and segments (k, B, T) int32: rows of packed conversations, trained on their answers
-    only (jaxgpt/data/chat_rows.py), the loss the mean over every answer token of the step.
-    Returns the k microbatch losses (k,) and the optimiser statistics after the step (with
-    weights: each microbatch's own mean, and stats["loss"], the step's).
+    batch: (k, B, T) fields (data/batch.py); step_key: the dropout key of this step; clip: RL's
+    clipped ratio (used with batch.old_logprobs). The loss (_objective) is the mean cross-entropy; with
+    weights (packed conversations) the mean over the step's weighted targets; with advantages (RL)
+    minus the mean over the sampled tokens of logprob x advantage. Returns the k microbatch losses
+    (k,) and the optimiser statistics after the step (with weights: each microbatch's own mean, and
+    stats["loss"], the step's).
 
-    The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python
-    loop would unroll k forward/backward passes into one program: the blog post's OOM). Each
-    microbatch still goes through `optimizer.update`, so MultiSteps and apply_if_finite keep
-    their semantics: gradients are averaged over the window, and a non-finite microbatch is
-    skipped and counted; a step that lost a microbatch that way is dropped whole, so every call
-    stays exactly one optimiser step (optimizer.close_skipped_window).
+    The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python loop
+    would unroll k forward/backward passes into one program: the blog post's OOM). Each microbatch
+    goes through `optimizer.update`, so MultiSteps and apply_if_finite keep their semantics: gradients
+    are averaged over the window, a non-finite microbatch is skipped and counted, and a step that lost
+    one is dropped whole (optimizer.close_skipped_window).
     """
-    k = inputs.shape[0]
+    k = batch.inputs.shape[0]
     dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
     keys = jax.random.split(step_key, k)
     graphdef, state = nnx.split((model, optimizer))
-    # Weighted: microbatch i's objective is its weighted loss sum times k / (the step's weight), so
-    # MultiSteps' mean of the k gradients is the gradient of the step's mean over trained tokens.
-    total = None if weights is None else jnp.maximum(weights.sum(), 1.0)
-    scale = None if total is None else k / total
+    # Weighted: microbatch i's objective is its weighted sum times k / (the step's weight), so
+    # MultiSteps' mean of the k gradients is the gradient of the step's mean over weighted targets.
+    scale = None if batch.weights is None else k / jnp.maximum(batch.weights.sum(), 1.0)
 
-    def microstep(state: nnx.State, xs: tuple[jax.Array, ...]) -> tuple[nnx.State, jax.Array]:
+    def microstep(state: nnx.State, xs: tuple[Batch, jax.Array]) -> tuple[nnx.State, jax.Array]:
         model, optimizer = nnx.merge(graphdef, state)
-        x, y, key, w, seg = xs
+        micro, key = xs
         rngs = nnx.Rngs(dropout=key) if dropout else None
-        if w is None:
-            loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs)
-        else:
-            loss, grads = nnx.value_and_grad(loss_fn)(model, x, y, rngs, w, seg, scale)
+        loss, grads = nnx.value_and_grad(_objective)(model, micro, rngs, scale, clip)
         optimizer.update(model, grads)
         return nnx.state((model, optimizer)), loss
 
     applied_before = optimizer_stats(optimizer)["gradient_step"]
-    state, losses = jax.lax.scan(microstep, state, (inputs, targets, keys, weights, segments))
+    state, losses = jax.lax.scan(microstep, state, (batch, keys))
     nnx.update((model, optimizer), state)
     close_skipped_window(optimizer)
     stats = optimizer_stats(optimizer)
-    if weights is not None:  # the step's mean over its trained tokens; each microbatch's own mean to show
+    if scale is not None:  # the step's mean over its weighted targets; each microbatch's own mean to show
         stats["loss"] = losses.sum() / k
-        losses = losses / scale / jnp.maximum(weights.sum(axis=(1, 2)), 1.0)
+        losses = losses / scale / jnp.maximum(batch.weights.sum(axis=(1, 2)), 1.0)
     # Dropped: no optimiser step applied, whether some of the k microbatches were skipped (an
     # open window closed) or all of them (a window that never opened).
     return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
+
+
+def _objective(
+    model: nnx.Module, b: Batch, rngs: nnx.Rngs | None, scale: jax.Array | None, clip: float | None
+) -> jax.Array:
+    """One microbatch's loss (B, T fields): RL's policy loss, a weighted sum, or the plain mean."""
+    if b.advantages is not None:
+        return policy_loss_sum(model, b.inputs, b.targets, b.weights, b.advantages, b.old_logprobs, clip, rngs) * scale
+    if b.weights is None:
+        return loss_fn(model, b.inputs, b.targets, rngs)
+    return loss_sum(model, b.inputs, b.targets, b.weights, b.segments, rngs) * scale
 
 
 class StepRunner:
@@ -95,46 +97,27 @@ class StepRunner:
     structure and placement share one compiled program.
     """
 
-    def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer) -> None:
+    def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer, clip: float | None = None) -> None:
         self.model, self.optimizer = model, optimizer
         graphdef, state = nnx.split((model, optimizer))
         self.leaves, self.treedef = jax.tree.flatten(state)
-        self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves))
+        self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves), clip)
 
-    def __call__(
-        self,
-        inputs: jax.Array,
-        targets: jax.Array,
-        step_key: jax.Array,
-        weights: jax.Array | None = None,
-        segments: jax.Array | None = None,
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def __call__(self, batch: Batch, step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """One optimiser step, dispatched asynchronously: see _train_step."""
-        self.leaves, losses, stats = self._step(self.leaves, inputs, targets, step_key, weights, segments)
+        self.leaves, losses, stats = self._step(self.leaves, batch, step_key)
         return losses, stats
 
-    def lower(
-        self, inputs: jax.Array, targets: jax.Array, step_key: jax.Array, weights: Any = None, segments: Any = None
-    ) -> Any:
-        return self._step.lower(self.leaves, inputs, targets, step_key, weights, segments)
+    def lower(self, batch: Batch, step_key: jax.Array) -> Any:
+        return self._step.lower(self.leaves, batch, step_key)
 
-    def export(
-        self,
-        inputs: Any,
-        targets: Any,
-        step_key: jax.Array,
-        platforms: Sequence[str],
-        weights: Any = None,
-        segments: Any = None,
-    ) -> jax.export.Exported:
+    def export(self, batch: Batch, step_key: jax.Array, platforms: Sequence[str]) -> jax.export.Exported:
         """This step as the program `platforms` would run (jax.export: StableHLO, donation kept).
 
         Lowering needs no such device: a CPU machine can export for "cuda" and audit the program
-        a GPU would run. inputs, targets: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
+        a GPU would run. batch: arrays or jax.ShapeDtypeStruct of shape (k, B, T).
         """
-        return jax.export.export(self._step, platforms=platforms)(
-            self.leaves, inputs, targets, step_key, weights, segments
-        )
+        return jax.export.export(self._step, platforms=platforms)(self.leaves, batch, step_key)
 
     def sync(self) -> None:
         """Point the model and optimiser at the current arrays."""
@@ -142,19 +125,14 @@ class StepRunner:
 
 
 @functools.lru_cache(maxsize=16)
-def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...]) -> Any:
+def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], clip: float | None) -> Any:
     """_train_step over the flat arrays of a model and optimiser of this structure, jitted."""
 
     def pure(
-        leaves: list[jax.Array],
-        inputs: jax.Array,
-        targets: jax.Array,
-        key: jax.Array,
-        weights: jax.Array | None,
-        segments: jax.Array | None,
+        leaves: list[jax.Array], batch: Batch, key: jax.Array
     ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
         model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        losses, stats = _train_step(model, optimizer, inputs, targets, key, weights, segments)
+        losses, stats = _train_step(model, optimizer, batch, key, clip)
         new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
         assert new_treedef == treedef, "the train step changed the model/optimiser structure"
         return new_leaves, losses, stats
@@ -163,17 +141,11 @@ def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...]) -> Any:
 
 
 def train_step(
-    model: nnx.Module,
-    optimizer: nnx.Optimizer,
-    inputs: jax.Array,
-    targets: jax.Array,
-    step_key: jax.Array,
-    weights: jax.Array | None = None,
-    segments: jax.Array | None = None,
+    model: nnx.Module, optimizer: nnx.Optimizer, batch: Batch, step_key: jax.Array, clip: float | None = None
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step of the StepRunner program on these objects, which then hold its result."""
-    runner = StepRunner(model, optimizer)
-    out = runner(inputs, targets, step_key, weights, segments)
+    runner = StepRunner(model, optimizer, clip)
+    out = runner(batch, step_key)
     runner.sync()
     return out
 

@@ -1,0 +1,164 @@
+"""The generation engine in-process, without a server: stop strings across tokens, multi-token ends, split
+UTF-8 characters, per-row sampling, seeds that give the same text alone or among sixteen, n samples of one
+prompt sharing a prefill, cancelled rows freed at the next turn, and the text stream's hold-back rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.data.tokenizer import get_tokenizer
+from jaxgpt.generation.engine import Engine
+from jaxgpt.generation.sampling import SamplingParams
+from jaxgpt.generation.text import REPLACEMENT, TextStream
+from jaxgpt.model.gpt import build_model
+
+TOK = get_tokenizer("bytes")
+CFG = ModelConfig(architecture="gpt2", vocab_size=257, context_length=64, emb_dim=32, n_heads=2, n_layers=1)
+PROMPT = TOK.encode("Spell the word: abc")
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine(build_model(CFG, seed=7), TOK, rows=16)
+
+
+def draw(engine: Engine, prompt: list[int] = PROMPT, **kw) -> object:
+    (done,) = engine.generate([prompt], SamplingParams(**{"max_tokens": 24, "temperature": 0.0, **kw}))
+    return done
+
+
+# ----------------------------------------------------------------------------- where an answer stops
+
+
+def _ascii_pair(sampled: list[int]) -> int | None:
+    """A token index k >= 2 where tokens k, k + 1 are printable ASCII and their text first occurs there."""
+    text = TOK.decode(sampled)
+    for k in range(2, len(sampled) - 1):
+        pair = bytes(sampled[k : k + 2]).decode("latin-1")
+        if all(32 <= t < 127 for t in sampled[k : k + 2]) and text.find(pair) == len(TOK.decode(sampled[:k])):
+            return k
+    return None
+
+
+def test_a_stop_string_over_two_tokens_cuts_the_text_before_it(engine: Engine) -> None:
+    seed, k = next((s, k) for s in range(3, 60) if (k := _ascii_pair(draw(engine, temperature=1.0, seed=s).sampled)))
+    free = draw(engine, temperature=1.0, seed=seed)
+    stop = TOK.decode(free.sampled[k : k + 2])  # two byte tokens: the stop string completes only at the second
+    cut = draw(engine, temperature=1.0, seed=seed, stop=(stop,))
+    assert cut.text.text == TOK.decode(free.sampled[:k]) and cut.finish_reason == "stop"
+    assert cut.sampled == free.sampled[: k + 2]  # drawn up to the stop string's last token, then ended
+    pieces = list(engine.stream(PROMPT, SamplingParams(24, temperature=1.0, seed=seed, stop=(stop,))))
+    assert "".join(pieces) == cut.text.text  # a streamed answer never shows the stop string's first half
+
+
+def test_a_multi_token_end_is_cut_with_what_follows_and_its_ids_are_drawn(engine: Engine) -> None:
+    free = draw(engine, temperature=1.0, seed=5)
+    end = tuple(free.sampled[4:7])  # three tokens of the answer as a template's end
+    cut = draw(engine, temperature=1.0, seed=5, end=end)
+    assert cut.sampled == free.sampled[:7] and cut.finish_reason == "stop"
+    assert cut.text.text == TOK.decode(free.sampled[:4])
+    streamed = "".join(engine.stream(PROMPT, SamplingParams(24, temperature=1.0, seed=5, end=end)))
+    assert streamed == cut.text.text
+
+
+def test_stop_ids_end_the_answer_uncounted_in_the_text_and_max_tokens_ends_it_at_length(engine: Engine) -> None:
+    free = draw(engine, temperature=1.0, seed=6)
+    stop = free.sampled[3]
+    cut = draw(engine, temperature=1.0, seed=6, stop_ids=frozenset({stop}))
+    first = free.sampled.index(stop)
+    assert cut.sampled == free.sampled[: first + 1] and cut.finish_reason == "stop"
+    assert cut.text.text == TOK.decode(free.sampled[:first])
+    assert draw(engine, max_tokens=5).finish_reason == "length" and len(draw(engine, max_tokens=5).sampled) == 5
+
+
+def test_a_character_split_over_tokens_appears_once_whole() -> None:
+    text = TextStream(TOK)
+    pieces = [text.push(b) for b in "aé€b".encode()]  # é is 2 bytes, € is 3
+    assert pieces == ["a", "", "é", "", "", "€", "b"] and text.finish() == ""
+    held = TextStream(TOK, stop=["xy"])
+    assert [held.push(t) for t in TOK.encode("axaxy")] == ["a", "", "xa", "", ""] and held.stopped
+    assert held.text == "axa"
+    cut = TextStream(TOK)
+    assert [cut.push(b) for b in "é".encode()[:1]] == [""] and cut.finish() == REPLACEMENT  # ended mid-character
+
+
+# ----------------------------------------------------------------------------- rows and seeds
+
+
+def test_a_seed_gives_the_same_answer_alone_or_among_sixteen(engine: Engine) -> None:
+    params = SamplingParams(24, temperature=1.0, top_p=0.9, seed=11)
+    alone = draw(engine, temperature=1.0, top_p=0.9, seed=11).sampled
+    others = [TOK.encode(f"Reverse the letters: {'abcdefghijklmnop'[: i + 1]}") for i in range(15)]
+    mixed = [SamplingParams(10 + i, temperature=0.5 + i / 10, top_k=5 + i, seed=i) for i in range(15)]
+    crowd = engine.generate([*others[:7], PROMPT, *others[7:]], [*mixed[:7], params, *mixed[7:]])
+    assert crowd[7].sampled == alone
+    for prompt, p, done in zip(others, mixed, crowd[:7] + crowd[8:]):
+        assert (
+            done.sampled
+            == draw(
+                engine, prompt, **{k: getattr(p, k) for k in ("max_tokens", "temperature", "top_k", "seed")}
+            ).sampled
+        )
+
+
+def test_each_row_samples_with_its_own_parameters(engine: Engine) -> None:
+    greedy, few, letters = (
+        SamplingParams(12, temperature=0.0),
+        SamplingParams(12, temperature=1.0, top_k=1, seed=1),  # top-k 1 draws the most likely: greedy
+        SamplingParams(12, temperature=2.0, seed=2, allowed_ids=tuple(TOK.encode("xyz"))),
+    )
+    a, b, c = engine.generate([PROMPT] * 3, [greedy, few, letters])
+    assert a.sampled == b.sampled == draw(engine, max_tokens=12).sampled
+    assert set(c.text.text) <= set("xyz") and len(c.sampled) == 12
+
+
+def test_n_samples_of_a_prompt_share_one_prefill_and_draw_with_seed_plus_index(engine: Engine) -> None:
+    before = dict(engine.counts)
+    drawn = engine.generate([PROMPT], SamplingParams(16, temperature=1.0, seed=20), n=4)
+    assert engine.counts["prefills"] - before["prefills"] == 1 and engine.counts["copies"] - before["copies"] == 3
+    for i, done in enumerate(drawn):
+        assert done.sampled == draw(engine, max_tokens=16, temperature=1.0, seed=20 + i).sampled
+    assert len({tuple(d.sampled) for d in drawn}) == 4
+
+
+def test_a_cancelled_request_frees_its_row_at_the_next_turn(engine: Engine) -> None:
+    keep, gone = engine.submit(PROMPT, SamplingParams(40, temperature=1.0, seed=1), n=2)
+    engine.step()
+    engine.step()
+    rows = {id(r) for r in engine.rows if r is not None}
+    assert id(gone) in rows and id(keep) in rows
+    engine.cancel([gone])
+    engine.step()
+    assert id(gone) not in {id(r) for r in engine.rows if r is not None} and gone.finish_reason == "cancelled"
+    waiting = engine.submit(PROMPT, SamplingParams(4), n=1)[0]
+    engine.cancel([waiting])
+    engine.run([keep])
+    assert waiting.finish_reason == "cancelled" and not waiting.sampled and not engine.has_work()
+    assert [a.shape for a in engine.decoder._cache] == [(1, 16, 2, 16, 64), (1, 16, 2, 64, 16)]  # 16 rows, as made
+
+
+def test_a_stream_stopped_early_cancels_its_request(engine: Engine) -> None:
+    stream = engine.stream(PROMPT, SamplingParams(40, temperature=1.0, seed=9))
+    next(piece for piece in stream if piece)
+    stream.close()
+    engine.step()
+    assert not engine.has_work()
+
+
+def test_a_full_context_stops_an_answer_or_slides_its_window(engine: Engine) -> None:
+    long = list(np.random.default_rng(0).integers(0, 256, 60))
+    stopped = draw(engine, long, max_tokens=30)
+    assert len(stopped.sampled) == 4 and stopped.finish_reason == "length"  # 60 + 4 fill the 64-token context
+    slid = draw(engine, long, max_tokens=30, on_full="slide")
+    assert len(slid.sampled) == 30 and slid.sampled[:4] == stopped.sampled
+
+
+def test_bad_requests_are_refused_in_one_line(engine: Engine) -> None:
+    for prompt, needle in (([], "at least one token"), ([300], "token id 300 is out of range")):
+        with pytest.raises(ValueError, match=needle):
+            engine.submit(prompt, SamplingParams())
+    for kw, needle in (({"top_p": 0.0}, "top_p"), ({"max_tokens": -1}, "max_tokens"), ({"stop": ("",)}, "stop")):
+        with pytest.raises(ValueError, match=needle):
+            SamplingParams(**kw)
