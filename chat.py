@@ -72,9 +72,12 @@ def _interactive(bot: Assistant, system: str | None, params: SamplingParams) -> 
     while True:
         try:
             text = input("\nYou: ").strip()
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             print()
             return 0
+        except KeyboardInterrupt:  # at the prompt: the line is dropped, the conversation goes on
+            print("\n(Ctrl-C stops an answer; /quit or Ctrl-D ends the chat)")
+            continue
         if text in ("/quit", "/exit"):
             return 0
         if text == "/clear":
@@ -83,18 +86,30 @@ def _interactive(bot: Assistant, system: str | None, params: SamplingParams) -> 
             continue
         if not text:
             continue
-        messages.append({"role": "user", "content": text})
-        print("Assistant: ", end="", flush=True)
-        pieces = []
-        try:
-            for piece in bot.stream(messages, replace(params, seed=params.seed + turn)):
-                pieces.append(piece)
-                print(piece, end="", flush=True)
-        except KeyboardInterrupt:  # stop this answer, keep the conversation
-            print(" [stopped]", end="")
-        print()
-        messages.append({"role": "assistant", "content": "".join(pieces)})
-        turn += 1
+        answer = _answer(bot, [*messages, {"role": "user", "content": text}], replace(params, seed=params.seed + turn))
+        if answer is not None:
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+            turn += 1
+
+
+def _answer(bot: Assistant, messages: list[dict], params: SamplingParams) -> str | None:
+    """The answer, streamed as it is drawn (Ctrl-C stops it, keeping what came); None when the message
+    leaves no room for an answer in the model's context (said in one line; the conversation is kept)."""
+    try:
+        stream = bot.stream(messages, params)
+    except TemplateError as e:
+        print(f"(not sent: {e}; the conversation so far is kept)")
+        return None
+    print("Assistant: ", end="", flush=True)
+    pieces = []
+    try:
+        for piece in stream:
+            pieces.append(piece)
+            print(piece, end="", flush=True)
+    except KeyboardInterrupt:  # stop this answer, keep the conversation
+        print(" [stopped]", end="")
+    print()
+    return "".join(pieces)
 
 
 def main(argv: list[str] | None = None) -> int:

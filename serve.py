@@ -11,7 +11,8 @@
 The checkpoint (a run dir, a checkpoint folder or a latest/best link) is loaded once; requests are
 decoded together by one engine thread in a KV cache of --max-batch rows, new ones joining between
 decode steps (jaxgpt/serving/). Chat uses the checkpoint's chat template; a base model serves
-completions only. SIGTERM or Ctrl-C lets the requests in flight finish, then exits 0.
+completions only. SIGTERM or Ctrl-C stops it: requests still waiting are answered 503, those in flight
+may finish for --shutdown-grace seconds (then end with an error event), and it exits 0.
 docs/serving.md lists the endpoints, parameters and errors.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -62,6 +64,18 @@ def _parser() -> argparse.ArgumentParser:
         help="requests that may wait for a row; more are answered 503 (default: %(default)s)",
     )
     parser.add_argument("--model-name", default=None, help="the name clients ask for (default: the run's folder name)")
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="larger request bodies are refused with 413 (default: %(default)s, 4 MiB)",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="on SIGTERM or Ctrl-C, seconds the answers in flight may run on (default: %(default)s)",
+    )
     return parser
 
 
@@ -80,6 +94,10 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--max-batch={args.max_batch} must be >= 1"
     if args.max_queue < 0:
         return f"--max-queue={args.max_queue} must be >= 0"
+    if args.max_request_bytes < 1024:
+        return f"--max-request-bytes={args.max_request_bytes} must be >= 1024"
+    if not args.shutdown_grace >= 0:
+        return f"--shutdown-grace={args.shutdown_grace} must be >= 0"
     if not 0 <= args.port <= 65535:
         return f"--port={args.port} must be in 0..65535"
     if args.api_key is not None and not args.api_key.strip():
@@ -105,6 +123,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Stop:
+    """SIGTERM from the start: a request to stop, never a kill (exit 0 whenever it comes); uvicorn takes the
+    signals over once it serves, and puts this back when it is done."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, _sig: int, _frame: object) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self._handle)  # the shutdown that follows must not be a KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     problem = _check(args)
@@ -116,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    stop = _Stop()
+    print(f"Loading {args.checkpoint} ...", flush=True)
     caches.enable_compile_cache()
     from jaxgpt.serving import api  # JAX and the web stack load here, after the checks
 
@@ -132,12 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     host, port = sock.getsockname()[:2]
     chat = f"chat template {served.template.name!r}" if served.template else "a base model: no chat"
-    print(
+    line = (
         f"Serving {served.name!r} from {served.where} ({chat}; context {served.context}, {args.max_batch} rows, "
-        f"compiled in {warm_s:.1f} s) at http://{host if ':' not in host else f'[{host}]'}:{port}/v1",
-        flush=True,
+        f"compiled in {warm_s:.1f} s) at http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
     )
-    api.run(served, sock, args.api_key)
+    signal.signal(signal.SIGINT, stop._handle)  # from here a Ctrl-C stops the server as SIGTERM does
+    if stop.requested:
+        print("stopped before serving (SIGTERM)", flush=True)
+        return 0
+    api.run(
+        served,
+        sock,
+        args.api_key,
+        grace=args.shutdown_grace,
+        max_request_bytes=args.max_request_bytes,
+        announce=lambda: print(line, flush=True),  # once the socket accepts connections
+        stopped=lambda: stop.requested,
+    )
     return 0
 
 

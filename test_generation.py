@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from jaxgpt import caches
-from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.checkpoints.store import load_model
+from jaxgpt.checkpoints.layout import CheckpointError
 from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
 from jaxgpt.config import ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
@@ -41,9 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(p == "" for p in prompts):
         parser.error("--prompt must not be empty")
     caches.enable_compile_cache()
+    from jaxgpt.checkpoints.store import load_model  # JAX starts here, after the checks
+
     try:
         model, _cfg, tok, path = load_model(args.checkpoint)
-    except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:
+    except (ConfigError, CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from jaxgpt.generation.engine import Engine

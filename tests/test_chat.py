@@ -4,6 +4,7 @@ base models refused unless --raw, sampling flags that mean what they say; evalua
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,74 @@ def test_exact_match_scores_the_held_out_instructions_for_tuned_and_base_models(
     # A dataset of plain text has no questions.
     assert evaluate.main([str(base), "--exact-match", str(base), "--data-dir", str(data)]) == 2
     assert "not a conversation dataset" in capsys.readouterr().err
+
+
+def test_a_message_too_long_for_the_context_is_refused_and_the_conversation_kept(built, capsys, monkeypatch) -> None:
+    """The checkpoint's context is 64 bytes: a 200-character message cannot be answered; said in one line,
+    then the chat goes on with what came before."""
+    script = iter(["Reverse the letters: ab", "x" * 200, "Spell the word: ab", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda _prompt="": next(script))
+    assert chat.main([str(built), "--max-new-tokens", "4", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Assistant: ") == 2
+    refused = [line for line in out.splitlines() if line.startswith("(not sent: ")]
+    assert len(refused) == 1 and "the model's context is 64" in refused[0] and "is kept" in refused[0]
+
+
+@SLOW  # a subprocess
+def test_ctrl_c_at_the_prompt_keeps_the_chat_and_ctrl_d_ends_it(built) -> None:
+    # A shell's background job (CI started with `&`) ignores SIGINT, and Python then installs no
+    # KeyboardInterrupt handler in its children: the child installs it, as a terminal's process has it.
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['chat.py', {str(built)!r}, '--max-new-tokens', '4']; "
+        "runpy.run_path('chat.py', run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", start],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+    def read_to_prompt() -> str:
+        seen = ""
+        while not seen.endswith("You: "):  # waiting at the prompt
+            char = proc.stdout.read(1)
+            assert char, proc.stderr.read()
+            seen += char
+        return seen
+
+    read_to_prompt()
+    proc.send_signal(signal.SIGINT)  # Ctrl-C at the prompt: a hint, and the prompt again
+    assert "(Ctrl-C stops an answer; /quit or Ctrl-D ends the chat)" in read_to_prompt()
+    out, err = proc.communicate("Reverse the letters: ab\n", timeout=300)  # then Ctrl-D (end of input)
+    assert proc.returncode == 0, err
+    assert "Assistant: " in out
+
+
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("chat.py", ["--temperature", "-1"]),
+        ("test_generation.py", ["--top-k", "0"]),
+        ("judge.py", ["--url", "http://x/v1", "--model", "m", "--out", "o.jsonl", "--limit", "0"]),
+        ("serve.py", ["--max-batch", "0"]),
+        ("evaluate.py", ["--tasks", "builtin", "--samples", "0"]),
+    ],
+)
+def test_usage_errors_come_before_jax_starts(command: str, args: list[str]) -> None:
+    """A command-line mistake is answered without importing JAX (seconds on a busy machine)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{command!r}, 'runs/tiny', *{args!r}]\n"
+        "try:\n"
+        f"    runpy.run_path({command!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 2, e.code\n"
+        "assert 'jax' not in sys.modules, 'jax was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

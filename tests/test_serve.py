@@ -59,8 +59,9 @@ class Server:
         return self.proc.wait(timeout=120)
 
 
-def start_server(run: Path, log: Path, *flags: str) -> Server:
-    """serve.py on a free port (--port 0: the port it bound is in its first line), ready when /health answers."""
+def start_server(run: Path, log: Path, *flags: str, first_try: bool = False) -> Server:
+    """serve.py on a free port (--port 0: the port it bound is in its first line), ready when /health answers
+    (first_try: at the first attempt after the "Serving" line, which comes once connections are accepted)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "serve.py"), str(run), "--port", "0", *flags],
@@ -73,7 +74,10 @@ def start_server(run: Path, log: Path, *flags: str) -> Server:
         found = re.search(r"Serving '([^']+)' .* at (http://\S+)/v1", log.read_text())
         if found:
             server = Server(proc, found.group(2), log, found.group(1))
-            with contextlib.suppress(httpx.ConnectError):  # the line comes just before uvicorn listens
+            if first_try:
+                assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+                return server
+            with contextlib.suppress(httpx.ConnectError):
                 if httpx.get(server.url + "/health", timeout=30).status_code == 200:
                     return server
         assert proc.poll() is None, log.read_text()
@@ -421,7 +425,7 @@ def test_a_client_that_goes_away_frees_its_rows(small_server: Server) -> None:
 @SLOW  # a server subprocess
 def test_a_full_queue_answers_503_with_retry_after_and_sigterm_exits_0(small_server: Server) -> None:
     """One row, one waiting request allowed: a long request decodes, a second waits, a third is told to retry.
-    Then SIGTERM: the requests in flight finish and the server exits 0."""
+    Then SIGTERM: the request in flight finishes, the one still waiting is answered 503, the server exits 0."""
     base = {"model": "base", "prompt": "Once upon a time", "temperature": 1.0, "seed": 1}
     long = small_server.client().completions.create(**base, max_tokens=495, n=6, stream=True)
     first = next(iter(long))  # decoding: the first choice holds the row, the others wait inside the request
@@ -444,5 +448,73 @@ def test_a_full_queue_answers_503_with_retry_after_and_sigterm_exits_0(small_ser
     rest = "".join(c.choices[0].text for c in long if c.choices)
     waiting.join(120)
     assert small_server.proc.wait(timeout=120) == 0
-    assert len(first.choices[0].text + rest) > 495 and results["second"].status_code == 200
-    assert "Finished server process" in small_server.log.read_text()
+    assert len(first.choices[0].text + rest) > 495
+    second = results["second"]
+    assert second.status_code == 503 and second.json()["error"]["code"] == "shutting_down"
+    assert "Finished server process" in small_server.log.read_text() and "Traceback" not in small_server.log.read_text()
+
+
+@SLOW  # a server subprocess
+def test_when_the_grace_runs_out_streams_end_with_an_error_event_and_done(base: Path, tmp_path: Path) -> None:
+    """--shutdown-grace 2 (no more than the margin kept to end them): at SIGTERM the answer being drawn ends at
+    once with an error event and [DONE]; the requests still waiting, streamed or not, are answered 503."""
+    server = start_server(base, tmp_path / "serve.log", "--max-batch", "1", "--shutdown-grace", "2")
+    try:
+        _grace_runs_out(server)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+def _grace_runs_out(server: Server) -> None:
+    body = {"model": server.name, "prompt": "Once", "max_tokens": 500, "temperature": 1.0, "seed": 3}
+    lines: list[str] = []
+    long = {**body, "stream": True, "n": 6}  # six answers on one row: drawing for seconds
+    with httpx.stream("POST", server.url + "/v1/completions", json=long, timeout=120) as running:
+        stream = running.iter_lines()
+        lines.append(next(stream))  # drawing
+        results: dict[str, httpx.Response] = {}
+        waiting = [
+            threading.Thread(
+                target=lambda k=k: results.update(
+                    {k: httpx.post(server.url + "/v1/completions", json={**body, "stream": k == "stream"}, timeout=120)}
+                )
+            )
+            for k in ("stream", "whole")
+        ]
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/health").json()["waiting_requests"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.proc.send_signal(signal.SIGTERM)
+        lines += list(stream)
+    for t in waiting:
+        t.join(120)
+    assert server.proc.wait(timeout=120) == 0
+    events = [line for line in lines if line]
+    assert events[-1] == "data: [DONE]" and "shutting down" in json.loads(events[-2][6:])["error"]["message"]
+    for k in ("stream", "whole"):
+        assert results[k].status_code == 503 and results[k].json()["error"]["code"] == "shutting_down", k
+    assert "Traceback" not in server.log.read_text()
+
+
+@SLOW  # a server subprocess
+def test_the_serving_line_comes_when_connections_are_accepted_and_sigterm_while_loading_exits_0(
+    base: Path, tmp_path: Path
+) -> None:
+    server = start_server(base, tmp_path / "serve.log", first_try=True)  # /health answers at the first try
+    assert server.stop() == 0
+    log = tmp_path / "early.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "serve.py"), str(base), "--port", "0"], cwd=ROOT, stdout=out, stderr=out
+        )
+    deadline = time.monotonic() + 120
+    while "Loading" not in log.read_text():  # the model is being loaded: SIGTERM now
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    assert "Serving" not in log.read_text() and "Traceback" not in log.read_text()

@@ -64,7 +64,9 @@ class Assistant:
                 break
             body, dropped = body[2:], dropped + 1  # one user turn and its answer
         if len(ids) >= self.context:
-            raise TemplateError(f"the prompt is {len(ids):,} tokens; the model's context is {self.context:,}")
+            raise TemplateError(
+                f"the last message makes a prompt of {len(ids):,} tokens; the model's context is {self.context:,}"
+            )
         return ids, dropped
 
     def params(self, params: SamplingParams, **changes: Any) -> SamplingParams:

@@ -95,18 +95,23 @@ def resolve_checkpoint(path: Path) -> Path:
     raise CheckpointError(f"{path}: neither a checkpoint (no {META}) nor a run directory")
 
 
-def read_meta(ckpt: Path) -> dict[str, Any]:
-    path = Path(ckpt) / META
+def read_json(path: Path) -> Any:
+    """A checkpoint's JSON file, or CheckpointError in one line naming it (missing, malformed, unreadable)."""
     try:
-        meta = json.loads(path.read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found (incomplete checkpoint?)") from None
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+        raise CheckpointError(f"{path}: malformed JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except UnicodeDecodeError:
-        raise CheckpointError(f"{path}: corrupt meta.json (not UTF-8 text)") from None
+        raise CheckpointError(f"{path}: corrupt {Path(path).name} (not UTF-8 text)") from None
     except OSError as e:
         raise CheckpointError(f"{path}: unreadable ({e.strerror or e})") from None
+
+
+def read_meta(ckpt: Path) -> dict[str, Any]:
+    path = Path(ckpt) / META
+    meta = read_json(path)
     if (
         not isinstance(meta, dict)
         or not isinstance(meta.get("step"), int)
@@ -123,7 +128,9 @@ def read_configs(ckpt: Path) -> dict[str, dict[str, Any]]:
     for filename in ("model.json", "train.json"):
         path = Path(ckpt) / filename
         if path.is_file():
-            out[filename] = json.loads(path.read_text())
+            out[filename] = read_json(path)
+            if not isinstance(out[filename], dict):
+                raise CheckpointError(f"{path}: expected a JSON object, got {type(out[filename]).__name__}")
     return out
 
 
@@ -161,7 +168,7 @@ def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
     else:
         raise CheckpointError(f"{ckpt_dir}: no model.json beside the checkpoint or in its run")
     if not (path / META).is_file() and (path / TRAIN_FILE).is_file() and (path / MODEL_FILE).is_file():
-        train = json.loads((path / TRAIN_FILE).read_text())
+        train = read_json(path / TRAIN_FILE)
         from_dict(TrainConfig, train, str(path / TRAIN_FILE))  # validate: one-line errors
     else:
         train = saved.get("train.json", {})

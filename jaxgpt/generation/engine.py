@@ -78,6 +78,7 @@ class Request:
         self.logprobs: list[TokenLogprob] = []  # the answer's tokens' (and a stop token's), when asked
         self.prompt_logprobs: list[TokenLogprob] | None = None  # echo with logprobs
         self.finish_reason: str | None = None  # "stop", "length", "cancelled", "error"
+        self.started = False  # taken from the queue (a row, or finished at once)
         self.cancelled = False
         self._rng = np.random.default_rng(params.seed + index)
         self._logits: np.ndarray | None = None  # (V,) the next token's
@@ -245,6 +246,7 @@ class Engine:
                 if needs_row and not free:
                     break
                 taken.append((self._waiting.popleft(), free.pop(0) if needs_row else None))
+                taken[-1][0].started = True
         prefilled: dict[int, int] = {}  # group -> the row its prompt was prefilled into this turn
         for request, row in taken:
             self._start(request, row, prefilled, out)

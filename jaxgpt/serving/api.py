@@ -24,13 +24,13 @@ import contextlib
 import hmac
 import json
 import logging
-import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -41,12 +41,14 @@ from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, encode_with_specials
 from jaxgpt.serving import protocol as p
 from jaxgpt.serving import responses as r
-from jaxgpt.serving.worker import Job, Piece, QueueFull, Worker
+from jaxgpt.serving.worker import Job, Piece, QueueFull, ShuttingDown, Worker
 
 log = logging.getLogger("jaxgpt.serving")
+UNION_TAGS = frozenset({"str", "int", "float", "bool"})  # pydantic's names of a union's members in an error's loc
 OPEN_PATHS = frozenset({"/health", "/healthz"})  # answered without the API key (load balancers, tests)
 RETRY_AFTER_S = 1  # what a 503 tells a client to wait
-GRACE_S = 30  # on SIGTERM / Ctrl-C, how long requests in flight may run on before they are cancelled
+GRACE_S = 30  # on SIGTERM / Ctrl-C, how long requests in flight may run on before they are ended (--shutdown-grace)
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # the largest request body (--max-request-bytes): lm-eval's batches are far smaller
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def _install_errors(app: FastAPI) -> None:
         first = e.errors()[0]
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         # A union's errors name the member tried (prompt.str, prompt.list[int]): name the field only.
-        param = ".".join(x for x in loc if not x.startswith(("str", "list[", "int", "dict[", "float")))
+        param = ".".join(x for x in loc if x not in UNION_TAGS and not x.startswith(("list[", "dict[")))
         message = f"{param}: {first['msg']}" if param else f"request body: {first['msg']}"
         if first.get("type") == "extra_forbidden":
             message = f"{param}: unknown parameter (not part of this endpoint's API)"
@@ -121,7 +123,7 @@ def _install_errors(app: FastAPI) -> None:
 def _install_auth(app: FastAPI, api_key: str | None) -> None:
     if api_key is None:
         return
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Callable[[Request], Any]) -> Any:
@@ -136,9 +138,55 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
                     code="invalid_api_key",
                 )
             )
-        if not hmac.compare_digest(given.encode(), expected):  # compare in constant time
+        scheme, _, key = given.strip().partition(" ")
+        # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected):
             return _error(p.APIError(401, "Incorrect API key provided", code="invalid_api_key"))
         return await call_next(request)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is answered 413 before it is read whole (by its
+    Content-Length, or as it arrives without one: then the app is told the client left)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _error(self.error(int(length)))(scope, receive, send)
+        seen, refused = 0, False
+
+        async def counted() -> dict:
+            nonlocal seen, refused
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit and not refused:
+                refused = True
+                await _error(self.error(seen))(scope, receive, send)
+                return {"type": "http.disconnect"}
+            return message
+
+        async def unless_refused(message: dict) -> None:
+            if not refused:
+                await send(message)
+
+        try:
+            await self.app(scope, counted, unless_refused)
+        except Exception:
+            if not refused:  # what the app makes of a body cut short is not a failure of its own
+                raise
+
+    def error(self, size: int) -> p.APIError:
+        return p.APIError(
+            413,
+            f"the request body is {size:,} bytes or more; this server takes at most {self.limit:,} "
+            f"(serve.py --max-request-bytes)",
+            code="request_too_large",
+        )
 
 
 # ----------------------------------------------------------------------------- running a job
@@ -159,6 +207,13 @@ def _submit(served: Served, choices: list[Any]) -> Job:
     return job
 
 
+def _failed(e: RuntimeError) -> p.APIError:
+    """What the engine failed with, as an error response: 503 while shutting down, else 500."""
+    if isinstance(e, ShuttingDown):
+        return p.APIError(503, str(e), kind="server_error", code="shutting_down")
+    return p.APIError(500, str(e), kind="server_error")
+
+
 async def _collect(job: Job) -> r.Answers:
     """The whole answers of a request that is not streamed."""
     out = r.Answers(job.answers)
@@ -166,28 +221,43 @@ async def _collect(job: Job) -> r.Answers:
         async for piece in job.pieces():
             out.add(piece)
     except RuntimeError as e:
-        raise p.APIError(500, str(e), kind="server_error") from None
+        raise _failed(e) from None
     finally:
         job.cancel()  # a cancelled task (shutdown, client gone) frees its rows; no-op once done
     return out
 
 
-def _sse(
+async def _sse(
     job: Job, chunks: Callable[[Piece], list[dict[str, Any]]], tail: Callable[[int], list[dict[str, Any]]]
 ) -> StreamingResponse:
     """Server-sent events as OpenAI streams them: `data: {chunk}` per piece, `tail(completion
-    tokens)`'s chunks, then `data: [DONE]`. A failure mid-stream is sent as an error event."""
+    tokens)`'s chunks, then `data: [DONE]`. The response starts with the first pieces, so a request
+    refused while it waits (a shutdown) is an HTTP error; a failure mid-stream is an error event."""
+    batches = job.batches()
+    try:
+        first = await anext(batches)
+    except RuntimeError as e:
+        job.cancel()
+        raise _failed(e) from None
+    except BaseException:
+        job.cancel()
+        raise
 
     async def events() -> AsyncIterator[str]:
         generated = 0
         try:
-            async for pieces in job.batches():  # the pieces waiting: one write, however many events
+            pieces = first
+            while True:  # the pieces waiting: one write, however many events
                 generated += sum(piece.completion_tokens for piece in pieces)
                 yield "".join(f"data: {json.dumps(chunk)}\n\n" for piece in pieces for chunk in chunks(piece))
+                try:
+                    pieces = await anext(batches)
+                except StopAsyncIteration:
+                    break
             for chunk in tail(generated):
                 yield f"data: {json.dumps(chunk)}\n\n"
         except RuntimeError as e:
-            yield f"data: {json.dumps(p.APIError(500, str(e), kind='server_error').body())}\n\n"
+            yield f"data: {json.dumps(_failed(e).body())}\n\n"
         finally:
             job.cancel()  # the client went away (Starlette cancels this generator): free the rows
         yield "data: [DONE]\n\n"
@@ -204,7 +274,8 @@ def _install_completions(app: FastAPI, served: Served) -> None:
     @app.post("/v1/completions")
     async def completions(body: p.CompletionRequest) -> Any:
         p.check_model(body.model, served.name)
-        choices, prompt_tokens = p.completion_choices(body, tok, served.context)
+        # Tokenizing (a long prompt, many prompts) runs off the event loop: /health and the streams stay live.
+        choices, prompt_tokens = await asyncio.to_thread(p.completion_choices, body, tok, served.context)
         job = _submit(served, choices)
         meta = r.Meta.new("cmpl", served.name)
         logprobs = body.logprobs is not None
@@ -212,7 +283,7 @@ def _install_completions(app: FastAPI, served: Served) -> None:
             # A JSONResponse as it is: FastAPI would walk a long logprobs list through jsonable_encoder first.
             return JSONResponse(r.completion_response(meta, await _collect(job), prompt_tokens, tok, logprobs))
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return _sse(
+        return await _sse(
             job,
             lambda piece: [r.completion_chunk(meta, piece, tok, logprobs)],
             lambda n: [r.usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [],
@@ -250,7 +321,7 @@ def _install_chat(app: FastAPI, served: Served) -> None:
                 param="messages",
                 code="no_chat_template",
             )
-        choices, prompt_tokens = p.chat_choices(body, tok, served.template, served.context)
+        choices, prompt_tokens = await asyncio.to_thread(p.chat_choices, body, tok, served.template, served.context)
         job = _submit(served, choices)
         meta = r.Meta.new("chatcmpl", served.name)
         if not body.stream:
@@ -262,7 +333,7 @@ def _install_chat(app: FastAPI, served: Served) -> None:
         def chunks(piece: Piece) -> list[dict[str, Any]]:
             return next(first, []) + _chat_chunks(meta, piece, tok, body.logprobs)
 
-        return _sse(
+        return await _sse(
             job, chunks, lambda n: [r.usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else []
         )
 
@@ -327,7 +398,7 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
         }
 
 
-def create_app(served: Served, api_key: str | None = None) -> FastAPI:
+def create_app(served: Served, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The app over a started engine; it stops the engine when uvicorn shuts down."""
 
     @contextlib.asynccontextmanager
@@ -338,6 +409,7 @@ def create_app(served: Served, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="jaxgpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     _install_errors(app)
     _install_auth(app, api_key)
+    app.add_middleware(BodyLimit, limit=max_request_bytes)
 
     @app.get("/health")
     @app.get("/healthz")
@@ -368,15 +440,39 @@ def create_app(served: Served, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def run(served: Served, sock: socket.socket, api_key: str | None) -> None:
-    """Serve on a bound socket until SIGTERM or Ctrl-C: uvicorn stops accepting, lets the requests
-    in flight finish (GRACE_S, then cancels them), and the engine thread ends; returns normally."""
-    import uvicorn
+class _Server(uvicorn.Server):
+    """uvicorn's server, told when it listens (the "Serving" line is printed then, not before) and when its
+    shutdown starts (the worker answers what still waits and ends what runs before the grace is out)."""
 
-    config = uvicorn.Config(create_app(served, api_key), log_level="info", timeout_graceful_shutdown=GRACE_S)
-    # uvicorn re-raises the signal it stopped on once it has shut down, with the handlers that were
-    # there before it started: with Python's defaults a SIGTERM would then kill the process (exit
-    # -15) and a Ctrl-C raise KeyboardInterrupt. Handlers that do nothing make the shutdown an exit 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda _sig, _frame: None)
-    uvicorn.Server(config).run(sockets=[sock])
+    def __init__(self, config: uvicorn.Config, served: Served, announce: Callable[[], None], stopped: Any) -> None:
+        super().__init__(config)
+        self.served, self.announce, self.stopped = served, announce, stopped
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.stopped():  # a SIGTERM while loading or compiling: shut down at once, serving nothing
+            self.should_exit = True
+        elif self.started:
+            self.announce()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.served.worker.begin_shutdown(self.config.timeout_graceful_shutdown)
+        await super().shutdown(sockets=sockets)
+
+
+def run(
+    served: Served,
+    sock: socket.socket,
+    api_key: str | None,
+    *,
+    grace: float = GRACE_S,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    announce: Callable[[], None] = lambda: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Serve on a bound socket until SIGTERM or Ctrl-C: uvicorn stops accepting, the requests still
+    waiting are answered 503, those in flight may finish for `grace` seconds (then end with an error),
+    and the engine thread ends; returns normally. announce(): called once the socket accepts."""
+    app = create_app(served, api_key, max_request_bytes)
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=grace)
+    _Server(config, served, announce, stopped).run(sockets=[sock])

@@ -186,7 +186,13 @@ def completion_choices(body: CompletionRequest, tok: Tokenizer, context: int) ->
     and how many prompt tokens it holds."""
     prompts = _prompts(body.prompt, tok)
     if len(prompts) * body.n > MAX_CHOICES:
-        raise APIError(400, f"{len(prompts)} prompts x n={body.n} is over {MAX_CHOICES} answers per request", param="n")
+        raise APIError(
+            400,
+            f"{len(prompts)} prompts x n={body.n} = {len(prompts) * body.n:,} answers: a request may ask for at most "
+            f"{MAX_CHOICES} (prompts x n; lm-eval: --batch_size {MAX_CHOICES} or less)",
+            param="prompt" if len(prompts) > MAX_CHOICES else "n",
+            code="too_many_answers",
+        )
     base = _sampling(
         body,
         DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,

@@ -36,6 +36,14 @@ class QueueFull(Exception):
     """max_queue requests are waiting already (the server answers 503 with Retry-After)."""
 
 
+class ShuttingDown(RuntimeError):
+    """The server is shutting down: a request still waiting for a row is answered 503; an answer still
+    being drawn when the grace runs out ends with an error event (a stream) or a 503."""
+
+
+CUT_MARGIN_S = 2.0  # answers still running are ended this long before uvicorn's grace runs out
+
+
 @dataclass
 class Piece:
     """What one answer of a request receives: new text, its tokens' logprobs, and on its last piece why
@@ -76,8 +84,8 @@ class Job:
 
     @property
     def waiting(self) -> bool:
-        """No answer of it has a row yet, and it was not cancelled."""
-        return not any(r.sampled or r.done or r.cancelled for r in self.requests)
+        """No answer of it was started yet, and it was not cancelled."""
+        return not any(r.started or r.cancelled for r in self.requests)
 
     async def batches(self) -> AsyncIterator[list[Piece]]:
         """The pieces as they arrive, all those waiting at once (a stream writes them in one send),
@@ -107,7 +115,9 @@ class Worker:
         self.max_queue = max_queue
         self._jobs: dict[int, _Entry] = {}  # request id -> where its pieces go
         self._lock = threading.Lock()
-        self._stopping = False
+        self._closing = False  # shutting down: no new request; waiting ones answered 503
+        self._cut = threading.Event()  # the grace is running out: end the answers still drawn
+        self._stopping = False  # the thread ends
         self._thread = threading.Thread(target=self._run, name="jaxgpt-engine", daemon=True)
 
     # ------------------------------------------------------------------ the asyncio side
@@ -117,6 +127,22 @@ class Worker:
         seconds = self.engine.decoder.warm_up()
         self._thread.start()
         return seconds
+
+    def begin_shutdown(self, grace: float) -> None:
+        """Shutdown starts: refuse new requests, answer the waiting ones 503 now, and end the answers still
+        being drawn CUT_MARGIN_S before `grace` runs out (streams then close with an error event and [DONE])."""
+        with self._lock:
+            self._closing = True
+            waiting = [rid for rid, e in self._jobs.items() if e.job.waiting]  # no answer of its request started
+        self.engine.cancel([self._jobs[rid].request for rid in waiting])
+        self._deliver([], {rid: ShuttingDown("the server is shutting down; send the request again") for rid in waiting})
+        timer = threading.Timer(max(0.0, grace - CUT_MARGIN_S), self._cut_now)
+        timer.daemon = True
+        timer.start()
+
+    def _cut_now(self) -> None:
+        self._cut.set()
+        self.engine.wake()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Fail what is still waiting or drawing (uvicorn has let the requests in flight end first) and
@@ -129,7 +155,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue a request's answers; QueueFull when max_queue requests are waiting already."""
         with self._lock:
-            if self._stopping:
+            if self._closing or self._stopping:
                 raise QueueFull("the server is shutting down")
             jobs = {id(e.job): e.job for e in self._jobs.values()}
             if sum(j.waiting for j in jobs.values()) >= self.max_queue:
@@ -156,6 +182,8 @@ class Worker:
 
     def _run(self) -> None:
         while not self._stopping:
+            if self._cut.is_set():  # the grace is running out: every answer not finished ends now
+                self._end_all(ShuttingDown("the server is shutting down: this answer was cut off"))
             if not self.engine.wait_for_work(timeout=1.0):
                 continue
             try:
@@ -166,9 +194,15 @@ class Worker:
                 self._deliver([], {r.id: failed for r in self.engine.reset()})
                 continue
             self._deliver(outputs)
+        self._end_all(ShuttingDown("the server is shutting down"))
+
+    def _end_all(self, error: Exception) -> None:
+        """Every request not finished, in a row or waiting, ends with `error`; the rows are freed."""
         with self._lock:
-            left = list(self._jobs)
-        self._deliver([], {rid: RuntimeError("the server is shutting down") for rid in left})
+            left = {rid: e.request for rid, e in self._jobs.items()}
+        self.engine.cancel(left.values())
+        self.engine.reset()
+        self._deliver([], {rid: error for rid in left})
 
     def _deliver(self, outputs: list[Output], errors: dict[int, Exception] | None = None) -> None:
         """This turn's outputs as pieces, handed to each event loop in one call (one wake-up per turn)."""
