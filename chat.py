@@ -25,13 +25,13 @@ from jaxgpt import caches
 from jaxgpt.checkpoints.layout import CheckpointError
 from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
 from jaxgpt.config import ConfigError
-from jaxgpt.data.chat_template import TemplateError
+from jaxgpt.conversations.template import TemplateError
 from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.generation.sampling import SamplingParams
 from jaxgpt.generation.text import REPLACEMENT
 
 if TYPE_CHECKING:
-    from jaxgpt.chat.answer import Assistant
+    from jaxgpt.conversations.assistant import Assistant
 
 DEFAULT_TOP_K = 50  # when sampling (temperature > 0) and --top-k is not given: nanochat's chat_cli
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.raw:
             print(prompt + _raw(args.checkpoint, prompt, params))
             return 0
-        from jaxgpt.chat.answer import Assistant  # JAX starts here, after the checks
+        from jaxgpt.conversations.assistant import Assistant  # JAX starts here, after the checks
 
         bot = Assistant.load(args.checkpoint)
         if prompt is None:

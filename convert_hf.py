@@ -6,7 +6,7 @@
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('out')"  # torch
     vllm serve out/                                   # vLLM's Transformers backend (untested: no vLLM here)
 
-What maps, what is refused and why: jaxgpt/checkpoints/nanochat_hf.py and docs (transformers export).
+What maps, what is refused and why: jaxgpt/interop/nanochat_hf.py and docs (transformers export).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from jaxgpt.checkpoints.layout import CheckpointError
-from jaxgpt.checkpoints.nanochat_hf import ConversionError, export_run, import_run
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.interop.nanochat_hf import ConversionError, export_run, import_run
 
 
 def main(argv: list[str] | None = None) -> int:

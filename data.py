@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxgpt.config import ConfigError, load_run_configs
-from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import MANIFEST, SPLITS, DataError, Dataset, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import MANIFEST, SPLITS, Dataset, open_dataset
 from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
 
 
 def resolve(path: Path, data_root: Path) -> Path:

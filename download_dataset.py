@@ -29,10 +29,12 @@ import sys
 from pathlib import Path
 
 from jaxgpt.config import ConfigError, load_run_configs
-from jaxgpt.data import bpe, fineweb, fineweb_edu
-from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import fineweb, fineweb_edu
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
+from jaxgpt.preparation import bpe
+from jaxgpt.preparation.prepare import FINEWEB, FINEWEB_EDU, TINYSHAKESPEARE_SPLITS, default_data_root, prepare_dataset
 from jaxgpt.tasks import download as task_files
 
 

@@ -31,13 +31,14 @@ from pathlib import Path
 from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError
-from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.conversations.template import ChatTemplate, TemplateError
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.evaluation import core, core_bundle, hellaswag
 from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, exact_match, held_out, train_config
 from jaxgpt.generation.sampling import SamplingParams
+from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
 from jaxgpt.tasks.load import load_tasks
 from jaxgpt.tasks.report import report_lines
 
@@ -107,8 +108,8 @@ def main_exact_match(args: argparse.Namespace) -> int:
         check_dataset(dataset, tok, model_cfg.vocab_size)
         questions = held_out(dataset, args.limit)
         template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
-        from jaxgpt.chat.answer import Assistant
         from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        from jaxgpt.conversations.assistant import Assistant
 
         caches.enable_compile_cache()
         model, _cfg, _tok, _path = load_model(ckpt_dir)
@@ -133,7 +134,7 @@ def main_tasks(args: argparse.Namespace) -> int:
     try:
         ckpt_dir, _model_cfg, _train = layout.checkpoint_configs(args.checkpoint)
         tasks = load_tasks(args.tasks, limit=args.limit, rule=args.rule)
-        from jaxgpt.chat.answer import Assistant  # JAX starts here, after every input check
+        from jaxgpt.conversations.assistant import Assistant  # JAX starts here, after every input check
         from jaxgpt.evaluation.chat_eval import score_task, too_long
 
         caches.enable_compile_cache()

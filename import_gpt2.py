@@ -6,7 +6,7 @@
     uv run import_gpt2.py export runs/my-run exported/               # -> exported/: model.safetensors, config.json,
                                                                      #    tokenizer.json, tokenizer_config.json
 
-What an import writes and how the weights map: jaxgpt/checkpoints/gpt2.py and docs/evaluation.md.
+What an import writes and how the weights map: jaxgpt/interop/gpt2.py and docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from jaxgpt.checkpoints.gpt2 import VARIANTS, WeightsError, export_run, import_run
 from jaxgpt.checkpoints.layout import CheckpointError
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError
+from jaxgpt.interop.gpt2 import VARIANTS, WeightsError, export_run, import_run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@
 The questions are the held-out conversations of the run's conversation dataset (or of --questions:
 a run dir, checkpoint or prepared dataset folder), answered greedily with the checkpoint's chat
 template (a base model: the dataset's). Each answer is sent with the instruction and the
-reference to the judge (jaxgpt/chat/judge.py: the book's rubric, 0-100); each gets one JSONL line
+reference to the judge (jaxgpt/conversations/judge.py: the book's rubric, 0-100); each gets one JSONL line
 (instruction, reference, answer, score, the judge's raw reply, error), then the mean over the
 scored ones, and how many replies held no number or failed, are printed and written to
 <out>.summary.json. Requests time out after --timeout seconds and are retried at most --retries times.
@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 
 from jaxgpt import caches
-from jaxgpt.chat.judge import RUBRIC, Judge, summary
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import ConfigError
-from jaxgpt.data.chat_prepare import VAL_FILE
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError
-from jaxgpt.data.shards import DataError
+from jaxgpt.conversations.judge import RUBRIC, Judge, summary
+from jaxgpt.conversations.prepare import VAL_FILE
+from jaxgpt.conversations.template import ChatTemplate, TemplateError
+from jaxgpt.data.errors import DataError
 from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
 from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, held_out, train_config
 from jaxgpt.generation.sampling import SamplingParams
@@ -98,8 +98,8 @@ def _questions(args: argparse.Namespace) -> tuple[Path, Tokenizer, ChatTemplate,
 
 def _answers(ckpt_dir: Path, tok: Tokenizer, template: ChatTemplate, questions: list, max_tokens: int) -> list[str]:
     """Greedy answers to every question, drawn together by the engine."""
-    from jaxgpt.chat.answer import Assistant  # JAX starts here, after every input check and the probe
     from jaxgpt.checkpoints.store import load_model
+    from jaxgpt.conversations.assistant import Assistant  # JAX starts here, after every input check and the probe
 
     caches.enable_compile_cache()
     model, _cfg, _tok, _path = load_model(ckpt_dir)

@@ -29,7 +29,7 @@ from pathlib import Path
 from jaxgpt import caches
 from jaxgpt.checkpoints.layout import CheckpointError
 from jaxgpt.config import ConfigError
-from jaxgpt.data.chat_template import TemplateError
+from jaxgpt.conversations.template import TemplateError
 from jaxgpt.data.tokenizer import TokenizerError
 
 API_KEY_ENV = "JAXGPT_API_KEY"

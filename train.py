@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from jaxgpt import backend, caches
 from jaxgpt.config import ConfigError, load_run_configs
-from jaxgpt.data.chat_template import TemplateError
-from jaxgpt.data.prepare import default_data_root
+from jaxgpt.conversations.template import TemplateError
+from jaxgpt.preparation.prepare import default_data_root
 from jaxgpt.rl.run import RLRun, prepare_rl_run
 from jaxgpt.stopping import REPEAT_S, StopFlag
 from jaxgpt.training.run import INPUT_ERRORS, Run, TrainingError, prepare_run

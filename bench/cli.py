@@ -40,7 +40,7 @@ from bench.loader import bench_data
 from bench.tokenizing import DOWNLOAD_DATASET, bench_tokenize
 from bench.train_step import REFERENCE_CONFIGS, BenchError, accum_sweep, bench_train, reference_configs
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:

@@ -36,7 +36,7 @@ TEMPLATE = {
 
 def _prompts(count: int, tok: Any) -> list[list[int]]:
     """The first `count` built-in add questions, rendered as runs/tiny-instruct renders them."""
-    from jaxgpt.data.chat_template import ChatTemplate
+    from jaxgpt.conversations.template import ChatTemplate
     from jaxgpt.tasks.local import builtin_tasks
 
     (task,) = builtin_tasks(count * 6, 0, ("add",), split="train")

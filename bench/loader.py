@@ -22,8 +22,8 @@ import numpy as np
 
 from bench.train_step import matmul_flops, train_flops_per_token
 from jaxgpt.config import load_run_configs
-from jaxgpt.data.batches import BatchSampler
-from jaxgpt.data.shards import open_dataset, write_dataset
+from jaxgpt.data.samplers.windows import BatchSampler
+from jaxgpt.data.storage.shards import open_dataset, write_dataset
 from jaxgpt.data.tokenizer import GPT2_EOT_ID, GPT2_N_VOCAB
 
 TARGET_RATIO = 50  # data throughput / training throughput

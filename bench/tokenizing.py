@@ -45,7 +45,7 @@ SEED = 0
 def corpus_documents(megabytes: float) -> list[str]:
     """~8 KB documents totalling about `megabytes` MB of JSONL: the built-in corpus's paragraphs,
     reshuffled (fixed seed) each time they run out, so every document reads as prose."""
-    from jaxgpt.data.builtin import builtin_documents
+    from jaxgpt.data.sources.builtin import builtin_documents
 
     paragraphs = [p for doc in builtin_documents() for p in doc.split("\n\n") if p.strip()]
     rng = random.Random(SEED)
@@ -172,7 +172,7 @@ def bench_tokenize(
     if not Path(script).is_file():
         raise BenchError(f"{script}: no such file (--script)")
     if corpus_dir is None:
-        from jaxgpt.data.prepare import default_data_root
+        from jaxgpt.preparation.prepare import default_data_root
 
         corpus_dir = default_data_root() / "bench"
     corpus = corpus_file(megabytes, Path(corpus_dir), log)

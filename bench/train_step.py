@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, to_dict
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.training.mfu import CHIP_PEAKS_TFLOPS, FLOPS_CONVENTION, chip_peak_flops, matmul_flops  # noqa: F401 (bench API)
 from jaxgpt.training.mfu import flops_per_token as train_flops_per_token
 

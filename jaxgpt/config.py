@@ -21,7 +21,7 @@ from jaxgpt.config_rl import RLConfig
 # train.json "tokenizer": "bytes", "gpt2" or a trained tokenizer's name, which becomes part of folder
 # names (<data>/tokenizers/<name>, <source>-<name>); jaxgpt/data/tokenizer.py resolves it.
 TOKENIZER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# train.json dataset sources of conversations (jaxgpt/data/chat_prepare.py): fine-tuning on their answers.
+# train.json dataset sources of conversations (jaxgpt/conversations/prepare.py): fine-tuning on their answers.
 CONVERSATION_SOURCES = ("conversations", "instructions")
 FINEWEB_SOURCES = ("fineweb10B-gpt2", "fineweb-edu")  # fetched for the run's length; GPT-2 tokens by default
 
@@ -292,9 +292,9 @@ class TrainConfig:
     sequence_length: int | None = None  # tokens per sequence; None = model context_length
     # Training rows: "windows", non-overlapping windows of the token stream in a shuffled order;
     # "documents", whole documents packed by best fit, every row starting at a document's start
-    # (nanochat's BOS-aligned packing; jaxgpt/data/packing.py). Validation reads windows either way.
+    # (nanochat's BOS-aligned packing; jaxgpt/data/samplers/documents.py). Validation reads windows either way.
     # "conversations": whole conversations packed by best fit and padded, trained on their answers
-    # only (jaxgpt/data/chat_rows.py), validation likewise: what a conversation dataset takes (the
+    # only (jaxgpt/conversations/rows.py), validation likewise: what a conversation dataset takes (the
     # conversations and instructions sources). None: "conversations" for those sources, else "windows".
     packing: Literal["windows", "documents", "conversations"] | None = None
     gradient_accumulation_steps: int = 1  # microbatches per optimiser step

@@ -21,7 +21,7 @@ ADVANTAGES = ("mean", "mean_std")
 class PromptSet:
     """Where prompts and their checkable references come from (jaxgpt/tasks/)."""
 
-    # "builtin": the built-in instruction tasks (jaxgpt/data/instructions.py); "gsm8k": GSM8K's JSONL
+    # "builtin": the built-in instruction tasks (jaxgpt/conversations/instructions.py); "gsm8k": GSM8K's JSONL
     # (question, answer ending in "#### N"); "jsonl": a user's JSONL of {"prompt", "reference"}.
     task: Literal["builtin", "gsm8k", "jsonl"]
     path: str | None = None  # gsm8k and jsonl: the file, relative to the run directory

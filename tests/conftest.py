@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
+import concurrent.futures
 import json
 import os
 import shutil
@@ -45,7 +47,7 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     atexit.register(shutil.rmtree, sys.pycache_prefix, ignore_errors=True)
 
 from jaxgpt import caches  # noqa: E402 - after JAXGPT_CACHE_DIR is set: it decides where the cache lives
-from jaxgpt.data.batch import Batch  # noqa: E402
+from jaxgpt.data.samplers.batch import Batch  # noqa: E402
 
 caches.enable_compile_cache()
 
@@ -65,7 +67,7 @@ def cases(grid: dict[str, Any], fast: Iterable[str]) -> list[Any]:
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data folder holding the built-in corpus with the bytes tokenizer, built once."""
-    from jaxgpt.data.prepare import prepare_dataset
+    from jaxgpt.preparation.prepare import prepare_dataset
 
     root = tmp_path_factory.mktemp("data")
     prepare_dataset("builtin", "bytes", root, log=lambda _msg: None)
@@ -119,6 +121,14 @@ TINY_TRAIN = {
     "validation_batches": 1,
     "keep_last_checkpoints": 2,
 }
+
+
+def parse_python(source: str) -> ast.Module:
+    """ast.parse in a thread of its own: CPython 3.11.7's AST validator can fail with "SystemError: AST
+    constructor recursion depth mismatch" when called deep in a thread whose recursion limit changed
+    (CPython gh-106905, fixed in 3.11.8); a fresh thread starts with fresh counters."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(ast.parse, source).result()
 
 
 def write_run(run_dir: Path, model: dict, train: dict) -> Path:

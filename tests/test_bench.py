@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SLOW, write_run
+from conftest import SLOW, parse_python, write_run
 
 from bench import cli, compare, decode, gemv, loader, tokenizing, torch_generate, torch_step, train_step
 from jaxgpt.config import ModelConfig, load_run_configs
@@ -138,7 +138,7 @@ def test_bench_train_runs(tmp_path: Path) -> None:
 
 
 def _top_level_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = parse_python(path.read_text())
     names = set()
     for node in tree.body:
         if isinstance(node, ast.Import):
@@ -152,7 +152,7 @@ def test_reference_configs_match_torch_step() -> None:
     """--config shapes are bench/torch_step.py's CONFIGS, read from the file; the torch side's scripts ship in
     bench/, import nothing of the project and torch only where they run (so this test needs no torch)."""
     assert compare.TORCH_STEP == Path(compare.__file__).with_name("torch_step.py") and compare.TORCH_STEP.is_file()
-    tree = ast.parse(compare.TORCH_STEP.read_text())
+    tree = parse_python(compare.TORCH_STEP.read_text())
     (node,) = [n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "CONFIGS"]
     configs = ast.literal_eval(node.value)
     assert configs == train_step.REFERENCE_CONFIGS and "nano-cpu" in configs

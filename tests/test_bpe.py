@@ -1,4 +1,4 @@
-"""Trained tokenizers (jaxgpt/data/bpe.py, tokenizer.py's TrainedTokenizer): trained on Tiny Shakespeare's
+"""Trained tokenizers (jaxgpt/preparation/bpe.py, tokenizer.py's TrainedTokenizer): trained on Tiny Shakespeare's
 train split through download_dataset.py's main; vocabulary size, exact round trips, "<|endoftext|>" as
 ordinary text, determinism, pickling, the compression figure against counts made here, errors; and end
 to end: prepare, train, sample and evaluate (loss and HellaSwag) with a trained tokenizer."""
@@ -20,10 +20,10 @@ from tokenizers import Tokenizer as HFTokenizer
 
 import data as data_command
 import download_dataset as dd
-from jaxgpt.data import sources
-from jaxgpt.data.prepare import prepare_dataset
-from jaxgpt.data.shards import open_dataset
+from jaxgpt.data.sources import files as sources
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, TokenizerError, TrainedTokenizer, get_tokenizer, special_tokens
+from jaxgpt.preparation.prepare import prepare_dataset
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 VOCAB = 600

@@ -22,10 +22,11 @@ from test_fineweb_edu import files_of, shard_documents, write_shards
 from tokenizers import Tokenizer as HFTokenizer
 
 import download_dataset as dd
-from jaxgpt.data import bpe
-from jaxgpt.data.fineweb_edu import VAL_FILE, shard_file
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources.fineweb_edu import VAL_FILE, shard_file
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import EOT_TEXT, ROLE_TOKENS, TokenizerError, get_tokenizer
+from jaxgpt.preparation import bpe
 
 VOCAB = 330
 DOC_CAP = 100

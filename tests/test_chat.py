@@ -16,9 +16,9 @@ import chat
 import evaluate
 import test_generation
 import train
-from jaxgpt.chat.answer import Assistant
 from jaxgpt.checkpoints.store import load_model
-from jaxgpt.data.chat_template import ChatTemplate
+from jaxgpt.conversations.assistant import Assistant
+from jaxgpt.conversations.template import ChatTemplate
 from jaxgpt.data.tokenizer import get_tokenizer
 from jaxgpt.generation.sampling import SamplingParams
 

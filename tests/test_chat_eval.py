@@ -14,11 +14,11 @@ import pytest
 from conftest import ROOT
 
 import evaluate
-from jaxgpt.chat.answer import Assistant
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.checkpoints.store import load_model
 from jaxgpt.config import ModelConfig, to_dict
-from jaxgpt.data.chat_template import ChatTemplate
+from jaxgpt.conversations.assistant import Assistant
+from jaxgpt.conversations.template import ChatTemplate
 from jaxgpt.evaluation.chat_eval import score_task
 from jaxgpt.generation.sampling import SamplingParams
 from jaxgpt.model.gpt import build_model

@@ -1,4 +1,4 @@
-"""Chat templates (jaxgpt/data/chat_template.py): the exact text and ids a conversation becomes, its
+"""Chat templates (jaxgpt/conversations/template.py): the exact text and ids a conversation becomes, its
 loss mask, the prompt a model answers from, and the one-line errors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import SHARED
 
-from jaxgpt.data.chat_template import (
+from jaxgpt.conversations.template import (
     ALPACA_SYSTEM,
     BUILTIN,
     ChatTemplate,
@@ -40,7 +40,7 @@ def gpt2():
 @pytest.fixture(scope="module")
 def roles_tok(tmp_path_factory: pytest.TempPathFactory):
     """A tokenizer trained here (with nanochat's role tokens), on Tiny Shakespeare, in about a second."""
-    from jaxgpt.data.bpe import train_tokenizer
+    from jaxgpt.preparation.bpe import train_tokenizer
 
     src = SHARED / "data" / "tinyshakespeare.txt"
     if not src.is_file():
@@ -221,7 +221,7 @@ SEAMS = [
 def _hf_tokenizer(tmp_path: Path, tokenizer_json: str, template: ChatTemplate):
     """transformers' own tokenizer for the files an export writes (hf_tokenizer.py), with the template."""
     transformers = pytest.importorskip("transformers")
-    from jaxgpt.checkpoints import hf_tokenizer as tk
+    from jaxgpt.interop import hf_tokenizer as tk
 
     (tmp_path / tk.TOKENIZER_FILE).write_text(tokenizer_json, encoding="utf-8")
     config, special = tk.tokenizer_files(context_length=1024, chat_template=template.jinja())
@@ -237,7 +237,7 @@ def _hf_ids(hf, messages: list, generation: bool) -> list[int]:
 
 @pytest.mark.parametrize("name, tokenizer", [("alpaca", "gpt2"), ("alpaca", "trained"), ("nanochat", "trained")])
 def test_the_ids_are_transformers_apply_chat_template_ids(name: str, tokenizer: str, gpt2, roles_tok, tmp_path) -> None:
-    from jaxgpt.checkpoints import hf_tokenizer as tk
+    from jaxgpt.interop import hf_tokenizer as tk
 
     template = BUILTIN[name]
     tok = gpt2 if tokenizer == "gpt2" else roles_tok

@@ -41,7 +41,7 @@ from safetensors.numpy import load_file, save_file
 from jaxgpt.checkpoints import store as ck
 from jaxgpt.checkpoints.store import CheckpointError
 from jaxgpt.config import ModelConfig
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.train_step import step_key, train_step

@@ -17,8 +17,8 @@ import data
 import model
 import train
 from jaxgpt.checkpoints import layout
-from jaxgpt.data.prepare import dataset_dir
-from jaxgpt.data.shards import open_dataset
+from jaxgpt.data.storage.shards import open_dataset
+from jaxgpt.preparation.prepare import dataset_dir
 
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 32, "emb_dim": 32, "n_heads": 2, "n_layers": 2}
 TRAIN = {

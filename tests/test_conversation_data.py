@@ -1,4 +1,4 @@
-"""Conversation datasets (jaxgpt/data/conversations.py, chat_prepare.py, instructions.py): Alpaca
+"""Conversation datasets (jaxgpt/conversations/files.py, chat_prepare.py, instructions.py): Alpaca
 JSON/JSONL/parquet and chat JSONL/parquet files prepared into token shards with a loss mask that
 matches the template, whole conversations held out, and one-line errors naming file:line."""
 
@@ -14,12 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import download_dataset as dd
-from jaxgpt.data.chat_prepare import VAL_FILE
-from jaxgpt.data.chat_template import BUILTIN
-from jaxgpt.data.instructions import TASKS, instruction_splits
-from jaxgpt.data.prepare import prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.conversations.instructions import TASKS, instruction_splits
+from jaxgpt.conversations.prepare import VAL_FILE
+from jaxgpt.conversations.template import BUILTIN
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import get_tokenizer
+from jaxgpt.preparation.prepare import prepare_dataset
 
 ALPACA = [
     {"instruction": f"Say the number {i}.", "input": "" if i % 3 else f"n={i}", "output": f"It is {i}."}
@@ -232,7 +233,7 @@ def test_download_dataset_prepares_the_instruction_set(tmp_path: Path, capsys: p
 def test_a_dataset_of_older_ids_is_prepared_again(tmp_path: Path) -> None:
     """A dataset rendered before the ids became transformers' (its fingerprint lacks RENDERING) is
     rebuilt, never reused: its shards hold other ids for the same conversations."""
-    from jaxgpt.data.chat_prepare import RENDERING
+    from jaxgpt.conversations.prepare import RENDERING
 
     (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in ALPACA))
     path = prepare(tmp_path, [tmp_path / "a.jsonl"], validation_fraction=0.1)

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxgpt.data.batches import BatchSampler
-from jaxgpt.data.shards import DataError, DatasetWriter, dataset_lock, open_dataset, write_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.windows import BatchSampler
+from jaxgpt.data.storage.shards import DatasetWriter, dataset_lock, open_dataset, write_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer
 
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))  # ~3.3 kB ASCII

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
+from conftest import parse_python
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -301,7 +303,7 @@ def test_every_log_table_is_a_csv_linked_from_its_entry():
 def test_the_watching_page_lists_every_tag_the_run_records():
     """docs/watching.md's table of tags is jaxgpt/tracking/metrics.py's TAGS (read without importing)."""
     source = (ROOT / "jaxgpt" / "tracking" / "metrics.py").read_text(encoding="utf-8")
-    assigns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    assigns = [n for n in ast.walk(parse_python(source)) if isinstance(n, (ast.Assign, ast.AnnAssign))]
     tags = next(
         ast.literal_eval(n.value)
         for n in assigns
@@ -421,7 +423,7 @@ def _dataclass_fields(source: str) -> dict[str, list[str]]:
     """Each class of a module (read, not imported) -> its annotated fields, in order."""
     return {
         node.name: [s.target.id for s in node.body if isinstance(s, ast.AnnAssign)]
-        for node in ast.parse(source).body
+        for node in parse_python(source).body
         if isinstance(node, ast.ClassDef)
     }
 

@@ -11,9 +11,11 @@ import pytest
 from conftest import SLOW
 
 import download_dataset as dd
-from jaxgpt.data import builtin, prepare
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import builtin
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
+from jaxgpt.preparation import prepare
 
 TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
 # Stdlib modules with import side effects: reading their docstrings must not import them.

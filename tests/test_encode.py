@@ -18,9 +18,13 @@ import pytest
 from conftest import ROOT, SHARED
 from safetensors.numpy import save_file
 
-from jaxgpt.data import builtin, encode, prepare, sources
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data import encode
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import builtin
+from jaxgpt.data.sources import files as sources
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer
+from jaxgpt.preparation import prepare
 
 TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 

@@ -16,12 +16,12 @@ from flax import nnx
 import evaluate
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ModelConfig
-from jaxgpt.data.batches import BatchSampler, WholeSplit
-from jaxgpt.data.prepare import dataset_dir
-from jaxgpt.data.shards import open_dataset, write_dataset
+from jaxgpt.data.samplers.windows import BatchSampler, WholeSplit
+from jaxgpt.data.storage.shards import open_dataset, write_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer
 from jaxgpt.evaluation import scoring
 from jaxgpt.model.gpt import build_model
+from jaxgpt.preparation.prepare import dataset_dir
 
 MODEL = {
     "architecture": "gpt2",

@@ -1,4 +1,4 @@
-"""Instruction fine-tuning: packed conversation rows (jaxgpt/data/chat_rows.py), the loss on answers
+"""Instruction fine-tuning: packed conversation rows (jaxgpt/conversations/rows.py), the loss on answers
 only against a numpy reference, no attention across conversations in a row, and a fine-tuning run
 killed with SIGKILL that resumes exactly."""
 
@@ -22,13 +22,13 @@ from flax import nnx
 import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.config import ModelConfig, TrainConfig
-from jaxgpt.data.batch import Batch
-from jaxgpt.data.chat_rows import ConversationRows, pack_padded
-from jaxgpt.data.prepare import prepare_dataset
-from jaxgpt.data.shards import open_dataset
+from jaxgpt.conversations.rows import ConversationRows, pack_padded
+from jaxgpt.data.samplers.batch import Batch
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.model.gpt import build_model
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.ops import select
+from jaxgpt.preparation.prepare import prepare_dataset
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.train_step import step_key, train_step

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from jaxgpt.data import fineweb
-from jaxgpt.data import prepare as prepare_module
-from jaxgpt.data.batches import BatchSampler
-from jaxgpt.data.prepare import FINEWEB, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.windows import BatchSampler
+from jaxgpt.data.sources import fineweb
+from jaxgpt.data.storage.shards import open_dataset
+from jaxgpt.preparation import prepare as prepare_module
+from jaxgpt.preparation.prepare import FINEWEB, prepare_dataset
 
 SIZES = {fineweb.VAL_FILE: 3000, fineweb.train_file(1): 5000, fineweb.train_file(2): 5000, fineweb.train_file(3): 4000}
 

@@ -21,11 +21,12 @@ import pytest
 from conftest import ROOT, SLOW, write_run
 
 import download_dataset as dd
-from jaxgpt.data import fineweb_edu
-from jaxgpt.data.fineweb_edu import VAL_FILE, shard_file
-from jaxgpt.data.prepare import FINEWEB_EDU, prepare_dataset
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import fineweb_edu
+from jaxgpt.data.sources.fineweb_edu import VAL_FILE, shard_file
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import get_tokenizer
+from jaxgpt.preparation.prepare import FINEWEB_EDU, prepare_dataset
 from jaxgpt.training import run as run_setup
 
 WORDS = np.array(

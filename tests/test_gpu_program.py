@@ -29,7 +29,7 @@ from conftest import SLOW
 
 from jaxgpt import ops
 from jaxgpt.config import ModelConfig, TrainConfig
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training import muon
 from jaxgpt.training.optimizer import make_optimizer

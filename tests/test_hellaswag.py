@@ -199,7 +199,7 @@ def test_random_gpt2_matches_the_numpy_scorer(jsonl: Path, tok_name: str, contex
 def test_imported_gpt2_through_evaluate_matches_the_numpy_scorer(
     tmp_path: Path, jsonl: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from jaxgpt.checkpoints.gpt2 import import_run
+    from jaxgpt.interop.gpt2 import import_run
 
     tok = gpt2_tok()
     sd = hf_weights(3, V=50257, ctx=128, C=32, L=2, H=4, buffers=False)

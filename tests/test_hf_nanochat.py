@@ -1,4 +1,4 @@
-"""convert_hf.py / jaxgpt/checkpoints/nanochat_hf.py: a tiny modern-recipe model exported as transformers'
+"""convert_hf.py / jaxgpt/interop/nanochat_hf.py: a tiny modern-recipe model exported as transformers'
 `nanochat` model type, checked against a plain-numpy NanoChatForCausalLM forward pass written here
 from transformers' modeling_nanochat.py (reading only the exported config.json and model.safetensors);
 refusals in one line; export -> import bit for bit; the tokenizer files; and, where transformers is
@@ -19,9 +19,9 @@ from safetensors.numpy import load_file, save_file
 
 import convert_hf
 from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.checkpoints.nanochat_hf import ConversionError, export_run, import_run
 from jaxgpt.config import ModelConfig, TrainConfig, to_dict
 from jaxgpt.data.tokenizer import EOT_TEXT, TrainedTokenizer, get_tokenizer
+from jaxgpt.interop.nanochat_hf import ConversionError, export_run, import_run
 from jaxgpt.model.gpt import abstract_model, build_model
 
 # float32 against float64: each logit is ~60 float32 operations deep (2 blocks of norms, matmuls of

@@ -20,9 +20,9 @@ import import_gpt2
 import test_generation
 import train
 from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.checkpoints.gpt2 import export_run, import_run, infer_config
 from jaxgpt.checkpoints.store import load_model
-from jaxgpt.data.chat_template import BUILTIN
+from jaxgpt.conversations.template import BUILTIN
+from jaxgpt.interop.gpt2 import export_run, import_run, infer_config
 from jaxgpt.tracking.history import read_record
 
 TOL = 1e-4
@@ -252,9 +252,9 @@ def test_export_writes_the_runs_own_end_of_text_id(tmp_path: Path) -> None:
     """config.json's bos/eos are the run's tokenizer's end-of-text: gpt2's, bytes', or a trained one's
     from the copy its checkpoint holds."""
     from jaxgpt.config import ModelConfig, to_dict
-    from jaxgpt.data.bpe import train_tokenizer
     from jaxgpt.data.tokenizer import get_tokenizer
     from jaxgpt.model.gpt import build_model
+    from jaxgpt.preparation.bpe import train_tokenizer
 
     src = SHARED / "data" / "tinyshakespeare.txt"
     if not src.is_file():
@@ -448,8 +448,8 @@ def _write_bytes(path: Path) -> Path:
 def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in corpus with the gpt2 tokenizer (needs tiktoken's files; tests/conftest.py
     points TIKTOKEN_CACHE_DIR at ../shared when it is there)."""
-    from jaxgpt.data.prepare import prepare_dataset
     from jaxgpt.data.tokenizer import TokenizerError, get_tokenizer
+    from jaxgpt.preparation.prepare import prepare_dataset
 
     try:
         get_tokenizer("gpt2")
@@ -464,9 +464,9 @@ def gpt2_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_imported_run_samples_evaluates_and_fine_tunes(
     tmp_path: Path, gpt2_data: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from jaxgpt.data.batches import BatchSampler
-    from jaxgpt.data.prepare import dataset_dir
-    from jaxgpt.data.shards import open_dataset
+    from jaxgpt.data.samplers.windows import BatchSampler
+    from jaxgpt.data.storage.shards import open_dataset
+    from jaxgpt.preparation.prepare import dataset_dir
 
     sd = hf_weights(7, V=50257, ctx=32, C=16, L=1, H=2)
     run = tmp_path / "gpt2"

@@ -15,7 +15,7 @@ from conftest import SLOW, write_run
 
 import judge
 import train
-from jaxgpt.chat.judge import PROBE, RUBRIC, Judge, parse_score
+from jaxgpt.conversations.judge import PROBE, RUBRIC, Judge, parse_score
 
 SHORT = {"name": "short", "user": "Q: {content}\n", "assistant": "A: {content}", "end": "<|endoftext|>"}
 MODEL = {"architecture": "gpt2", "vocab_size": 257, "context_length": 64, "emb_dim": 32, "n_heads": 2, "n_layers": 1}

@@ -19,7 +19,7 @@ from conftest import SLOW
 from flax import nnx
 
 from jaxgpt.config import ModelConfig, TrainConfig
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import abstract_model, build_model
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, make_transform, optimizer_stats

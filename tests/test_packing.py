@@ -1,4 +1,4 @@
-"""Document-aligned rows (jaxgpt/data/packing.py, train.json "packing": "documents") on real shards:
+"""Document-aligned rows (jaxgpt/data/samplers/documents.py, train.json "packing": "documents") on real shards:
 every row starts at a document's start and is full, whole documents stay whole, a cropped one
 gives its beginning, best fit as nanochat's loop packs (a plain reference written here), each epoch
 its own order, a pure function of (seed, step), the one-line errors; and a training run with it.
@@ -17,8 +17,9 @@ from conftest import SLOW, write_run
 import train
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, TrainConfig
-from jaxgpt.data.packing import DocumentSampler, best_fit, document_units
-from jaxgpt.data.shards import DataError, open_dataset, write_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.documents import DocumentSampler, best_fit, document_units
+from jaxgpt.data.storage.shards import open_dataset, write_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer
 from jaxgpt.tracking.history import read_record
 

@@ -16,9 +16,11 @@ import pytest
 from conftest import SLOW, write_run
 
 import download_dataset as dd
-from jaxgpt.data import prepare, sources
-from jaxgpt.data.parquet import parquet_documents
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import files as sources
+from jaxgpt.data.sources.parquet import parquet_documents
+from jaxgpt.data.storage.shards import open_dataset
+from jaxgpt.preparation import prepare
 
 ROWS_PER_GROUP = 25
 

@@ -21,7 +21,7 @@ from flax import nnx
 import train
 from jaxgpt.checkpoints import layout as cf
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import build_model
 from jaxgpt.model.loss import policy_loss_sum
 from jaxgpt.rl.prompts import PromptPool, sample_seed

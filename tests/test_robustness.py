@@ -22,7 +22,7 @@ from safetensors.numpy import load_file
 
 import train
 from jaxgpt.checkpoints import layout as cf
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
 from jaxgpt.stopping import REPEAT_S, StopFlag
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training import run as run_setup

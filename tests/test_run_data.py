@@ -12,8 +12,8 @@ from conftest import SHARED, write_run
 
 import train
 from jaxgpt.config import ConfigError
-from jaxgpt.data import fineweb
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import fineweb
 from jaxgpt.training import run as run_setup
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"

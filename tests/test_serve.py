@@ -28,7 +28,7 @@ from conftest import ROOT, SLOW, write_run
 
 import serve
 import test_generation
-from jaxgpt.chat.answer import Assistant
+from jaxgpt.conversations.assistant import Assistant
 from jaxgpt.generation.sampling import SamplingParams
 
 KEY = "test-key"
@@ -91,7 +91,7 @@ def random_run(folder: Path, model: dict, template: dict | None = None) -> Path:
     (the server reads only the file: what the weights learnt does not matter here)."""
     from jaxgpt.checkpoints import store as ckpt
     from jaxgpt.config import ModelConfig
-    from jaxgpt.data.chat_template import TEMPLATE_FILE, ChatTemplate
+    from jaxgpt.conversations.template import TEMPLATE_FILE, ChatTemplate
     from jaxgpt.model.gpt import build_model
 
     run = write_run(folder / "run", model, {"tokenizer": "bytes", "microbatch_size": 2, "train_steps": 1})

@@ -13,7 +13,7 @@ from conftest import ROOT, SHARED
 
 import download_dataset as dd
 from jaxgpt.config import load_run_configs, to_dict
-from jaxgpt.data import fineweb
+from jaxgpt.data.sources import fineweb
 from jaxgpt.training import run as run_setup
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"

@@ -11,10 +11,12 @@ import pytest
 from conftest import SHARED
 
 import download_dataset as dd
-from jaxgpt.data import prepare, sources
-from jaxgpt.data.batches import BatchSampler
-from jaxgpt.data.shards import DataError, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.windows import BatchSampler
+from jaxgpt.data.sources import files as sources
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
+from jaxgpt.preparation import prepare
 
 SHAKESPEARE = SHARED / "data" / "tinyshakespeare.txt"
 

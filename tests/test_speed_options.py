@@ -30,7 +30,7 @@ from model_reference import ALL_NEW, MODERN, gpt_cfg
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
 from jaxgpt.cpu import kernels as cpu_kernels
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import build_model, matrix_mask, unstack_layer_weights
 from jaxgpt.model.loss import loss_fn
 from jaxgpt.ops import attention_kernel, mixed_einsum, plain_product

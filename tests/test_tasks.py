@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 
 import download_dataset
-from jaxgpt.data.instructions import instruction_splits
+from jaxgpt.conversations.instructions import instruction_splits
 from jaxgpt.tasks import (
     ExactMatch,
     LastNumber,

@@ -238,7 +238,7 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     from test_hellaswag import fixture_records
 
     from jaxgpt.checkpoints.store import load_model
-    from jaxgpt.data.shards import open_dataset
+    from jaxgpt.data.storage.shards import open_dataset
     from jaxgpt.data.tokenizer import BytesTokenizer
     from jaxgpt.evaluation import hellaswag, scoring
 

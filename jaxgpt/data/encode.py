@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from jaxgpt.data.shards import token_dtype
+from jaxgpt.data.storage.shards import token_dtype
 from jaxgpt.data.tokenizer import Tokenizer
 
 CHUNK_BYTES = 1 << 20  # text per encode_batch call: ~0.1 s of tiktoken on one core, few calls per second

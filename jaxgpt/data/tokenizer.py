@@ -1,5 +1,5 @@
 """Tokenizers: raw UTF-8 bytes (offline, vocab 257), GPT-2 BPE (tiktoken, vocab 50257) and byte-level
-BPEs trained on a corpus (`download_dataset.py tokenizer`, jaxgpt/data/bpe.py), each used by name.
+BPEs trained on a corpus (`download_dataset.py tokenizer`, jaxgpt/preparation/bpe.py), each used by name.
 
     from jaxgpt.data.tokenizer import get_tokenizer
     tok = get_tokenizer("bytes")          # or "gpt2", or a trained one: <data root>/tokenizers/<name>/
@@ -30,7 +30,7 @@ TOKENIZERS_DIR = "tokenizers"  # under the data root
 TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face tokenizers file, in its folder and in each checkpoint
 EOT_TEXT = "<|endoftext|>"
 # nanochat's role tokens (nanochat/tokenizer.py), added after end-of-text to every tokenizer trained here
-# (bpe.py), for its chat template (jaxgpt/data/chat_template.py); nanochat's <|bos|> is our end-of-text.
+# (bpe.py), for its chat template (jaxgpt/conversations/template.py); nanochat's <|bos|> is our end-of-text.
 ROLE_TOKENS = ("<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>")
 # GPT-2's vocabulary, for data that arrives already tokenized (no tiktoken files needed to use it).
 GPT2_N_VOCAB, GPT2_EOT_ID = 50257, 50256
@@ -142,7 +142,7 @@ class GPT2Tokenizer:
 
 
 class TrainedTokenizer:
-    """A byte-level BPE trained on a corpus (jaxgpt/data/bpe.py), run by Hugging Face `tokenizers`.
+    """A byte-level BPE trained on a corpus (jaxgpt/preparation/bpe.py), run by Hugging Face `tokenizers`.
 
     Every byte is a token of its own, so any text encodes; end-of-text is the last id, a special
     token that `encode` never produces from text (encode_special_tokens: "<|endoftext|>" in a
@@ -175,7 +175,7 @@ class TrainedTokenizer:
         self._tok.encode_special_tokens = True  # "<|endoftext|>" in text is ordinary text (not saved in the file)
         self.eot_id: int = eot
         # Every added token by name: end-of-text and, in tokenizers trained since they were added,
-        # nanochat's role tokens (jaxgpt/data/chat_template.py).
+        # nanochat's role tokens (jaxgpt/conversations/template.py).
         self.special_ids: dict[str, int] = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
         self.n_vocab: int = self._tok.get_vocab_size(with_added_tokens=True)
         self._dtype = np.uint16 if self.n_vocab <= 1 << 16 else np.uint32
@@ -216,7 +216,7 @@ class TrainedTokenizer:
 
 def special_tokens(tok: Tokenizer) -> dict[str, int]:
     """The tokenizer's special tokens by name ("<|endoftext|>" -> its id, ...): what a chat template's
-    literal text may name (jaxgpt/data/chat_template.py). Text is never encoded into them."""
+    literal text may name (jaxgpt/conversations/template.py). Text is never encoded into them."""
     return dict(getattr(tok, "special_ids", None) or {EOT_TEXT: tok.eot_id})
 
 

@@ -3,7 +3,7 @@
     questions = held_out(dataset)                 # [(prompt messages, reference answer)], val.jsonl's order
     r = exact_match(bot, questions)               # {"accuracy", "correct", "examples", "rows": [...]}
 
-The questions are the validation conversations (jaxgpt/data/chat_prepare.py writes them to
+The questions are the validation conversations (jaxgpt/conversations/prepare.py writes them to
 val.jsonl): every message up to the last user message is the prompt, the last assistant message
 the reference. Exact match compares the greedy answer with the reference, both stripped of
 surrounding white space: right for the built-in instruction set, whose answers are one short
@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from jaxgpt.checkpoints import layout
 from jaxgpt.config import TrainConfig, from_dict, from_json
-from jaxgpt.data.chat_prepare import VAL_FILE
-from jaxgpt.data.prepare import default_data_root, prepare_dataset
-from jaxgpt.data.shards import KIND_CONVERSATIONS, DataError, Dataset, open_dataset
+from jaxgpt.conversations.prepare import VAL_FILE
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import KIND_CONVERSATIONS, Dataset, open_dataset
 from jaxgpt.data.tokenizer import Tokenizer
+from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
 
 if TYPE_CHECKING:  # the answering imports JAX: only once every input is checked
-    from jaxgpt.chat.answer import Assistant
+    from jaxgpt.conversations.assistant import Assistant
 
 Question = tuple[list[dict[str, Any]], str]
 

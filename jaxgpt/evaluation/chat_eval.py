@@ -21,7 +21,7 @@ from jaxgpt.tasks.base import Task, TaskError
 from jaxgpt.tasks.report import pass_at_k
 
 if TYPE_CHECKING:
-    from jaxgpt.chat.answer import Assistant
+    from jaxgpt.conversations.assistant import Assistant
 
 RIGHT = 0.5  # an answer whose reward reaches this counts as right (the rules give 0 or 1)
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import yaml
 
-from jaxgpt.data import sources
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import files as sources
 
 BUNDLE_URL = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
 BUNDLE_FILE = "eval_bundle.zip"

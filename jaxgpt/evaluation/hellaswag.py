@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxgpt.data import sources
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import files as sources
 from jaxgpt.data.tokenizer import Tokenizer
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"

@@ -31,8 +31,8 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from jaxgpt.data.batches import WholeSplit
-from jaxgpt.data.shards import TokenSplit
+from jaxgpt.data.samplers.windows import WholeSplit
+from jaxgpt.data.storage.shards import TokenSplit
 from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.evaluation import core, hellaswag
 from jaxgpt.model.gpt import head_logits, head_weight
@@ -45,7 +45,7 @@ def eval_sums(
 ) -> tuple[jax.Array, jax.Array]:
     """(sum of the weighted losses, sum of the weights) of one (B, T) microbatch, dropout off:
     summed over batches, their ratio is the exact mean over every scored token (batches.WholeSplit;
-    packed conversations, their answer tokens: jaxgpt/data/chat_rows.py, with their segments)."""
+    packed conversations, their answer tokens: jaxgpt/conversations/rows.py, with their segments)."""
     return loss_sum(model, inputs, targets, weights, segments), weights.sum()
 
 

@@ -319,7 +319,7 @@ class GPT(nnx.Module):
     def features(self, idx: jax.Array, rngs: nnx.Rngs | None = None, segments: jax.Array | None = None) -> jax.Array:
         """Everything before the head: (B, T) token ids -> (B, T, C) float32, after ln_f.
 
-        segments: (B, T) int32 ids of the conversations packed into each row (jaxgpt/data/chat_rows.py;
+        segments: (B, T) int32 ids of the conversations packed into each row (jaxgpt/conversations/rows.py;
         0: padding), or None (a row is one text): with them, positions restart at each conversation
         and no token attends to another conversation's, so each is computed as if alone."""
         return self._forward(idx, rngs, None, segments)[0]

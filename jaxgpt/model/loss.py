@@ -1,7 +1,7 @@
 """The training loss: mean next-token cross-entropy of the model's head, whole or `loss_chunk` rows at a time.
 
 Shapes: inputs, targets (B, T) int32; features (B, T, C); logits (B, T, V) float32; weights (B, T)
-float32 and segments (B, T) int32 for rows of packed conversations (jaxgpt/data/chat_rows.py).
+float32 and segments (B, T) int32 for rows of packed conversations (jaxgpt/conversations/rows.py).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from jaxgpt.chat.answer import Assistant
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import to_dict
+from jaxgpt.conversations.assistant import Assistant
 from jaxgpt.distributed import sharding
 from jaxgpt.evaluation.chat_eval import score_task
 from jaxgpt.generation.engine import Request

@@ -16,10 +16,10 @@ from typing import Literal
 import numpy as np
 
 from jaxgpt.config_rl import PromptSet
-from jaxgpt.data.chat_template import ChatTemplate
-from jaxgpt.data.instructions import TASKS
-from jaxgpt.data.prepare import DEFAULT_OPTIONS
+from jaxgpt.conversations.instructions import TASKS
+from jaxgpt.conversations.template import ChatTemplate
 from jaxgpt.data.tokenizer import Tokenizer
+from jaxgpt.preparation.prepare import DEFAULT_OPTIONS
 from jaxgpt.tasks.base import Example, Task
 from jaxgpt.tasks.local import BUILTIN_EXAMPLES, BUILTIN_SEED, builtin_tasks, read_jsonl
 from jaxgpt.tasks.public import read_gsm8k

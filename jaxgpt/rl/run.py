@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from jaxgpt.data.chat_template import TEMPLATE_FILE, ChatTemplate, TemplateError, read_template
+from jaxgpt.conversations.template import TEMPLATE_FILE, ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, Tokenizer, TrainedTokenizer
 from jaxgpt.rl.prompts import PromptPool, read_prompt_set
 from jaxgpt.tasks.base import Task

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 
 STD_EPS = 1e-4  # "mean_std": a group whose rewards are all equal has advantage 0, not 0/0
 

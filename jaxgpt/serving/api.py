@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
+from jaxgpt.conversations.template import ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, encode_with_specials
 from jaxgpt.serving import protocol as p
 from jaxgpt.serving import responses as r

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError
+from jaxgpt.conversations.template import ChatTemplate, TemplateError
 from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.generation.sampling import MAX_LOGPROBS, SamplingParams
 from jaxgpt.serving.worker import Choice

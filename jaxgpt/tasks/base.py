@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
 
 KINDS = ("generative", "multiple_choice")
 

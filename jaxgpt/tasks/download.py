@@ -5,7 +5,7 @@
 
 Each file goes to a temporary name, is read by its task's reader and renamed into place only if it
 holds exactly the published number of examples; its sha256 is then recorded beside it and checked at
-every later use (jaxgpt/data/sources.py's fetch_recorded, as HellaSwag's file). The upstream hashes
+every later use (jaxgpt/data/sources/files.py's fetch_recorded, as HellaSwag's file). The upstream hashes
 are not pinned: they could not be checked offline when this was written. Hugging Face files are
 fetched by their resolve/main address (the repositories' parquet exports, the files nanochat's
 load_hub_dataset reads); GSM8K from its GitHub repository, the JSONL its paper published.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxgpt.data import sources
+from jaxgpt.data.sources import files as sources
 from jaxgpt.tasks.base import TaskError
 from jaxgpt.tasks.public import read_arc, read_gsm8k, read_mmlu
 

@@ -4,7 +4,7 @@
     builtin_tasks(20000, 0, split="train")  # their training side (RL prompts), none of them held out
     read_jsonl(Path("mine.jsonl"), "last_number")   # {"prompt", "reference"[, "system"]} per line
 
-The built-in questions are jaxgpt/data/instructions.py's instruction_splits, so the validation side
+The built-in questions are jaxgpt/conversations/instructions.py's instruction_splits, so the validation side
 of builtin_tasks(n, seed) is exactly the held-out conversations of an `instructions` dataset prepared
 with validation_examples n and that seed (runs/tiny-instruct's: the defaults, 600 and 0).
 """
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxgpt.data.instructions import TASKS, check_tasks, instruction_splits
-from jaxgpt.data.prepare import DEFAULT_OPTIONS
-from jaxgpt.data.shards import DataError
+from jaxgpt.conversations.instructions import TASKS, check_tasks, instruction_splits
+from jaxgpt.data.errors import DataError
+from jaxgpt.preparation.prepare import DEFAULT_OPTIONS
 from jaxgpt.tasks.base import Example, Reward, Task, TaskError, user_prompt
 from jaxgpt.tasks.rewards import ExactMatch, reward_rule
 from jaxgpt.tasks.rows import field_of, records

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxgpt.data.batches import WholeSplit
-from jaxgpt.data.chat_rows import ConversationRows
+from jaxgpt.conversations.rows import ConversationRows
+from jaxgpt.data.samplers.windows import WholeSplit
 from jaxgpt.distributed import sharding
 from jaxgpt.evaluation.scoring import eval_sums
 

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import to_dict
-from jaxgpt.data.batch import Batch
-from jaxgpt.data.chat_template import TEMPLATE_FILE
+from jaxgpt.conversations.template import TEMPLATE_FILE
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.distributed import sharding
 from jaxgpt.distributed.peers import StopVotes
 from jaxgpt.tracking import charts

@@ -22,15 +22,16 @@ import numpy as np
 
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
-from jaxgpt.data.batches import BatchSampler, WholeSplit
-from jaxgpt.data.chat_rows import ConversationRows
-from jaxgpt.data.packing import DocumentSampler
-from jaxgpt.data.prepare import prepare_dataset, resolve_options
-from jaxgpt.data.shards import DataError, Dataset, open_dataset
+from jaxgpt.conversations.rows import ConversationRows
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.documents import DocumentSampler
+from jaxgpt.data.samplers.windows import BatchSampler, WholeSplit
+from jaxgpt.data.storage.shards import Dataset, open_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TOKENIZER_NAMES, TokenizerError, TrainedTokenizer, get_tokenizer
 from jaxgpt.evaluation.core import PreparedTask, prepare
 from jaxgpt.evaluation.core_bundle import fetch_bundle, read_tasks
 from jaxgpt.evaluation.hellaswag import Example, fetch_val, read_examples
+from jaxgpt.preparation.prepare import prepare_dataset, resolve_options
 from jaxgpt.tracking import wandb_log
 
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, ckpt.CheckpointError)

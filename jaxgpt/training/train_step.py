@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxgpt.data.batch import Batch
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.loss import loss_fn, loss_sum, policy_loss_sum
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
 

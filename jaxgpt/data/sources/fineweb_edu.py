@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.data.encode import encode_documents
-from jaxgpt.data.fineweb import hub_download
-from jaxgpt.data.parquet import open_parquet, parquet_documents
-from jaxgpt.data.shards import DataError, Dataset, DatasetWriter, open_dataset, write_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources.fineweb import hub_download
+from jaxgpt.data.sources.parquet import open_parquet, parquet_documents
+from jaxgpt.data.storage.shards import Dataset, DatasetWriter, open_dataset, write_dataset
 from jaxgpt.data.tokenizer import Tokenizer
 
 SOURCE = "fineweb-edu"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.data.parquet import parquet_documents
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources.parquet import parquet_documents
 from jaxgpt.files import sha256
 
 TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")

@@ -1,6 +1,6 @@
 """The deterministic batch sampler that feeds training, and whole-split windows for validation.
 
-    ds = open_dataset(Path("data/builtin-bytes"))                 # jaxgpt/data/shards.py
+    ds = open_dataset(Path("data/builtin-bytes"))                 # jaxgpt/data/storage/shards.py
     sampler = BatchSampler(ds.train, microbatch_size=8, seq_len=256, seed=0)
     x, y = sampler.batch(step, accum_steps)        # (k, B, T) int32 each
 
@@ -13,7 +13,8 @@ import threading
 
 import numpy as np
 
-from jaxgpt.data.shards import DataError, TokenSplit
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import TokenSplit
 
 
 def check_ids(split: TokenSplit, tokens: np.ndarray, starts: np.ndarray) -> None:

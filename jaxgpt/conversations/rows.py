@@ -32,9 +32,10 @@ import threading
 
 import numpy as np
 
-from jaxgpt.data.batches import check_ids
-from jaxgpt.data.packing import BUFFER
-from jaxgpt.data.shards import DataError, TokenSplit
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.documents import BUFFER
+from jaxgpt.data.samplers.windows import check_ids
+from jaxgpt.data.storage.shards import TokenSplit
 
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from jaxgpt.data.errors import DataError
 from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.files import fsync, sha256
 
@@ -38,10 +39,6 @@ _TOKEN_DTYPES = ("uint16", "uint32")
 KIND_CONVERSATIONS = "conversations"  # manifest "kind" of a conversation dataset (chat_prepare.py); absent: text
 LOSS_MASK, STARTS = "loss_mask", "conversation_starts"  # its shards' two other tensors
 _MAX_HEADER = 1 << 20  # our headers are ~100 bytes; a huge value means a corrupt file
-
-
-class DataError(ValueError):
-    """A dataset is missing, incomplete, corrupt or unusable (one-line message naming the file)."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -178,7 +175,7 @@ class DatasetWriter:
 
         `documents`, when known, is recorded in the shard's entry too; `extra` keys go into the entry;
         `tensors` are written into the same file beside "tokens" (a conversation dataset's loss mask
-        and conversation starts: jaxgpt/data/chat_prepare.py).
+        and conversation starts: jaxgpt/conversations/prepare.py).
         """
         tokens = np.asarray(tokens).reshape(-1)
         if tokens.size == 0:

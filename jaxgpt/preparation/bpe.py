@@ -1,6 +1,6 @@
 """Train a byte-level BPE tokenizer on a corpus's train split (`download_dataset.py tokenizer`).
 
-    from jaxgpt.data.bpe import train_tokenizer
+    from jaxgpt.preparation.bpe import train_tokenizer
     folder = train_tokenizer("shakespeare-4k", "tinyshakespeare", data_root, vocab_size=4096)
     # -> data_root/tokenizers/shakespeare-4k/{tokenizer.json, meta.json}; train.json "tokenizer": "shakespeare-4k"
 
@@ -9,7 +9,7 @@ pre-split regex (numbers in runs of at most two digits), byte-level (all 256 byt
 tokens, so any text encodes), no normalizer, and five special tokens after the learned ones:
 "<|endoftext|>", which documents are separated with (jaxgpt/data/tokenizer.py: TrainedTokenizer),
 then nanochat's role tokens for chat (<|user_start|>, <|user_end|>, <|assistant_start|>,
-<|assistant_end|>: jaxgpt/data/chat_template.py's "nanochat" template). It learns from
+<|assistant_end|>: jaxgpt/conversations/template.py's "nanochat" template). It learns from
 the same train split the source's dataset trains on (prepare.py's _corpus, same options), so the
 validation documents are never seen; its compression (bytes per token) on those validation
 documents, against GPT-2's, is printed and kept in meta.json. FineWeb-Edu is read as nanochat's
@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxgpt.data import fineweb_edu
-from jaxgpt.data.parquet import parquet_documents
-from jaxgpt.data.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_options, tokenize_documents
-from jaxgpt.data.shards import DataError, _remove_stale, dataset_lock
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources import fineweb_edu
+from jaxgpt.data.sources.parquet import parquet_documents
+from jaxgpt.data.storage.shards import _remove_stale, dataset_lock
 from jaxgpt.data.tokenizer import (
     EOT_TEXT,
     ROLE_TOKENS,
@@ -47,6 +47,7 @@ from jaxgpt.data.tokenizer import (
     trained_dir,
 )
 from jaxgpt.files import fsync
+from jaxgpt.preparation.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_options, tokenize_documents
 
 # nanochat's GPT-4-style split: \p{N}{1,2} rather than GPT-4's {1,3}, which wastes fewer tokens on
 # numbers at small vocabulary sizes (nanochat/tokenizer.py).

@@ -35,11 +35,11 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from jaxgpt.checkpoints import hf_tokenizer as tk
-from jaxgpt.checkpoints import imported
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, default_tokenizer
-from jaxgpt.data.chat_template import TemplateError, read_template
+from jaxgpt.conversations.template import TemplateError, read_template
+from jaxgpt.interop import hf_tokenizer as tk
+from jaxgpt.interop import imported
 
 # name -> (n_layers, emb_dim, n_heads); all four have vocab 50257 and context 1024.
 VARIANTS = {

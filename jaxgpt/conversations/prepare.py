@@ -2,7 +2,7 @@
 and a per-token loss mask (download_dataset.py conversations | instructions; train.json "dataset").
 
     path = prepare_conversations("conversations", "gpt2", data_root, options={"paths": ["alpaca.json"]})
-    ds = open_dataset(path)     # ds.train.masks, ds.train.conversation_starts: jaxgpt/data/chat_rows.py reads them
+    ds = open_dataset(path)     # ds.train.masks, ds.train.conversation_starts: jaxgpt/conversations/rows.py reads them
 
 Sources:
     conversations  Alpaca and chat records from local .json / .jsonl / .parquet files (conversations.py);
@@ -10,9 +10,9 @@ Sources:
     instructions   the built-in instruction set (instructions.py): checkable answers, no download
 
 Options common to both: "template", a built-in template's name or a template object
-(jaxgpt/data/chat_template.py; null: "nanochat" for a tokenizer with its role tokens, else "alpaca"),
+(jaxgpt/conversations/template.py; null: "nanochat" for a tokenizer with its role tokens, else "alpaca"),
 "too_long", what training does with a conversation longer than a row: "drop" it or "crop" it to
-the row (jaxgpt/data/chat_rows.py counts them and says so once), and "pack": whole conversations
+the row (jaxgpt/conversations/rows.py counts them and says so once), and "pack": whole conversations
 packed into each row (true), or one per row (false).
 
 On disk: the shard format of shards.py, each shard holding whole conversations: "tokens", "loss_mask"
@@ -32,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.data import conversations, instructions
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError, default_template, template_named
-from jaxgpt.data.shards import KIND_CONVERSATIONS, LOSS_MASK, SPLITS, STARTS, DataError, DatasetWriter
-from jaxgpt.data.sources import files_fingerprint, hold_out_mask
+from jaxgpt.conversations import files as conversations
+from jaxgpt.conversations import instructions
+from jaxgpt.conversations.template import ChatTemplate, TemplateError, default_template, template_named
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.sources.files import files_fingerprint, hold_out_mask
+from jaxgpt.data.storage.shards import KIND_CONVERSATIONS, LOSS_MASK, SPLITS, STARTS, DatasetWriter
 from jaxgpt.data.tokenizer import Tokenizer
 
 VAL_FILE = "val.jsonl"

@@ -1,6 +1,6 @@
 """Chat templates: how a conversation becomes token ids and a loss mask, the same way everywhere.
 
-    from jaxgpt.data.chat_template import template_named
+    from jaxgpt.conversations.template import template_named
     t = template_named("alpaca")                       # or ChatTemplate.from_dict(a user's template)
     ids, mask = t.render(tok, [{"role": "user", "content": "Add 2 and 3."},
                                {"role": "assistant", "content": "5"}])     # training rows
@@ -33,7 +33,7 @@ message with "weight": 0 (OpenAI's fine-tuning format) is rendered but not train
 
 Built in: "alpaca", the Alpaca prompt of Raschka's "Build a Large Language Model (From Scratch)",
 chapter 7 (the gpt2 and bytes tokenizers' default), and "nanochat", role tokens added when a
-tokenizer is trained here (jaxgpt/data/bpe.py). The template a dataset was prepared with is in
+tokenizer is trained here (jaxgpt/preparation/bpe.py). The template a dataset was prepared with is in
 its manifest and in every checkpoint trained on it (TEMPLATE_FILE), so sampling, serving and
 evaluation render prompts exactly as training did.
 """

@@ -47,9 +47,6 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from jaxgpt.checkpoints import hf_tokenizer as tk
-from jaxgpt.checkpoints import imported
-from jaxgpt.checkpoints.hf_tokenizer import ConversionError
 from jaxgpt.checkpoints.layout import (
     WEIGHTS,
     checkpoint_configs,
@@ -63,8 +60,11 @@ from jaxgpt.config import (
     from_dict,
     to_dict,
 )
-from jaxgpt.data.chat_template import ChatTemplate, read_template
+from jaxgpt.conversations.template import ChatTemplate, read_template
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TokenizerError, check_name
+from jaxgpt.interop import hf_tokenizer as tk
+from jaxgpt.interop import imported
+from jaxgpt.interop.hf_tokenizer import ConversionError
 
 __all__ = ["ConversionError", "export_problem", "export_run", "import_run"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
 
 Pair = tuple[str, str]  # (instruction, answer)
 _LETTERS = np.array(list("abcdefghijklmnopqrstuvwxyz"))

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jaxgpt.data.chat_template import TemplateError, check_messages
-from jaxgpt.data.shards import DataError
+from jaxgpt.conversations.template import TemplateError, check_messages
+from jaxgpt.data.errors import DataError
 
 SUFFIXES = (".json", ".jsonl", ".parquet")
 Conversation = list[dict[str, Any]]

@@ -28,7 +28,7 @@ the request (source, options, fingerprint, tokenizer and, for a trained one, its
 as is; anything else is rebuilt atomically. The data root is --data-dir, else $JAXGPT_DATA_DIR,
 else the repository's data/. From Python:
 
-    from jaxgpt.data.prepare import default_data_root, prepare_dataset
+    from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
     path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
 """
 
@@ -46,10 +46,14 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.config import CONVERSATION_SOURCES
-from jaxgpt.data import builtin, chat_prepare, fineweb, fineweb_edu, instructions, sources
+from jaxgpt.conversations import instructions
+from jaxgpt.conversations import prepare as chat_prepare
 from jaxgpt.data.encode import CHUNK_BYTES, CHUNK_DOCUMENTS, Progress, encode_documents
+from jaxgpt.data.errors import DataError
 from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
-from jaxgpt.data.shards import DataError, dataset_lock, open_dataset, read_manifest, write_dataset
+from jaxgpt.data.sources import builtin, fineweb, fineweb_edu
+from jaxgpt.data.sources import files as sources
+from jaxgpt.data.storage.shards import dataset_lock, open_dataset, read_manifest, write_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_NAMES, Tokenizer, check_name, get_tokenizer
 
 FINEWEB = fineweb.SOURCE

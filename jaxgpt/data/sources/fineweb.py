@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.data.shards import DataError, DatasetWriter, open_dataset
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import DatasetWriter, open_dataset
 from jaxgpt.data.tokenizer import GPT2_EOT_ID, GPT2_N_VOCAB
 
 SOURCE = "fineweb10B-gpt2"

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxgpt.data.batches import check_ids
-from jaxgpt.data.shards import DataError, TokenSplit
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.windows import check_ids
+from jaxgpt.data.storage.shards import TokenSplit
 
 BUFFER = 1000  # units waiting to be packed (nanochat's buffer_size)
 _SCAN = 1 << 24  # tokens read at a time when looking for end-of-text ids (64 MiB of int32 at most)

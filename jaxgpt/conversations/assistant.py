@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxgpt.data.chat_template import ChatTemplate, TemplateError, read_template
+from jaxgpt.conversations.template import ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import Tokenizer
 from jaxgpt.generation.engine import Engine, Request
 from jaxgpt.generation.sampling import SamplingParams

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jaxgpt.data.shards import DataError
+from jaxgpt.data.errors import DataError
 
 # pyarrow raises ArrowException subclasses for malformed files, OSError for unreadable or
 # corrupt pages (e.g. "Corrupt snappy compressed data").

@@ -1,0 +1,1 @@
+"""Where documents come from: local files, the built-in corpus, parquet, FineWeb and FineWeb-Edu."""

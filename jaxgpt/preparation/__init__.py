@@ -1,0 +1,1 @@
+"""Datasets made from any source (documents or conversations) and tokenizers trained on a corpus."""
