@@ -26,15 +26,10 @@ def bf16_product(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     """A backward product of ops.mixed_einsum (bfloat16 operands, float32 result), in a form
     XLA:CPU runs as a bfloat16 dot.
 
-    XLA:CPU (YNNPACK) multiplies bfloat16 natively only when the dot's left operand contracts
-    its last dimensions and is laid out row-major; otherwise it upcasts the dot to float32 (a
-    weight gradient x^T g contracts the token axis). So the left operand gets its contracted
-    indices moved last, and the dot's output is put in `spec`'s order afterwards if need be; of
-    the two operand orders, the one that moves fewer bytes. Each such transpose is flattened
-    behind an optimization barrier: a bare transpose is only a relabelling (column-major layout:
-    upcast all the same) that XLA would fold back into the dot (a transposed output becomes a dot
-    with swapped, transposed operands); flattened, it is a row-major copy, and the barrier keeps
-    it one.
+    XLA:CPU multiplies bfloat16 natively only when the dot's left operand contracts its last
+    dimensions, row-major; otherwise it upcasts. So the left operand's contracted indices are moved
+    last (in the operand order moving fewer bytes), the output put back in `spec`'s order; each such
+    transpose is flattened behind an optimization barrier, so XLA cannot fold it into the dot.
     """
     (sx, sy), so = spec.split("->")[0].split(","), spec.split("->")[1]
     extent = dict(zip(sx, x.shape)) | dict(zip(sy, y.shape))

@@ -1,21 +1,15 @@
 """Huge-page malloc for XLA:CPU, switched on before JAX starts (the CPU backend only).
 
-XLA:CPU allocates each compiled call's scratch memory (its "temp" buffer: 150 MiB for the
-cpu-small train step) as one block, per call. glibc serves a block over 32 MiB with a fresh
-mmap and unmaps it when freed, so every call page-faults through the whole block again: tens
-of thousands of minor faults per step, a large share of a small model's step (docs/log.md
-"CPU levers" has the figures). With the glibc tunable `glibc.malloc.hugetlb=1` (glibc >=
-2.35) malloc asks the kernel for transparent huge pages, 512 times fewer faults.
+XLA:CPU allocates each compiled call's scratch memory as one block per call, which glibc serves
+over 32 MiB with a fresh mmap: every call page-faults through it again. With the glibc tunable
+`glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc uses transparent huge pages instead (the effect:
+docs/performance.md "The CPU code, lever by lever").
 
-Tunables are read once, when a process starts, so the entry scripts call
-jaxgpt.backend.prepare_process() first thing. Where the process will run on JAX's CPU backend
-(no accelerator plugin is installed and JAX_PLATFORMS names no other platform first: on an
-accelerator, device memory is the runtime's and the host's malloc is not on the step's path),
-it imports this module and calls `reexec()`: that restarts the same command line once with the
-tunable set, and does nothing when it is set already (opt out with
-GLIBC_TUNABLES=glibc.malloc.hugetlb=0), when the C library is not glibc >= 2.35, or when the
-kernel's transparent huge pages are not in "madvise" mode ("always" needs no help, "never"
-cannot give any).
+Tunables are read when a process starts, so jaxgpt.backend.prepare_process(), called first thing by
+the entry scripts, imports this module where the process will run on JAX's CPU backend and calls
+`reexec()`: it restarts the same command line once with the tunable set. It does nothing when the
+tunable is set already (opt out: GLIBC_TUNABLES=glibc.malloc.hugetlb=0), the C library is not
+glibc >= 2.35, or transparent huge pages are not in "madvise" mode.
 """
 
 from __future__ import annotations

@@ -6,18 +6,13 @@
     else:
         print(cpu_matvec.unavailable_reason())
 
-Why: XLA:CPU has no bfloat16 matrix-vector product (its dot upcasts a bfloat16 weight at every
-call), so without this kernel a bfloat16 model decodes reading float32 weights, as many bytes as a
-float32 model (docs/performance.md "Sampling"). ops.Ops.for_decoding uses it where it is available.
-
-The kernel is C++ against XLA's FFI headers, which ship with jaxlib (`jax.ffi.include_dir()`), so
-no build step at install time: the first process that needs it compiles jaxgpt/cpu/matvec.cc with the
-machine's C++ compiler ($CXX, else c++, g++ or clang++; -O3 -march=native: the vector
-instructions of this CPU) into $JAXGPT_CACHE_DIR/native/<cpu>/<key>/ (caches.py), keyed by the
-source, the compiler, the flags and the jax and jaxlib versions; later processes load that file.
-Where no compiler is found or the build fails, `available()` is False, `unavailable_reason()` says
-why in one line, and decoding keeps XLA's float32 kernels (slower for bfloat16, the same
-results). JAXGPT_NATIVE_MATVEC=0 switches the kernel off.
+XLA:CPU has no bfloat16 matrix-vector product; why this kernel: docs/performance.md "Sampling".
+The first process that needs it compiles matvec.cc against jaxlib's XLA FFI headers with the
+machine's C++ compiler ($CXX, else c++, g++ or clang++; -O3 -march=native) into
+$JAXGPT_CACHE_DIR/native/<cpu>/<key>/, keyed by the source, compiler, flags and jax and jaxlib
+versions; later processes load that file. Without a compiler, or when the build fails,
+`available()` is False, `unavailable_reason()` says why in one line, and decoding keeps XLA's
+float32 kernels (slower for bfloat16, the same results). JAXGPT_NATIVE_MATVEC=0 switches it off.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """The KV cache of a fixed number of rows, and the compiled programs that fill and advance it.
 
     dec = KVDecoder(model, rows=16, n_vocab=tok.n_vocab)
-    logits = dec.prefill_row(3, prompt_ids)       # (V,): row 3 restarts from this prompt, the others keep theirs
-    dec.copy_row(3, 4)                            # row 4 becomes row 3 (a prompt sampled n times: one prefill)
+    logits = dec.prefill_row(3, prompt_ids)       # (V,): row 3 restarts from this prompt, alone
+    dec.copy_row(3, 4)                            # row 4 becomes row 3 (n samples of a prompt: one prefill)
     logits = dec.step(tokens, advance=busy)       # (rows, V): one token per advancing row
-    logits = dec.prefill(windows)                 # (rows, V): every row at once (the benchmark, the tests)
-    scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob and the top 5 (echo)
-    dec.set_weights(model)                        # new weights of the same model, the same programs (RL)
+    logits = dec.prefill(windows)                 # (rows, V): every row at once
+    scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob, the top 5 (echo)
+    dec.set_weights(model)                        # new weights, the same programs (RL)
 
-Every program calls the model's own forward pass (model.GPT.cached_features with a model.KVCache):
-there is no second copy of a block here. Keys live in (L, B, K, D, S) and values in (L, B, K, S, D)
-caches, S = context_length, allocated once. A prompt is prefilled into its row alone, padded to
-prefill_length's buckets (one program per length), and written into the shared cache in place; a
-step feeds one token per row at that row's position and attends over the shortest span of slots
-(128, 256, ... up to S) holding every advancing row. So a row's numbers never depend on its
-neighbours, and a row restarts without waiting for the others (continuous batching).
-
-Steps (and on the CPU prefills) run `decoding_model`, a copy of the model made when the decoder is
-built: unrolled (no step slices a scan_layers model's stacked weights), untied, and with its dense
-weights already in the compute dtype (ops.for_decoding). With a device mesh the cache's rows are
-spread over its data axis and the decoding copy is on every device.
+Every program runs the model's own forward with a KVCache, allocated once; a row's numbers never
+depend on its neighbours. Steps (on the CPU prefills too) run `decoding_model`, a copy:
+unrolled, untied, dense weights in the compute dtype (ops.for_decoding). With a mesh, rows are
+spread over the data axis. Buckets and spans: docs/evaluation.md "Sampling".
 """
 
 from __future__ import annotations

@@ -6,21 +6,12 @@
     for piece in engine.stream(prompt_ids, params): print(piece, end="")      # one answer's text
     requests = engine.submit(prompt_ids, params, n=8)  # then engine.step() -> [Output, ...] until done
 
-chat.py, judge.py, evaluate.py, test_generation.py, serve.py (its thread: serving/worker.py) and RL
-call this one engine. It works in token ids; each answer's text is its TextStream (text.py: stop
-strings, a template's multi-token end, characters split over tokens held back until certain).
-
-Continuous batching: a turn (`step`) (1) starts waiting requests in free rows: each prompt is
-prefilled into its row alone, and the other samples of the same prompt submitted together copy
-that row instead of prefilling it again; (2) draws one token for every busy row from its logits,
-each row from its own numpy generator seeded by params.seed + its index among its prompt's n,
-and frees the rows that finished; (3) runs one decode step over all rows. A request waits at most
-one turn for a free row to be noticed, and no answer waits for a longer one beside it. A row's
-numbers never depend on the rows beside it (decoder.py), so a seed gives the same answer alone
-or among sixteen. Cancelled requests (a client gone) free their rows at the next turn. The cache
-and the programs are made once: memory does not grow with the requests served.
-
-submit and cancel may be called from any thread; step, run, generate and stream from one.
+Every command and RL draw from this engine, in token ids; an answer's text is its TextStream
+(text.py). A turn (`step`) starts waiting requests in free rows (a prompt's n samples share one
+prefill), draws a token for every busy row, frees finished and cancelled rows, and decodes once.
+Sample i of a prompt draws from a generator seeded params.seed + i, alike alone or among others.
+Memory does not grow with the requests served. submit and cancel may be called from any thread;
+step, run, generate and stream from one.
 """
 
 from __future__ import annotations

@@ -7,14 +7,10 @@
             break
     piece = text.finish()               # the rest, once the answer ends another way
 
-The text is decoded from the whole answer at every token, so a character split over several
-tokens appears once it is complete. What may still change is held back: a last U+FFFD (decoders
-replace an unfinished character at the end by one U+FFFD, which the next token may complete; an
-invalid byte before it stays U+FFFD whatever follows), an ending that could be the start of a stop
-string, and the ids that could be the start of a multi-token `end` (a chat template's end that is
-not one token). A stop string
-cuts the text before it; `end` cuts the answer before its ids. Joining every piece gives exactly
-the answer's final text, so streamed and whole answers are the same text.
+What may still change is held back: an unfinished character at the end (a last U+FFFD), an ending
+that could start a stop string, and ids that could start a multi-token `end` (a chat template's
+end that is not one token). A stop string cuts the text before it; `end` cuts the answer before
+its ids. Joining every piece gives exactly the answer's final text, streamed or whole.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """What a block receives besides the residual stream: model.json's value embeddings, embedding
-skips and U-net skips, each chosen once where the model is built (`Connections`).
+skips and U-net skips, chosen once where the model is built (`Connections`). Shapes as in gpt.py.
 
-Shape legend as in gpt.py; L = n_layers, K = n_kv_heads, D = head size, G = the gate's channels.
+- `value_embeds` (ResFormer's value residual): layers L-1, L-3, ... each have a (V, K*D) token
+  table; v += 3 * sigmoid(x[..., :G] @ W) * ve, W a learned (G, K) gate, G = _GATE_CHANNELS.
+- `embed_skips`: before block i, x <- resid[i] * x + x0[i] * x0, x0 the normalised token
+  embedding; resid from 1.15 down to 1.05, x0 from 0.20 down to 0.05 (nanochat's).
+- `unet_skips` (modded-nanogpt): block L-1-j's input gets block j's output (j < L // 2) times a
+  learned weight starting at 1.
 
-- `value_embeds` (ResFormer's value residual, as nanochat trains it): layers L-1, L-3, ... each have a
-  token table of their own, (V, K*D), whose row of the current token is added to the attention's
-  values, v += 3 * sigmoid(x[..., :G] @ W) * ve, with a learned (G, K) gate per table that reads
-  the first G channels of the block's normalised input (one gate value per key/value head).
-- `embed_skips` (modded-nanogpt, nanochat): before block i, x <- resid[i] * x + x0[i] * x0, x0 the
-  (normalised) token embedding; resid starts at 1.15 falling to 1.05 over the layers, x0 at 0.20
-  falling to 0.05 (nanochat's initial values).
-- `unet_skips` (modded-nanogpt): the outputs of blocks 0 .. n-1 (n = L // 2) are added, times a
-  learned weight (starting at 1), to the inputs of blocks L-1 .. L-n, mirrored: block L-1-j gets
-  block j's output.
-
-Every per-layer value is indexed by the layer number `i`, a Python int where the blocks are a list
-and a traced one inside scan_layers' `lax.scan`, so both layouts run this same code. An option
-that is off holds no parameter and does no work; with all off, `block_input` and `values` return
-their input and None, and the model computes what GPT-2 does.
+The layer number `i` is a Python int, or traced inside scan_layers' `lax.scan`. An option that is
+off holds no parameter and does no work; with all off, the model is GPT-2's.
 """
 
 from __future__ import annotations

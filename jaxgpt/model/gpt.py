@@ -4,27 +4,12 @@ Shape legend: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C //
 K = n_kv_heads (key/value heads, K divides H), V = vocab_size, L = n_layers.
 
 Both models take int32 token ids (B, T) and return float32 logits (B, T, V). Every matmul and the
-attention go through `self.ops` (jaxgpt/ops/: the compute dtype, and the kernels chosen for the
-backend); this file knows neither the backend nor a device, and placement and sharding are the
-caller's business. Dropout is active exactly when the caller passes `rngs` (training); without
-it the model is deterministic, so evaluation and generation need no mode switch. Decoding runs
-the same forward pass with a `KVCache` (`cached_features`): the cache is an argument of the
-attention, as in Flax's gemma example, and training passes none.
-
-What the parts are is chosen in model.json, once, where each module is built (layers.py): GPT-2's
-learned positions, LayerNorm, GELU and plain logits by default; rotary positions, RMSNorm (scaled or
-parameter-free), a norm after the embedding, QK-norm, ReLU^2, zero-initialised output projections
-and a logit soft-cap as options; grouped-query attention, sliding windows (a per-layer pattern), and
-what each block receives besides the residual stream (connections.py: value embeddings, embedding
-and U-net skips) as the 2026 recipe's. The blocks read the same whatever is chosen.
-
-How the model runs is chosen in model.json without changing what it computes (each option is
-tested against the default path): `compute_dtype` (the matmuls' operands, as torch.autocast:
-bfloat16 operands into float32 results in the forward and backward passes; parameters,
-activations, LayerNorm, softmax and the loss stay float32), `attention` (which kernel), `remat`
-(recompute each block in the backward pass), `scan_layers` (blocks stacked along a leading L axis
-and run by one `lax.scan`: one block to compile instead of L) and `loss_chunk` (jaxgpt/training/train_step.py: the head
-and the loss in chunks, never the whole (B*T, V) logits).
+attention go through `self.ops` (jaxgpt/ops/); placement and sharding are the caller's. Dropout is
+active exactly when the caller passes `rngs`; without it the model is deterministic. Decoding runs
+the same forward with a `KVCache` (`cached_features`); training passes none. model.json chooses
+the parts once, where each module is built (layers.py, connections.py), and how they run
+(`compute_dtype`, `attention`, `remat`, `scan_layers`, `loss_chunk`) without changing what they
+compute: docs/configs.md "model.json".
 """
 
 from __future__ import annotations
@@ -72,14 +57,10 @@ def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Arr
 class KVCache:
     """Every layer's keys and values for B rows of up to S = context_length tokens (decoding).
 
-    The attention of layer `layer` reads and writes its slice; the model sets `layer` as it walks
-    its blocks. Keys are stored transposed, so that both products of a decode step stream the
-    cache contiguously (the query row against (D, S) keys, the weights against (S, D) values).
-
-    pos None: a prefill: the rows' tokens sit at positions 0..T-1, every slot from 0 on is
-    rewritten, and attention is the training kernel's. pos (B,): a decode step, one token per row,
-    row b's at position pos[b]; it is written to slot pos[b] and attends to slots 0..pos[b], read
-    from the first `span` slots only (static: every advancing row has pos < span).
+    Layer `layer`'s attention reads and writes its slice (the model sets `layer`); keys are stored
+    transposed, (D, S) per head. pos None: a prefill, tokens at positions 0..T-1, every slot rewritten.
+    pos (B,): a decode step, row b's token written to slot pos[b], attending to slots 0..pos[b] within
+    the first `span` (static: every advancing row has pos < span).
     """
 
     k: jax.Array  # (L, B, K, D, S) float32: the key/value heads only

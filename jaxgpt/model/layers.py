@@ -2,16 +2,15 @@
 
 Shape legend as in gpt.py: B = batch, T = sequence length, C = emb_dim, H = n_heads, D = C // H.
 
-A block reads the same whatever options are on: it calls `self.ln1`, `self.attn.qk_norm`,
-`self.attn.rotary`, `self.mlp.act`, made for it here from the config; an option that is off is
-`Identity` (no parameters, no work), so the default GPT-2 computes exactly what it always did.
+A block calls `self.ln1`, `self.attn.qk_norm`, `self.attn.rotary`, `self.mlp.act`, made for it
+here; an option that is off is `Identity` (no parameters, no work).
 
-- `make_norm`: GPT-2's LayerNorm or RMSNorm (Zhang & Sennrich 2019; Llama, nanochat), with a
-  learned scale or parameter-free (`norm_scale: false`, nanochat and modded-nanogpt).
-- `Rotary`: rotary position embeddings (Su et al. 2021, RoFormer) on queries and keys, in the
-  "rotate half" layout of GPT-NeoX / Llama / Flax's gemma example (`apply_rope`).
-- `ACTIVATIONS`: GPT-2's tanh GELU, or ReLU squared (So et al. 2021, Primer; modded-nanogpt).
-- `softcap`: a tanh cap on the logits (Gemma 2; modded-nanogpt), float32.
+- `make_norm`: GPT-2's LayerNorm or RMSNorm (Zhang & Sennrich 2019), with a learned scale or
+  parameter-free (`norm_scale: false`).
+- `Rotary`: rotary position embeddings (RoFormer) on queries and keys, in the "rotate half" layout
+  of GPT-NeoX, Llama and Flax's gemma example (`apply_rope`).
+- `ACTIVATIONS`: GPT-2's tanh GELU, or ReLU squared (Primer).
+- `softcap`: a tanh cap on the logits (Gemma 2), float32.
 """
 
 from __future__ import annotations

@@ -2,22 +2,17 @@
 kernel of jaxgpt/cpu/matvec.py.
 
 select.py builds a `CpuOps` for the CPU backend, and only there. What changes against the neutral
-`Ops` (the measurements behind each are in the performance docs):
+`Ops` (why, lever by lever: docs/performance.md "The CPU code, lever by lever"):
 
-- the backward products of a bfloat16 matmul laid out for XLA:CPU's bfloat16 dot (kernels.bf16_product);
-- dense layers on (N, K) rows: XLA:CPU runs a dense layer's backward pass on 2-D operands much
-  faster than on (B, T, K) ones;
+- a bfloat16 matmul's backward products laid out for XLA:CPU's bfloat16 dot (kernels.bf16_product);
+- dense layers on 2-D (N, K) rows;
 - attention one head at a time (model.json attention "per_head", the CPU's "auto");
-- a decode step's attention against its KV cache as a fused product and sum (kernels.vecmat),
-  compiled with kernels.DECODE_COMPILER_OPTIONS;
-- a decoder's copy of the model (`for_decoding`): XLA:CPU has no bfloat16 matrix-vector product
-  (YNNPACK takes no dot with a dimension of 1, XLA's own matrix-vector kernel is float32 only and
-  would upcast every weight at every step), so a bfloat16 decoder of up to matvec.MAX_ROWS rows
-  multiplies through matvec's native kernel, its kernels laid out (out, in) for it. Where that
-  kernel cannot be built, one row multiplies float32 kernels holding compute-dtype values, laid
-  out (out, in) too: XLA's float32 kernel streams a (M, K) weight's rows faster than a (K, M)
-  one's columns. More rows run XLA's dots on kernels in the compute dtype (the same copy
-  prefills a prompt).
+- a decode step's attention as a fused product and sum (kernels.vecmat), compiled with
+  kernels.DECODE_COMPILER_OPTIONS;
+- a decoder's copy (`for_decoding`): up to matvec.MAX_ROWS rows of a bfloat16 model multiply
+  through matvec's native kernel, kernels laid out (out, in); without it, one row multiplies
+  float32 kernels holding compute-dtype values, also (out, in); more rows run XLA's dots on
+  compute-dtype kernels.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """The model's matmuls and attention as every backend runs them (GPU, TPU): the neutral `Ops`.
 
-The model (jaxgpt/model/) calls these operations and nothing else that depends on the hardware:
+The model (jaxgpt/model/) calls these and nothing else that depends on the hardware:
 
     ops.linear(x, w)               x (..., K) @ w (K, M) -> (..., M) float32   (transposed=True: w is (M, K))
-    ops.dense / ops.dot_general    a dense layer (its kernel as `kernels_out_in` says); the latter nnx.Linear's
-    ops.attention(q, k, v, window=w)   causal softmax attention, q (B, T, H, D), k and v (B, T, Hkv, D) with
-                                   Hkv dividing H (grouped-query attention) -> (B, T, H*D) float32; each query
-                                   sees itself and the w - 1 tokens before it (None: every earlier token)
-    ops.vecmat(a, b)               a decode step's attention products: (..., K) x (..., K, N) -> (..., N) float32
+    ops.dense / ops.dot_general    a dense layer (kernel layout: `kernels_out_in`); the latter nnx.Linear's
+    ops.attention(q, k, v, window=w)   causal: q (B, T, H, D), k and v (B, T, Hkv, D), Hkv dividing H
+                                   -> (B, T, H*D) float32; each query sees itself and w - 1 earlier tokens
+    ops.vecmat(a, b)               a decode step's attention: (..., K) x (..., K, N) -> (..., N) float32
                                    (b's batch axes may be 1 where a's are not: grouped-query heads)
 
-- with compute_dtype "bfloat16" each matmul multiplies bfloat16 operands into a float32 result
-  (float32 accumulation), in the forward pass and in both backward products, as torch.autocast
-  does; parameters, activations, LayerNorm, softmax and the loss stay float32.
-- plain dot_generals, laid out by XLA as it likes (cuBLAS / the MXU take transposed operands for
-  free); attention is cuDNN's flash attention through `jax.nn.dot_product_attention` where cuDNN
-  can run the model's shapes in bfloat16, otherwise XLA's batched-head attention
-  (`causal_attention` below).
-
-`Ops.for_decoding(rows)` gives the operations of a decoder's copy of the model (sampling.py): its
-dense kernels converted once (`decode_kernel`) into the form its steps multiply as they are.
-The CPU's forms are cpu.py's `CpuOps`; select.py chooses between them, once per config and backend.
+With compute_dtype "bfloat16" every matmul multiplies bfloat16 operands into float32, in both
+passes. Attention is cuDNN's where it runs the shapes, else `causal_attention`. CPU forms:
+cpu.py.
 """
 
 from __future__ import annotations
@@ -48,11 +39,9 @@ def mixed_einsum(spec: str, a: jax.Array, b: jax.Array, dtype: Any, product: Pro
     """A two-operand einsum (every index of an operand also in the other or in the output, as in
     any batched matmul) of `dtype` operands into float32, in the backward pass too.
 
-    Plain autodiff of `einsum(a16, b16, preferred_element_type=float32)` would multiply the
-    float32 cotangent with a bfloat16 operand: a float32 (or mixed) dot. Here both backward
-    products take the cotangent in `dtype` too, and the forward keeps only the `dtype` operands
-    for the backward pass (half the saved-activation memory). `product` computes the two
-    backward einsums (the CPU passes its own layouts, jaxgpt.cpu.kernels.bf16_product).
+    Both backward products take the cotangent in `dtype` as well (plain autodiff would make them
+    float32 or mixed dots), and the forward saves only the `dtype` operands for the backward pass.
+    `product` computes the two backward einsums (the CPU's: jaxgpt.cpu.kernels.bf16_product).
     """
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
@@ -105,11 +94,10 @@ def causal_attention(
 ) -> jax.Array:
     """Causal softmax attention over all heads at once. q (B, T, H, D), k and v (B, T, Hkv, D) -> (B, T, H*D).
 
-    The two products go through `einsum` (the compute dtype's), scores and softmax are float32,
-    and `dropout` (if any) applies to the attention weights. Grouped-query keys and values are
-    repeated to the H query heads (query head h reads key/value head h // (H / Hkv), as
-    jax.nn.dot_product_attention groups them): the training products are the same size either way,
-    and the saving that matters, the KV cache's, is the decoder's.
+    The two products go through `einsum` (the compute dtype's); scores and softmax are float32;
+    `dropout` (if any) applies to the attention weights. Grouped-query keys and values are repeated to
+    the H query heads: query head h reads key/value head h // (H / Hkv), as
+    jax.nn.dot_product_attention groups them.
     """
     B, T, H, D = q.shape
     if k.shape[2] != H:
@@ -215,11 +203,10 @@ class Ops:
     ) -> jax.Array:
         """Causal attention, q (B, T, H, D), k and v (B, T, Hkv, D) float32 -> (B, T, H*D) float32.
 
-        `window`: tokens each query sees, itself included; an int, a traced per-layer value (a
-        scanned model), or None (every earlier token). `segments` (B, T): keys of another segment are
-        hidden too (packed conversations). `dropout` on the attention weights needs the weights
-        themselves, which no fused kernel gives: with it, attention is spelled out; so it is with
-        segments, which jax.nn.dot_product_attention's cuDNN kernel takes no ids for.
+        `window`: tokens each query sees, itself included; an int, a traced per-layer value (a scanned
+        model), or None (every earlier token). `segments` (B, T): keys of another segment are hidden too
+        (packed conversations). With `dropout` or `segments` attention is spelled out (causal_attention),
+        never cuDNN's fused kernel.
         """
         if self.attention_kernel == "cudnn" and dropout is None and segments is None:
             if window is None or isinstance(window, int):
