@@ -4,18 +4,15 @@
         ...   # where: "chats/a.jsonl:12"; messages: [{"role": "user", "content": ...}, ...]
 
 Formats, told apart record by record:
-    Alpaca   {"instruction", "input" (optional, may be ""), "output"}: the book's instruction-data.json
-             (a JSON array), tatsu-lab/alpaca's JSONL or parquet. One user message (the input kept
-             beside the instruction, for the template to place) and one assistant message.
-    chat     {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}: OpenAI's
-             fine-tuning files, smoltalk's parquet (a list of structs); several turns; an assistant
-             message may carry OpenAI's "weight": 0 (rendered, not trained on).
+    Alpaca   {"instruction", "input" (optional, may be ""), "output"}: one user message (the input
+             kept beside the instruction, for the template to place) and one assistant message.
+    chat     {"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}: several
+             turns; an assistant message may carry OpenAI's "weight": 0 (rendered, not trained on).
 
-Files: .json (an array of records), .jsonl (one per line; blank lines skipped) and
-.parquet (one per row: a `messages` column, or `instruction` and `output` columns with an optional
-`input`), given as files, folders (recursive) or globs. Every problem is a DataError of one line
-naming the file and line (or row): a missing field, a wrong type, an empty answer, roles out of
-turn.
+Files: .json (an array of records), .jsonl (one per line; blank lines skipped) and .parquet (one
+per row: a `messages` column, or `instruction` and `output` columns with an optional `input`), as
+files, folders (recursive) or globs. Every problem is a one-line DataError naming the file and
+line (or row): a missing field, a wrong type, an empty answer, roles out of turn.
 """
 
 from __future__ import annotations

@@ -11,10 +11,9 @@ Tasks (TASKS), each over random inputs drawn from a seeded generator:
     add       "Add 27 and 45."                      -> "72"          (0-99 each)
     larger    "Which is larger, 318 or 52?"         -> "318"         (0-999, never equal)
 
-The same options give the same conversations, in the same order. Every instruction appears once
-in all; the validation instructions are drawn first and none of them is ever a training one, so
-exact match on them measures the task, not recall. A base model trained on prose answers almost
-none of them; a fine-tuned one, most (docs/fine-tuning.md).
+The same options give the same conversations, in the same order. Every instruction appears once in
+all, and no validation instruction is ever a training one: exact match measures the task, not
+recall.
 """
 
 from __future__ import annotations

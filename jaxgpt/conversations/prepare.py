@@ -4,23 +4,14 @@ and a per-token loss mask (download_dataset.py conversations | instructions; tra
     path = prepare_conversations("conversations", "gpt2", data_root, options={"paths": ["alpaca.json"]})
     ds = open_dataset(path)     # ds.train.masks, ds.train.conversation_starts: jaxgpt/conversations/rows.py reads them
 
-Sources:
-    conversations  Alpaca and chat records from local .json / .jsonl / .parquet files (conversations.py);
-                   a seeded choice of whole conversations is held out for validation
-    instructions   the built-in instruction set (instructions.py): checkable answers, no download
-
-Options common to both: "template", a built-in template's name or a template object
-(jaxgpt/conversations/template.py; null: "nanochat" for a tokenizer with its role tokens, else "alpaca"),
-"too_long", what training does with a conversation longer than a row: "drop" it or "crop" it to
-the row (jaxgpt/conversations/rows.py counts them and says so once), and "pack": whole conversations
-packed into each row (true), or one per row (false).
-
-On disk: the shard format of shards.py, each shard holding whole conversations: "tokens", "loss_mask"
-(uint8: 1 on the answers and their end token, 0 on the rest) and "conversation_starts" (int64, in the
-shard); the manifest has "kind": "conversations", the template, and counts; val.jsonl holds the
-held-out conversations as messages (what judge.py and evaluate.py --exact-match ask the model).
-The folder is written atomically and reused while the manifest matches, as every dataset is; its
-fingerprint names how the ids were rendered (RENDERING), so a dataset of older ids is prepared again.
+Sources: "conversations" (Alpaca and chat records from files: files.py; a seeded choice of whole
+conversations held out) and "instructions" (the built-in set: instructions.py). Their options
+("template", "too_long", "pack", ...): docs/fine-tuning.md "Conversation data". Each shard holds
+whole conversations: "tokens", "loss_mask" (uint8, 1 on the answers and their end) and
+"conversation_starts" (int64, in the shard); the manifest has "kind": "conversations" and the
+template; val.jsonl holds the held-out conversations as messages. Written atomically and reused
+while the manifest matches; the fingerprint names the rendering (RENDERING), so a dataset rendered
+otherwise is prepared again.
 """
 
 from __future__ import annotations

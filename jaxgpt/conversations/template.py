@@ -7,35 +7,11 @@
     prompt = t.prompt(tok, [{"role": "user", "content": "Add 2 and 3."}])  # what a model answers from
     stop = t.stop_ids(tok)                             # an answer ends at any of these ids
 
-A template is five strings and two options, each message rendered as its role's string with
-"{content}" replaced by the message's text:
-
-    system          a system message ("{content}" once); null: it opens the first user message instead,
-                    followed by a blank line (nanochat's scheme)
-    default_system  the system text of a conversation that has none; null: nothing
-    user            a user message
-    assistant       an assistant message: the part before "{content}" closes the prompt (not trained
-                    on), the content is the answer (trained on)
-    end             after every assistant message (trained on): what the model learns to stop with
-    bos             before everything (not trained on), or null
-    input           how an Alpaca record's "input" follows its instruction in the user text
-
-Literal parts may name the tokenizer's special tokens ("<|endoftext|>", "<|user_start|>", ...):
-they become those single ids, while message texts are always encoded as ordinary text, so no
-user text can forge a role. The text between special tokens is encoded whole, as transformers'
-apply_chat_template encodes the Jinja form (jinja()), except that each answer (its text, the
-assistant part after it and `end`) is encoded on its own: the prompt a model answers from is then
-exactly the start of what it was trained on, token for token, and the mask exact. The ids equal
-transformers' wherever the tokenizer splits at an answer's edges anyway: after a newline or a
-special token, as in both built-in templates, for an answer not opening with two blank
-characters. The mask is 1 on the tokens of each answer and its end, 0 elsewhere; an assistant
-message with "weight": 0 (OpenAI's fine-tuning format) is rendered but not trained on.
-
-Built in: "alpaca", the Alpaca prompt of Raschka's "Build a Large Language Model (From Scratch)",
-chapter 7 (the gpt2 and bytes tokenizers' default), and "nanochat", role tokens added when a
-tokenizer is trained here (jaxgpt/preparation/bpe.py). The template a dataset was prepared with is in
-its manifest and in every checkpoint trained on it (TEMPLATE_FILE), so sampling, serving and
-evaluation render prompts exactly as training did.
+The fields and built-in templates: docs/fine-tuning.md "Chat templates". Literal parts may name
+the tokenizer's special tokens (single ids); message texts are always ordinary text. `prompt` is
+exactly the start of what `render` trains on, token for token. The mask is 1 on each answer and
+its `end`, 0 elsewhere and on an assistant message with "weight": 0. A dataset's template is in
+its manifest and in every checkpoint trained on it (TEMPLATE_FILE).
 """
 
 from __future__ import annotations

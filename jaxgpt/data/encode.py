@@ -3,15 +3,11 @@
     for doc in encode_documents(get_tokenizer("gpt2"), texts, eot=True):   # uint16 arrays, eot appended
         ...
 
-The calling thread reads the documents (parsing JSON, decoding UTF-8) and cuts them into chunks
-of about CHUNK_BYTES of text; a pool of threads, one per core, runs the tokenizer's encode_batch
-on the chunks while the caller writes the previous results, and the results come back in the
-documents' order, so the output is the same whatever the number of threads. Threads, not
-processes: the tokenizers' heavy part (tiktoken's BPE, Hugging Face tokenizers) is native code
-that drops the GIL, so threads scale without pickling texts and token arrays between processes,
-and an error (bad UTF-8, malformed JSON, a tokenizer error) is raised where it is today, in the
-caller, with nothing left running after it. At most 2 chunks per thread are in flight: memory
-stays bounded however large the corpus.
+The calling thread reads the documents and cuts them into chunks of about CHUNK_BYTES of text; a
+pool of threads, one per core, runs the tokenizer's encode_batch on them. Results come back in the
+documents' order, the same whatever the number of threads. An error (bad UTF-8, malformed JSON, a
+tokenizer error) is raised in the caller, with nothing left running after it. At most 2 chunks per
+thread are in flight: memory stays bounded however large the corpus.
 """
 
 from __future__ import annotations

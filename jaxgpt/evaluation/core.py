@@ -4,35 +4,12 @@
     prepared = prepare(tasks, get_tokenizer("gpt2"), context_length=1024, vocab_size=50257)
     r = scoring.core_score(model, prepared)            # {"core", "tasks": {label: {accuracy, centered, ...}}}
 
-Per example (core_eval.evaluate_example), with `shots` few-shot examples drawn by
-random.Random(1234 + index) from the task's other examples, rendered before it as
-`context + delimiter + answer + "\n\n"` (the same strings nanochat's jinja templates produce):
-
-    multiple_choice     a row per choice: query + delimiter + choice; the choices' tokens after their
-                        common prefix are scored; right when the lowest mean loss is the gold choice's
-    schema              a row per context option: option + delimiter + continuation; the tokens of
-                        the rows' common suffix are scored; right when the lowest mean loss is gold's
-    language_modeling   one row: context (trimmed) + delimiter + continuation; right when the
-                        model's argmax predicts every continuation token
-
-A row can be left with no token to score: a choice whose tokens are a prefix of another's (piqa
-has such rows), a single choice or choices all alike, schema rows that end in no common token (an
-empty continuation after an empty delimiter). Its mean loss is nanochat's mean over zero tokens,
-NaN, and the pick is nanochat's `means.index(min(means))` (lowest_mean): such a row never wins,
-except as the first row, which then wins whatever the others score. A language-modeling row with
-nothing to score stops the run, as nanochat's assert does (a delimiter ending in whitespace, as
-every one of the bundle's does, always leaves a token).
-
-accuracy = the share right; centred = (accuracy - b) / (1 - b), b the random baseline (a fraction);
-CORE = the mean of the tasks' centred accuracies. Each row starts with the tokenizer's end-of-text
-id where nanochat puts its BOS: our corpora put it before every document (download_dataset.py
-appends one after each, packing.py's units start with one), so it is what the model saw before a
-text begins. A row longer than the model's context keeps its last context_length tokens (nanochat
-crops so too); should the scored tokens themselves not fit, the first one of the row cannot be
-scored and is left out (nanochat stops there), counted in "truncated".
-
-Pure numpy and the standard library here; the device loop is scoring.core_score, its compiled
-program scoring.continuation_stats.
+How each example is rendered, which tokens are scored and how a row with none is decided:
+docs/core.md "How an example is scored". Each row starts with the tokenizer's end-of-text id
+(nanochat's BOS). A row longer than the context keeps its last context_length tokens, its example
+counted in "truncated". A language-modeling row with nothing to score, or a token id outside the
+model's vocabulary, raises CoreError. Pure numpy and the standard library; the device loop is
+scoring.core_score.
 """
 
 from __future__ import annotations
@@ -175,11 +152,12 @@ def prepare(tasks: list[Task], tok: Tokenizer, *, context_length: int, vocab_siz
 
 
 class Calls:
-    """The device calls over every row of every task, built one at a time as they are iterated
-    (the padded arrays of a whole bundle would be hundreds of MB): (row numbers, (R, T) int32 rows,
-    (R, T) float32 0/1 masks of the scored tokens), R = rows_per_call, rows of one padded length T
-    (32, 64, ..., at most the context) together and the last call of a length filled with empty
-    rows, so a run compiles one program per length. Row numbers count over the tasks in order."""
+    """The device calls over every row of every task, built one at a time as they are iterated.
+
+    Each call is (row numbers, (R, T) int32 rows, (R, T) float32 0/1 masks of the scored tokens),
+    R = rows_per_call, T one padded length (32, 64, ..., at most the context); the last call of a
+    length is filled with empty rows, so a run compiles one program per length. Row numbers count
+    over the tasks in order."""
 
     def __init__(self, prepared: list[PreparedTask], *, context_length: int, rows_per_call: int) -> None:
         self.rows = [r for p in prepared for r in p.rows]

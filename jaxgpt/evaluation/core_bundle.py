@@ -3,30 +3,13 @@
     path = fetch_bundle(data_root / "downloads")     # eval_bundle.zip, downloaded once (or --core-from)
     tasks = read_tasks(path, limit=None)             # [Task]: label, kind, shots, delimiter, baseline, examples
 
-The bundle (a zip, or the folder it unpacks to; either may hold everything under `eval_bundle/`):
-
-    core.yaml               icl_tasks: [{label, dataset_uri, num_fewshot: [n], icl_task_type,
-                                         continuation_delimiter (default " ")}, ...]   (22 tasks)
-    eval_meta_data.csv      columns "Eval Task" (the label) and "Random baseline" (percent)
-    eval_data/<dataset_uri> one JSON object a line, by icl_task_type:
-                              multiple_choice    {"query", "choices": [...], "gold": index}
-                              schema             {"context_options": [...], "continuation", "gold": index}
-                              language_modeling  {"context", "continuation"}
-
-Each task's examples are shuffled with random.Random(1337), as nanochat does, and then capped to
-`limit` (nanochat's --max-per-task): a capped figure is a quick one, not the CORE metric. A zip is
-read in place, never unpacked.
-
-What base_eval.py reads, this reads, so that a run on the real bundle never stops on its data: a
-JSONL line ends where Python's text mode ends one (at LF, CR LF or CR; never at the other breaks
-str.splitlines() knows, such as U+2028 inside a JSON string) and is stripped before json.loads;
-blank lines are skipped (nanochat would stop on one); fields may be empty strings; a leading UTF-8
-BOM is dropped (pandas drops it from the CSV); a task's baseline is the CSV's first row with its
-label (pandas' .values[0]), and rows of tasks core.yaml does not list are not read; num_fewshot's
-first value is the one used. What nanochat could not score either is one CoreError naming the file
-(and line): a missing file, malformed YAML, CSV or JSON, a missing field or one of the wrong type,
-an empty list of options, a `gold` out of range, a task without a baseline. Pure Python (yaml, csv,
-json, zipfile): jaxgpt/training/run.py reads the bundle before JAX starts.
+The bundle is a zip (read in place, never unpacked) or the folder it unpacks to, either possibly
+under `eval_bundle/`; its files: docs/core.md "The bundle". Each task's examples are shuffled with
+random.Random(1337), as nanochat does, then capped to `limit` (a capped figure is a quick one, not
+the CORE metric). Whatever base_eval.py reads, this reads (JSONL lines split as Python's text mode
+splits them, blank lines skipped, a UTF-8 BOM dropped, a task's first CSV row and first
+num_fewshot used); whatever nanochat could not score either is one CoreError naming the file and
+line. Pure Python: jaxgpt/training/run.py reads the bundle before JAX starts.
 """
 
 from __future__ import annotations

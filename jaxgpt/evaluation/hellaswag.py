@@ -4,22 +4,13 @@
     examples = read_examples(path, limit=500)            # rowanz jsonl: ctx, endings (4), label
     r = evaluate.hellaswag_score(model, examples, get_tokenizer("gpt2"))   # {"acc", "acc_norm", ...}
 
-Each example is 4 rows, context + " " + ending (the ending encoded with its leading space, as
-llm.c's render_example does); per row the next-token losses of the ending's tokens only are
-summed. `acc` is the share of examples whose lowest summed loss is the labelled ending's,
-`acc_norm` the same with the mean loss per ending token. GPT-2 124M scores acc 0.2859 /
-acc_norm 0.2955 this way on the 10,042 validation examples (llm.c's figures).
-
-The rows are tokenized with the run's tokenizer: with `gpt2` the figures compare with llm.c's,
-with `bytes` they compare between byte-level models only. A row longer than the model's
-context keeps its last context_length tokens (llm.c's models never need this; a 64-token
-char model does), and the result counts how many examples were cut so.
-
-On the device: the 4 rows of an example go into one padded batch with the rows of the next
-examples, `batch_examples` examples per call; rows are padded to the next of 32, 64, 128, ...
-(at most the context), so a run compiles one program per such length, never per example.
-Pure numpy and the standard library here (jaxgpt/training/run.py reads the file before JAX starts); the
-device loop is scoring.hellaswag_score, the compiled program scoring.ending_losses.
+Each example is 4 rows, context + " " + ending, the loss summed over the ending's tokens only;
+`acc` is the share of examples whose lowest summed loss is the labelled ending's, `acc_norm` the
+same by mean loss per token. Figures compare with llm.c's only with the `gpt2` tokenizer. A row
+longer than the context keeps its last context_length tokens, and the result counts the examples
+cut. Rows are padded to 32, 64, 128, ... tokens: one program per length. Pure numpy and the
+standard library (jaxgpt/training/run.py reads the file before JAX starts); the device loop is
+scoring.hellaswag_score. More: docs/evaluation.md "HellaSwag".
 """
 
 from __future__ import annotations

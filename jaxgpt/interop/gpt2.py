@@ -3,8 +3,7 @@
 An import writes a run directory that every tool accepts:
 
     runs/gpt2/model.json          gpt2, vocab/context/sizes from the file, qkv_bias, tied embeddings
-                                  (bias=false when every bias in the file is exactly zero: our
-                                  export of a bias-free model, which writes zeros)
+                                  (bias=false when every bias in the file is exactly zero)
     runs/gpt2/train.json          a fine-tuning run on the built-in corpus with the gpt2 tokenizer,
                                   "init_from": "pretrained"
     runs/gpt2/pretrained/         a weights-only checkpoint: model.safetensors (our dotted keys),
@@ -14,12 +13,9 @@ An import writes a run directory that every tool accepts:
     uv run evaluate.py runs/gpt2
     uv run train.py runs/gpt2               # fine-tunes FROM pretrained/ at step 0 with a fresh optimiser
 
-The mapping is direct: Hugging Face's Conv1D weights are (in, out) like nnx.Linear kernels, so
-nothing is transposed except an untied `lm_head.weight` (an nn.Linear, (out, in)). c_attn holds
-q, k, v side by side along its output axis with head h in columns h*D:(h+1)*D of each, exactly
-our qkv kernel's layout. The causal-mask buffers (`h.N.attn.bias`, `h.N.attn.masked_bias`) are
-not weights and are skipped. The head count is not visible in the shapes: it comes from
---n-heads, a config.json beside the file, the size table below, or emb_dim / 64 (every GPT-2).
+Only an untied `lm_head.weight` is transposed (Conv1D weights are (in, out), as nnx.Linear
+kernels; c_attn is our qkv layout). The causal-mask buffers are skipped. The head count comes from
+--n-heads, a config.json beside the file, the size table, or emb_dim / 64.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """Our tokenizers as transformers' files (tokenizer.json + tokenizer_config.json), and back, without
 JAX or transformers: the tokenizer half of both exports (nanochat_hf.py, gpt2.py).
 
-Every export writes one `tokenizers` tokenizer.json that `transformers.AutoTokenizer` loads as a
-PreTrainedTokenizerFast (TokenizersBackend in transformers 5), whatever the run's tokenizer:
+An export writes one `tokenizers` tokenizer.json that `transformers.AutoTokenizer` loads, whatever
+the run's tokenizer:
 
-    "gpt2"     GPT-2's byte-level BPE, from the encoder.json and vocab.bpe that tiktoken keeps in its
-               cache (the same files tiktoken builds our "gpt2" from; no network when they are cached)
-    "bytes"    a BPE with no merges over a 256-entry vocabulary, byte b -> id b (GPT-2's byte-to-unicode
-               spelling), ByteLevel pre-tokenizer and decoder, and <|endoftext|> = 256
+    "gpt2"     GPT-2's byte-level BPE, from the encoder.json and vocab.bpe in tiktoken's cache
+    "bytes"    a BPE with no merges over 256 entries, byte b -> id b, and <|endoftext|> = 256
     a trained  the tokenizer.json the checkpoint keeps (or the data root's), byte for byte
 
-An import recognises GPT-2's and the bytes tokenizer by their whole vocabulary (and merges), and
-takes any other tokenizer.json as a trained one. Our trained tokenizers end documents with
-<|endoftext|>; karpathy/nanochat's begin them with <|bos|> and have no <|endoftext|>, and in a
-stream of documents the two separators sit at the same places, so the token the folder names as
-its bos_token is renamed <|endoftext|> (same id, same encodings of any text).
+An import recognises GPT-2's and the bytes tokenizer by their whole vocabulary (and merges) and
+takes any other as a trained one. One with no <|endoftext|> (karpathy/nanochat's, whose documents
+begin with <|bos|>) has its bos token renamed <|endoftext|>: the same id, the same encodings.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The modern recipe as transformers' `nanochat` model type (NanoChatForCausalLM), and back (convert_hf.py).
 
-    uv run convert_hf.py export runs/<name> out/   # out/: config.json, model.safetensors, generation_config.json,
-                                                   #  tokenizer.json, tokenizer_config.json, special_tokens_map.json
+    uv run convert_hf.py export runs/<name> out/   # out/: config.json, model.safetensors, tokenizer files
     uv run convert_hf.py import out/ runs/<new>    # runs/<new>: model.json, train.json, pretrained/ (init_from)
 
-Numpy, safetensors and json only: no JAX. What maps (transformers 5: models/nanochat/):
-
-    model.json                       config.json
-    vocab_size, context_length       vocab_size, max_position_embeddings
-    emb_dim, n_layers, n_heads       hidden_size, num_hidden_layers, num_attention_heads
-    n_kv_heads (null = n_heads)      num_key_value_heads
-    4 * emb_dim (our MLP width)      intermediate_size
-    rope_base                        rope_parameters {"rope_type": "default", "rope_theta": rope_base}
-    mlp "relu2" / "gelu"             hidden_act "relu2" / "gelu_pytorch_tanh" (NanoChatMLP: ACT2FN[hidden_act])
-    logit_softcap (null = none)      final_logit_softcapping (null = none)
-    tie_embeddings                   tie_word_embeddings
-    RMSNorm epsilon (layers.py)      rms_norm_eps 1e-6
-    bias false                       attention_bias false
+No JAX. The config keys: docs/serving.md "What maps". Weights:
 
     our weights, nnx kernels (in, out)    model.safetensors, torch Linear weights (out, in), float32
     tok_emb.embedding (V, C)              model.embed_tokens.weight (V, C)
@@ -26,13 +13,9 @@ Numpy, safetensors and json only: no JAX. What maps (transformers 5: models/nano
     blocks.i.mlp.fc / .out.kernel         model.layers.i.mlp.fc1.weight (4C, C) / fc2.weight (C, 4C)
     head.kernel (C, V)                    lm_head.weight (V, C); absent when tied
 
-One mapping is not a transpose. NanoChat's rotary turns each pair (x_j, x_{j+D/2}) by minus the
-angle (its rotate_half returns cat(x2, -x1), Llama's cat(-x2, x1)); ours turns it by plus the angle.
-Turning by -a is negating x_{j+D/2}, turning by +a and negating it back, and q.k does not see a
-sign flip applied to both q and k; so the rows of the second half of every head of q_proj and k_proj
-are negated, on export and on import alike (exact: the round trip is bit for bit). The norms have
-no weights on either side, and our QK-norm before the rotary equals theirs after it (a rotation
-keeps the RMS). A model.json option NanoChat cannot compute is refused in one line (_REFUSED).
+The second half of every q_proj and k_proj head's rows is negated both ways (NanoChat's rotary
+turns the other way; q.k unchanged, the round trip exact). A model.json option NanoChat cannot
+compute is refused in one line (_REFUSED).
 """
 
 from __future__ import annotations

@@ -4,19 +4,13 @@
     folder = train_tokenizer("shakespeare-4k", "tinyshakespeare", data_root, vocab_size=4096)
     # -> data_root/tokenizers/shakespeare-4k/{tokenizer.json, meta.json}; train.json "tokenizer": "shakespeare-4k"
 
-The tokenizer is nanochat's HuggingFaceTokenizer recipe on Hugging Face `tokenizers`: GPT-4's
-pre-split regex (numbers in runs of at most two digits), byte-level (all 256 bytes are initial
-tokens, so any text encodes), no normalizer, and five special tokens after the learned ones:
-"<|endoftext|>", which documents are separated with (jaxgpt/data/tokenizer.py: TrainedTokenizer),
-then nanochat's role tokens for chat (<|user_start|>, <|user_end|>, <|assistant_start|>,
-<|assistant_end|>: jaxgpt/conversations/template.py's "nanochat" template). It learns from
-the same train split the source's dataset trains on (prepare.py's _corpus, same options), so the
-validation documents are never seen; its compression (bytes per token) on those validation
-documents, against GPT-2's, is printed and kept in meta.json. FineWeb-Edu is read as nanochat's
-scripts/tok_train.py reads it: the first max_chars characters of the train files, each document cut
-to doc_cap, measured on the fixed validation file. The same corpus and settings give a
-byte-identical tokenizer.json; a folder holding a different tokenizer of that name is replaced
-only with force=True (--force). The reference: docs/tokenizers.md.
+nanochat's recipe on Hugging Face `tokenizers` (GPT-4's pre-split regex, byte-level, no
+normalizer), with five special tokens after the learned ones: "<|endoftext|>", then nanochat's
+four role tokens (the "nanochat" chat template). It learns from the train split the source's
+dataset trains on, never the validation documents, on which its bytes per token against GPT-2's
+is printed and kept in meta.json; FineWeb-Edu as nanochat's tok_train.py reads it. The same corpus
+and settings give a byte-identical tokenizer.json; a folder holding a different tokenizer of that
+name is replaced only with force=True (--force). Reference: docs/tokenizers.md.
 """
 
 from __future__ import annotations

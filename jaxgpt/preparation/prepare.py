@@ -1,35 +1,17 @@
 """Prepare a tokenized corpus on disk: train/val safetensors shards + manifest.json (download_dataset.py).
 
-Sources (each keeps its defaults in DEFAULT_OPTIONS; train.json's "dataset" names one):
-    builtin          a few MB of English technical prose that ships with every Python: the pydoc
-                     help topics plus the standard library's docstrings, read with `ast` (offline).
-    text             local .txt / .md files (one document each), .jsonl files (one document per
-                     line, its "text" field) and .parquet files (one document per row of the string
-                     column `text_column`, read a row group at a time), given as files, folders
-                     (recursive) or globs.
-    tinyshakespeare  the 1.1 MB char-rnn corpus, downloaded once into <data>/downloads/ (sha256
-                     checked) or taken from --from <file>; the last 10% of the characters is
-                     validation, cut exactly where nanoGPT's prepare.py cuts (option "split").
-    fineweb10B-gpt2  FineWeb-10B pre-tokenized with GPT-2 (Hugging Face kjj0/fineweb10B-gpt2, llm.c
-                     .bin files of 100M tokens): only as many train files as the training length
-                     needs, fetched with huggingface_hub unless --from <folder> or
-                     <data>/downloads/fineweb10B-gpt2/ already holds them (see fineweb.py).
-    fineweb-edu      FineWeb-Edu as text (nanochat's karpathy/fineweb-edu-100b-shuffle parquet shards),
-                     tokenized here with any tokenizer, shard by shard and resumable after a kill;
-                     only as many train shards as the training length needs (see fineweb_edu.py).
-    conversations    Alpaca and chat records (.json / .jsonl / .parquet) rendered with a chat template,
-                     with a loss mask on the answers, for instruction fine-tuning (chat_prepare.py).
-    instructions     the built-in instruction set with checkable answers (instructions.py), the same way.
-
-Documents are tokenized with `bytes`, `gpt2` or a tokenizer trained on a corpus (bpe.py) and each
-is followed by the end-of-text token; a validation fraction is held out by whole documents (or,
-with too few documents for that, as the last part of the text). A folder whose manifest matches
-the request (source, options, fingerprint, tokenizer and, for a trained one, its sha256) is reused
-as is; anything else is rebuilt atomically. The data root is --data-dir, else $JAXGPT_DATA_DIR,
-else the repository's data/. From Python:
-
     from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
     path = prepare_dataset("text", "gpt2", default_data_root(), options={"paths": ["corpus/"]})
+
+Sources (train.json's "dataset" names one; each keeps its defaults in DEFAULT_OPTIONS): builtin
+(offline), text (.txt, .md, .jsonl, .parquet files, folders or globs), tinyshakespeare,
+fineweb10B-gpt2 (fineweb.py), fineweb-edu (fineweb_edu.py), conversations and instructions
+(jaxgpt/conversations/prepare.py); what each reads: docs/data.md "Data". Documents are tokenized
+with `bytes`, `gpt2` or a tokenizer trained here (bpe.py), each followed by the end-of-text token;
+validation is held out by whole documents (or the text's last part when too few). A folder whose
+manifest matches the request (source, options, fingerprint, tokenizer and its sha256) is reused;
+anything else is rebuilt atomically. The data root: --data-dir, else $JAXGPT_DATA_DIR, else the
+repository's data/.
 """
 
 from __future__ import annotations
@@ -437,17 +419,11 @@ def prepare_dataset(
 ) -> Path:
     """Make sure data_root holds the requested dataset (see dataset_dir) and return its path.
 
-    Reuses the folder when its manifest matches (source, options, fingerprint, tokenizer);
-    otherwise reads, downloads or converts the source and writes it atomically, replacing the old
-    folder. train_tokens (the run's training length) decides how many FineWeb files are needed;
-    from_path is a local copy of a downloadable source (tinyshakespeare: the file; FineWeb: a
-    folder of .bin files; FineWeb-Edu: a folder of .parquet shards).
-
-    The rest have the defaults every run uses; a test passes smaller ones: shard_tokens, the tokens
-    of a shard; one_read_bytes, the largest local text tokenized while it is counted (read once);
-    workers and chunk_bytes, the tokenizer's threads (default: every core) and the text each takes
-    at a time; tinyshakespeare, the file downloaded for that source; edu_train_files, how many
-    FineWeb-Edu train shards are published.
+    Reuses the folder when its manifest matches, else writes it atomically. train_tokens (the run's
+    length) decides how many FineWeb files are needed; from_path is a local copy of a downloadable
+    source (tinyshakespeare: the file; FineWeb: a folder of .bin files; FineWeb-Edu: of .parquet
+    shards). The keyword arguments after `log` have every run's defaults; tests pass smaller ones
+    (shard_tokens, one_read_bytes, workers, chunk_bytes, tinyshakespeare, edu_train_files).
     """
     resolved = resolve_options(source, options)
     _check_request(source, tokenizer, from_path)

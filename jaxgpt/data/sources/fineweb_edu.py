@@ -1,26 +1,18 @@
 """FineWeb-Edu as text (nanochat's parquet shards), tokenized here with any tokenizer, resumably.
 
-The Hugging Face dataset repo karpathy/fineweb-edu-100b-shuffle holds shard_00000.parquet ..
-shard_01822.parquet (~100 MB each, row groups of 1,024 documents, a string column "text"): the
-sample-100BT subset of HuggingFaceFW/fineweb-edu, shuffled, as nanochat trained on it. As in
-nanochat, the last shard (shard_01822) is the validation split; train shards are taken in order
-from shard_00000.
+karpathy/fineweb-edu-100b-shuffle holds shard_00000.parquet .. shard_01822.parquet (a string
+column "text"); as in nanochat, the last is the validation split and train shards are taken in
+order from shard_00000, until their tokens reach `train_tokens` or exactly `train_shards` of them.
+Each file is read from --from <folder> in place, else from <data>/downloads/fineweb-edu/, else
+fetched there with huggingface_hub.
 
-prepare() tokenizes one parquet shard at a time into a *staged shard*: a small dataset folder
-<dataset>.staging/shard_NNNNN/ whose train split holds that file's tokens, written by
-shards.write_dataset (a temporary folder, fsync, then one rename). So a killed preparation leaves
-finished staged shards, which a rerun reuses as they are, and at most one unfinished temporary
-folder, which it deletes. The dataset itself (<dataset>/manifest.json + shards) is then built by
-hard-linking the staged shards in order, so it is byte-identical whether or not it was
-interrupted, and a longer run tokenizes only the shards it adds. Train shards are taken until
-their tokens reach the run's length (`train_tokens`), or exactly `train_shards` of them.
+prepare() tokenizes one shard at a time into a staged shard (<dataset>.staging/shard_NNNNN/,
+written atomically), then hard-links the staged shards into the dataset. A killed preparation
+resumes from its finished staged shards, and the dataset is byte-identical whether or not it was
+interrupted: docs/fineweb-edu.md "Tokenizing shard by shard, resuming after a kill".
 
-Each parquet file is read from --from <folder> when it is there (in place, never copied), else
-from <data>/downloads/fineweb-edu/, else fetched there with huggingface_hub.
-
-tokenizer_files/capped_documents give the text a tokenizer is trained on (bpe.py, nanochat's
-scripts/tok_train.py): the first train files' documents, each cut to a number of characters, up to
-a number of characters in all; no file past those is opened.
+tokenizer_files/capped_documents give the text a tokenizer is trained on (bpe.py): the first train
+files' documents, each cut to a number of characters, up to a total; no file past those is opened.
 """
 
 from __future__ import annotations

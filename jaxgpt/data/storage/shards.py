@@ -287,11 +287,10 @@ def write_dataset(
 ) -> dict:
     """Write a dataset atomically (see DatasetWriter) and return its manifest.
 
-    `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each
-    already ending with its end-of-text token; they are concatenated in order and cut into
-    shards of `shard_tokens` tokens (2**27 = 256 MiB of uint16 by default). Or it is one stream
-    of (split, array) pairs, the two splits interleaved in any way (one pass over a corpus whose
-    documents go to either split): each split's shards are the same as from the mapping.
+    `splits` maps "train" and "val" to iterables of 1-D token arrays, one per document, each ending
+    with its end-of-text token, concatenated in order and cut into shards of `shard_tokens` tokens
+    (2**27 by default). Or it is one stream of (split, array) pairs, the splits interleaved in any
+    way: each split's shards are the same as from the mapping.
     """
     dataset_dir = Path(dataset_dir)
     if isinstance(splits, Mapping) and sorted(splits) != sorted(SPLITS):
