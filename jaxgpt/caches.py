@@ -1,29 +1,15 @@
 """What this harness keeps per user and machine, in $JAXGPT_CACHE_DIR (default ~/.cache/jaxgpt):
-XLA's compiled programs (xla/), the measured matmul peak behind MFU (peak_flops.json, mfu.py),
-the built-in corpus's fingerprint (builtin_fingerprint.json, download_dataset.py) and the CPU's
-bfloat16 decode kernel built from jaxgpt/cpu/matvec.cc (native/). Everything here can be deleted at any
-time: it is measured, computed or built again.
+XLA's compiled programs (xla/<cpu>), the measured matmul peak (peak_flops.json), the built-in
+corpus's fingerprint (builtin_fingerprint.json) and the CPU's bfloat16 decode kernel (native/).
+Any of it may be deleted at any time: it is measured, computed or built again.
 
     caches.enable_compile_cache()   # before the first compile: train.py, evaluate.py, the smoke tests
     caches.recall("peak_flops.json", key) / caches.remember("peak_flops.json", key, value)
 
-The compile cache is JAX's own (jax_compilation_cache_dir, keyed by the program, the compile
-options, the XLA flags and the jax/jaxlib version): a resumed, restarted or repeated run loads its
-train step, evaluation and generation programs from disk instead of compiling them again. This
-module only gives it defaults, and a setting the user made wins:
-
-- where: $JAX_COMPILATION_CACHE_DIR, else $JAXGPT_CACHE_DIR/xla/<cpu>, <cpu> naming the CPU,
-  since an XLA:CPU program is compiled for the CPU it was compiled on and one home directory may
-  be shared by machines of several kinds;
-- off: JAX_ENABLE_COMPILATION_CACHE=false;
-- every program, however quick its compile (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, JAX's
-  default 1 s): a CPU run's programs compile in well under a second each, and they add up;
-- at most COMPILE_CACHE_BYTES on disk (JAX_COMPILATION_CACHE_MAX_SIZE), least recently used
-  evicted first. A size limit is also what makes JAX take a file lock around each read and
-  write: without one, two processes of one machine (a multi-process run, two runs at once) could
-  read an entry the other is still writing.
-
-The compile cache is trusted code: keep it where only you can write (the JAX docs' warning).
+The compile cache is JAX's own; this module only gives it defaults (every program kept, at most
+COMPILE_CACHE_BYTES, least recently used evicted first), and a JAX_COMPILATION_CACHE_* or
+JAX_ENABLE_COMPILATION_CACHE setting of the user's wins. It is trusted code: keep it where only
+you can write. Why each default: docs/how-it-works.md "The per-user caches".
 """
 
 from __future__ import annotations

@@ -14,13 +14,10 @@ REPEAT_S = 2.0  # signals this soon after the first stop request are copies of i
 class StopFlag:
     """SIGINT and SIGTERM ask the run to finish its step, write a checkpoint and exit 130.
 
-    One request often arrives more than once: a signal to the process group (a job scheduler,
-    systemd, a container stop, `kill -INT -- -PGID`) reaches both `uv` and python, and uv
-    forwards its copy too. So every signal within repeat_s (2 s) of the first is the same request, and
-    SIGTERM never aborts (SLURM and Kubernetes send SIGTERM, then SIGKILL after a grace period:
-    the checkpoint is the point). Only a later, distinct SIGINT (a second Ctrl-C, on purpose)
-    aborts at once, raising KeyboardInterrupt. Installed by train.py before anything else runs,
-    so a request during set-up or compilation is kept for the loop to honour.
+    Every signal within repeat_s (2 s) of the first is the same request (a signal to the process
+    group reaches both `uv` and python, and uv forwards its copy); SIGTERM never aborts. Only a later,
+    distinct SIGINT (a second Ctrl-C) aborts at once, raising KeyboardInterrupt. train.py installs it
+    first thing, so a request during set-up or compilation is kept for the loop.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, repeat_s: float = REPEAT_S) -> None:

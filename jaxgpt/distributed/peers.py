@@ -1,28 +1,16 @@
 """The other processes of a multi-process run: joining them, watching them, agreeing on stops, leaving.
 
-A multi-host run loses a process more often than anything else goes wrong (a preempted host, an
-out-of-memory kill, a reboot). Left to JAX's defaults, the survivors hold their accelerators idle
-until a 100 s heartbeat timeout and then abort with a C++ check failure, and a SIGTERM is caught by
-JAX's own handler and ignored. Here:
-
-- `join` starts jax.distributed with the heartbeat timeout the user sets (train.py --peer-timeout),
-  in JAX's recoverable mode (a dead process is reported to the others, not fatal to them) and
-  without JAX's preemption notifier, so train.py's StopFlag keeps SIGTERM: a stop at an agreed
-  step, with a checkpoint, as in a single-process run.
-- `Peers` asks the coordination service, from a thread, which processes are alive (a barrier-like
-  round about every second: a round completes when every live process has asked, or when the
-  service declares a missing one dead, `peer_timeout` after its last heartbeat). A process missing
-  from a round makes every survivor print one line naming it, `latest` and the command to resume,
-  and exit PEER_LOST at once, without JAX's shutdown barrier.
+- `join` starts jax.distributed with the user's heartbeat timeout (train.py --peer-timeout), in
+  JAX's recoverable mode and without JAX's preemption notifier, so train.py's StopFlag keeps
+  SIGTERM.
+- `Peers` watches, from a thread, which processes are alive; when one is lost every survivor
+  prints one line naming it, `latest` and the command to resume, and exits PEER_LOST at once.
 - `StopVotes` agrees on stop requests through the devices without stalling the loop.
-- `Peers.leave` ends a finished run in order: the other processes first, process 0 (which hosts
-  the coordination service) last, so that none of them finds the service gone while leaving.
+- `Peers.leave` ends a finished run in order: process 0, which hosts the coordination service,
+  last.
 
-When process 0 itself dies, the service dies with it and JAX's client ends every other process at
-once (exit 134 after its own "Terminating process because the JAX distributed service detected
-fatal errors" message): JAX 0.10 gives Python no way around that (the client's
-missed_heartbeat_callback cannot be called from Python: its status argument has no conversion,
-which ends in std::bad_cast).
+When process 0 dies, JAX's client ends every other process (exit 134); Python cannot intercept it.
+What each event does: docs/multi-device.md "When a process is stopped or dies".
 """
 
 from __future__ import annotations
@@ -189,11 +177,10 @@ class Peers:
 class StopVotes:
     """Whether any process has a stop request, agreed without stalling the loop.
 
-    One process reads its own flag. Several vote through the devices: `cast` dispatches, right
-    after a step, a max over one flag per device (each process's request on its own devices), and
-    `count` reads that vote one step later, with the step's results. Every process thus reads the
-    same value for the same step and they stop at the same step, while no host waits for a step to
-    finish before dispatching the next (a blocking all-gather of the flags every step did).
+    One process reads its own flag. Several vote through the devices: `cast`, right after a step,
+    dispatches a max over one flag per device, and `count` reads that vote one step later, with the
+    step's results. Every process reads the same value for the same step, so they all stop at the
+    same step, and no host waits for a step to finish before dispatching the next.
     """
 
     def __init__(self, stop: StopFlag, mesh: Mesh) -> None:

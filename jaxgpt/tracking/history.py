@@ -114,10 +114,9 @@ def median_window(n: int) -> int:
 
 def rolling_median(values: list[float], window: int, max_points: int = 1000) -> tuple[list[int], list[float]]:
     """Trailing running median: at step i, the median of the `window` steps up to i (fewer at the
-    start). Unlike a mean, one slow step (a compile, a validation pause) or one fast read does not
-    move it; trailing, like the EMA of the loss, so its last point is the current rate. Evaluated
-    at up to max_points evenly spread steps (a chart is under a thousand pixels wide), so a long
-    run costs max_points medians. Returns (indices into values, medians)."""
+    start), so one slow step (a compile, a validation pause) does not move it and its last point is
+    the current rate. Evaluated at up to max_points evenly spread steps. Returns (indices into values,
+    medians)."""
     arr = np.asarray(values, dtype=float)
     if arr.size == 0:
         return [], []

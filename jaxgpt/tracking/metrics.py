@@ -3,18 +3,13 @@
     runs/<name>/metrics.jsonl                        # the record: what the charts and any tool read
     runs/<name>/tensorboard/events.out.tfevents.*   # the same scalars for `uv run tensorboard --logdir runs`
 
-metrics.jsonl holds one JSON object a line: a line per step (TAGS' train/, optim/ and perf/ tags),
-one per validation (val/), per HellaSwag score (hellaswag/), per CORE score (core/), per target reached (target/), one
-naming each checkpoint written ({"step": N, "checkpoint": "<folder>"}) and one with the configs at
-the start of each session ({"step": N, "configs": {"model.json": ..., "train.json": ...}}). Every
-line has "step" and "time" (Unix seconds). jaxgpt/tracking/history.py reads it back.
-
-Process 0 alone writes. A resumed run trains again the steps since its checkpoint, so each
-session first cuts the record back to the step it resumes from: metrics.jsonl is truncated after
-that step's lines (a line torn by a kill is dropped with them), and the TensorBoard writer starts
-with tensorboardX's purge_step at the next step, which TensorBoard's readers take as "discard
-every event from this step on". The event files are an output written alongside the record, with
-tensorboardX's SummaryWriter (no TensorFlow).
+metrics.jsonl holds one JSON object a line: one per step (TAGS' train/, optim/ and perf/ tags), per
+validation (val/), per HellaSwag (hellaswag/) and CORE (core/) score, per target reached
+(target/), per checkpoint written ({"step": N, "checkpoint": "<folder>"}) and per session start
+({"step": N, "configs": {...}}). Every line has "step" and "time" (Unix seconds);
+jaxgpt/tracking/history.py reads it back. Process 0 alone writes. A resumed session first cuts the
+record back to its checkpoint's step (a line torn by a kill goes with them), and starts the
+TensorBoard writer (tensorboardX, no TensorFlow) with purge_step at the next step.
 """
 
 from __future__ import annotations

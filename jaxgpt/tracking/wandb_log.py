@@ -3,20 +3,13 @@
     runs/<name>/wandb.json    {"id": "<W&B run id>"}: every session of the run logs into that W&B run
     runs/<name>/wandb/        wandb's own files; an offline session's are offline-run-<time>-<id>/
 
-RunLog (metrics.py) calls WandbLog, on process 0 only, in the same calls that write TensorBoard's
-events: one place records a step's scalars, and W&B gets exactly what TensorBoard and metrics.jsonl
-get, at the same optimiser step (W&B's step), from values the loop has already read back. The
-`wandb` package is an optional extra, imported only here and only for a section whose mode is not
-"disabled"; check() finds it missing (or the mode or wandb.json bad) while the run is validated,
-before anything compiles.
-
-Resume. A session resumes from its checkpoint and trains the steps after it again; W&B's history
-takes each step once and ignores a step below the last it holds ("steps must be monotonically
-increasing"). So a session sends nothing at or below its checkpoint's step (those are in W&B since the
-session that trained them), nor, online, below the step the resumed W&B run reports; the steps it
-trains again after the checkpoint are sent, and W&B keeps the first value it got for each (a replay
-is deterministic: only perf/* differ). Offline, each session is its own offline-run folder with the
-same id, and `wandb sync` uploads them in order of start into the one run, to the same effect.
+RunLog (metrics.py) calls WandbLog on process 0 only, in the calls that write TensorBoard's events:
+W&B gets what TensorBoard and metrics.jsonl get, at the same optimiser step (W&B's step). The
+`wandb` package, an optional extra, is imported only here and only for a mode other than
+"disabled"; check() finds it missing, or the mode or wandb.json bad, before anything compiles. A
+resumed session sends nothing at or below its checkpoint's step (online, nor below the resumed W&B
+run's last step); W&B keeps a step's first value. Offline sessions are separate folders with one
+id, which `wandb sync` uploads in order. More: docs/watching.md "Weights & Biases".
 """
 
 from __future__ import annotations

@@ -3,16 +3,11 @@
     flops_per_token(model_cfg, seq_len)   # training (forward + backward) FLOPs of one token
     peak_flops("bfloat16")                # (FLOP/s, where the figure comes from) for this machine
 
-MFU = tokens/s x flops_per_token / peak. The trainer (progress bar, checkpoint line, meta.json,
-TensorBoard) and the benchmarks (bench/) use these same functions.
-
-The peak of an accelerator is its spec sheet's bf16 dense figure (CHIP_PEAKS_TFLOPS, times the
-number of devices); a CPU, or a chip the table does not know, gets a measured matmul peak of the
-compute dtype instead, stored per machine with its date and CPU (in $JAXGPT_CACHE_DIR, default
-~/.cache/jaxgpt/peak_flops.json, keyed by device kind, CPU model, core count, jax and dtype). A busy
-machine cannot lower it: it is the best of several trials, only ever raised (by measuring again,
-`python -m jaxgpt.training.mfu`, or by a run whose achieved rate over a checkpoint's window beats
-it: raise_peak), and MFU is capped at 1.
+MFU = tokens/s x flops_per_token / peak, capped at 1; the trainer and the benchmarks use these same
+functions. An accelerator's peak is its spec sheet's bf16 dense figure (CHIP_PEAKS_TFLOPS, times
+the devices); a CPU or an unknown chip gets a measured matmul peak of the compute dtype, the best of
+several trials, kept per machine in $JAXGPT_CACHE_DIR/peak_flops.json and only ever raised
+(`python -m jaxgpt.training.mfu`, or raise_peak with a run's rate). More: docs/watching.md "MFU".
 """
 
 from __future__ import annotations
@@ -56,11 +51,9 @@ CHIP_PEAKS_TFLOPS: tuple[tuple[str, float], ...] = (
 def flops_per_token(model: ModelConfig, seq_len: int) -> float:
     """Training (forward + backward = 3 x forward) FLOPs of one token of a length-`seq_len` sequence.
 
-    Each weight of a matmul costs 2 FLOPs a token forward and 4 backward: 6 N for the N = 12 L C^2
-    block weights (qkv 3 C^2, projection C^2, MLP 8 C^2) plus V C of the output head. Attention's
-    two products (q k^T and a v) add 2 x 2 T C per layer forward, 12 L T C for training: the full
-    T x T square, as PaLM and nanoGPT's estimate_mfu count it (a causal kernel skips about half of
-    it, but MFU compares runs and papers by this convention).
+    6 x (the head's V C + the blocks' 12 L C^2: qkv 3 C^2, projection C^2, MLP 8 C^2; less with
+    grouped-query keys), plus 12 T C per layer (T capped by its window) for attention's two products
+    over the whole T x T square, as PaLM and nanoGPT count it (a causal kernel skips about half).
     """
     C = model.emb_dim
     matmul_params = model.vocab_size * C  # the output head

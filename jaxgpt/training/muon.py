@@ -1,24 +1,19 @@
 """Muon's half of the optimiser: which parameter goes to which part, and the Muon transform itself.
 
-The routing table is written once, from the logical axis names jaxgpt/model/ gives every parameter (the
-names sharding.py maps onto the mesh), per layer (a scan_layers model's leading "layers" axis set
-aside):
+The routing table is written once, from the parameters' logical axis names (a scan_layers model's
+leading "layers" axis set aside):
 
-    muon    2-D matrices of the blocks, axes among embed/heads/qkv/kv/mlp: attention q, k, v (the fused
-            (C, 3C) "qkv" kernel as three (C, C) matrices; with grouped-query attention the (C, C)
-            queries and the (C, 2KD) "kv" kernel as two), its output projection, MLP fc and out
+    muon    the blocks' 2-D matrices, axes among embed/heads/qkv/kv/mlp: attention q, k, v (the fused
+            (C, 3C) "qkv" kernel as three (C, C) matrices; with grouped-query attention, q and the
+            (C, 2KD) "kv" kernel as two), its output projection, MLP fc and out
     embed   ("vocab", "embed") token embedding (also the head when tied) and value embeddings,
             ("ctx", "embed") positions
     head    ("embed", "vocab") untied output head
-    scalar  everything of rank < 2: every norm scale and bias, the connections' per-layer scalars;
-            and the value embeddings' small ("gate", "gate") gates
+    scalar  everything of rank < 2, and the value embeddings' ("gate", "gate") gates
 
-Muon (optax.contrib.scale_by_muon) orthogonalises the momentum of each matrix with Newton-Schulz
-iterations; every axis its MuonDimensionNumbers do not name is a batch axis, so the stacked (L, ...)
-leaves of a scan_layers model are orthogonalised layer by layer, and the fused qkv kernel, seen as
-(C, 3, C), as q, k and v apart. Its momentum state has that view's shape, and the view's logical
-names ("embed", None, "qkv"), so it shards (FSDP, tensor parallel) as the kernel does. jaxgpt/training/optimizer.py
-puts the parts together (optax.partition inside inject_hyperparams).
+Axes MuonDimensionNumbers do not name are batch axes: stacked layers and the fused qkv (seen as
+(C, 3, C)) are orthogonalised matrix by matrix, momentum sharded as the kernel. optimizer.py
+assembles the parts. More: docs/recipes.md "Muon".
 """
 
 from __future__ import annotations

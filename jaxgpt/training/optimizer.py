@@ -235,12 +235,10 @@ def optimizer_stats(optimizer: nnx.Optimizer) -> dict[str, jax.Array]:
 def close_skipped_window(optimizer: nnx.Optimizer) -> jax.Array:
     """Keep one optimiser step per k microbatches when apply_if_finite skipped some of them.
 
-    A skipped microbatch does not advance MultiSteps, so after k microbatches its window would
-    still be open and would swallow the next step's first microbatch: every later step would
-    straddle two batches. Instead, an open window at the end of a step is dropped: a step with
-    a non-finite microbatch gradient is skipped whole (as PyTorch's GradScaler skips a step),
-    and the counters say so. Returns whether an open window was dropped (the step's statistics
-    say whether it applied an update: jaxgpt/training/train_step.py compares MultiSteps' gradient_step).
+    A skipped microbatch does not advance MultiSteps, so its window would still be open after k
+    microbatches and swallow the next step's first one. Instead an open window at a step's end is
+    dropped: the step is skipped whole (as PyTorch's GradScaler does), and the counters say so.
+    Returns whether an open window was dropped.
     """
     state = nnx.as_pure(optimizer.opt_state)
     dropped = optax.tree.get(state, "mini_step") != 0

@@ -30,18 +30,11 @@ def _train_step(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
 
-    batch: (k, B, T) fields (data/batch.py); step_key: the dropout key of this step; clip: RL's
-    clipped ratio (used with batch.old_logprobs). The loss (_objective) is the mean cross-entropy; with
-    weights (packed conversations) the mean over the step's weighted targets; with advantages (RL)
-    minus the mean over the sampled tokens of logprob x advantage. Returns the k microbatch losses
-    (k,) and the optimiser statistics after the step (with weights: each microbatch's own mean, and
-    stats["loss"], the step's).
-
-    The microbatches run in a `lax.scan`, so compile time and memory stay flat in k (a Python loop
-    would unroll k forward/backward passes into one program: the blog post's OOM). Each microbatch
-    goes through `optimizer.update`, so MultiSteps and apply_if_finite keep their semantics: gradients
-    are averaged over the window, a non-finite microbatch is skipped and counted, and a step that lost
-    one is dropped whole (optimizer.close_skipped_window).
+    batch: (k, B, T) fields (data/batch.py); step_key: the step's dropout key; clip: RL's clipped
+    ratio (with batch.old_logprobs). The loss (_objective): mean cross-entropy; with weights, the mean
+    over the step's weighted targets; with advantages (RL), minus the mean over sampled tokens of
+    logprob x advantage. Returns the (k,) microbatch losses (with weights each its own mean, and
+    stats["loss"] the step's) and the optimiser statistics after the step.
     """
     k = batch.inputs.shape[0]
     dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
@@ -85,16 +78,12 @@ def _objective(
 
 class StepRunner:
     """The train step (_train_step) compiled once, on the model and optimiser held as flat arrays
-    between calls: the one step program, which the trainer, the benchmark and the tests run.
+    between calls: the one step program the trainer, the benchmark and the tests run.
 
-    nnx.jit walks the model and optimiser graphs (hundreds of Variables) in and out on every
-    call: Python time that on a small CPU competes with the step itself for the cores, and which
-    a loop that reads each step's loss cannot hide (docs/log.md "Where the time goes" has the
-    figures). Here the graph is split once and jax.jit takes the flat list of arrays; the arrays
-    are donated and come back with the shardings they went in with. Between calls the model and
-    optimiser objects hold stale (donated) arrays: `sync()` writes the current ones back before
-    anything reads them (validation, checkpoints). Runners of models and optimisers of the same
-    structure and placement share one compiled program.
+    The arrays are donated and come back with their shardings. Between calls the model and optimiser
+    objects hold stale arrays: call `sync()` before anything reads them (validation, checkpoints).
+    Runners of the same structure and placement share one program. Why not nnx.jit:
+    docs/performance.md "The CPU code, lever by lever".
     """
 
     def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer, clip: float | None = None) -> None:
