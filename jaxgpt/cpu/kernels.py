@@ -1,14 +1,11 @@
 """XLA:CPU forms of the model's operations; jaxgpt/ops/cpu.py uses them, on the CPU backend only.
 
-Each is the same function as the neutral form in jaxgpt/ops/neutral.py, written the way XLA:CPU (its YNNPACK
-and Eigen kernels) runs fastest; the measurements behind them are in docs/log.md "CPU levers":
+Each computes what its neutral form in jaxgpt/ops/neutral.py computes, in the form XLA:CPU runs
+fastest (why, lever by lever: docs/performance.md "The CPU code, lever by lever"):
 
-- `bf16_product`: the backward products of a bfloat16 matmul laid out so that XLA:CPU runs them
-  as native bfloat16 dots (otherwise it silently upcasts them to float32);
-- dense layers on (N, K) rows (`CpuOps.linear`): XLA:CPU runs a dense layer's backward pass
-  on 2-D operands much faster than on (B, T, K) ones;
-- `per_head_attention`: one (B, T, D) batched matmul per head instead of (B, H)-batched ones and
-  their transposes;
+- `bf16_product`: a bfloat16 matmul's backward products as native bfloat16 dots;
+- dense layers on (N, K) rows (`CpuOps.linear`);
+- `per_head_attention`: one (B, T, D) batched matmul per head;
 - `vecmat` (a decode step's attention against its KV cache) as an elementwise product and a sum,
   compiled with `DECODE_COMPILER_OPTIONS`.
 """

@@ -3,12 +3,11 @@
     path = fetch_public("gsm8k", data_root / "downloads")    # downloads/tasks/gsm8k-test.jsonl
     fetch_public("mmlu", downloads, url=mirror_file.as_uri(), examples=5)   # another address, another count
 
-Each file goes to a temporary name, is read by its task's reader and renamed into place only if it
-holds exactly the published number of examples; its sha256 is then recorded beside it and checked at
-every later use (jaxgpt/data/sources/files.py's fetch_recorded, as HellaSwag's file). The upstream hashes
-are not pinned: they could not be checked offline when this was written. Hugging Face files are
-fetched by their resolve/main address (the repositories' parquet exports, the files nanochat's
-load_hub_dataset reads); GSM8K from its GitHub repository, the JSONL its paper published.
+A file is renamed into place only if its task's reader finds exactly the published number of
+examples; its sha256 is then recorded beside it and checked at every later use (fetch_recorded, as
+HellaSwag's file). Upstream hashes are not pinned. Hugging Face files are fetched from the
+repositories' parquet exports (what nanochat's load_hub_dataset reads), GSM8K's JSONL from its
+GitHub repository.
 """
 
 from __future__ import annotations

@@ -4,12 +4,10 @@
     chat_core({"gsm8k": (0.10, 0.0), "mmlu": (0.40, 0.25)})   # (0.10 + 0.20) / 2 = 0.15
     print("\\n".join(report_lines({"gsm8k": (outcomes, 0.0), "mmlu": (mc_outcomes, 0.25)})))
 
-pass@1 is the mean over every sample of every example (the unbiased estimate from k samples; nanochat's
-chat_rl.py counts each example's first sample, which has the same expectation), pass@k the share of
-examples with at least one right sample among their k (nanochat's chat_eval.py and chat_rl.py).
-ChatCORE is nanochat's scripts/chat_eval.py: the mean over tasks of (accuracy - baseline) / (1 - baseline),
-baseline the chance accuracy (0.25 for 4-choice questions, 0 for generative ones); here the accuracy
-centred is pass@1, so a figure compares with nanochat's at one sample per question.
+pass@1: the mean over every sample of every example (the expectation of nanochat's first-sample
+count); pass@k: the share of examples with a right sample among their k. ChatCORE (nanochat's
+scripts/chat_eval.py): the mean over tasks of (pass@1 - baseline) / (1 - baseline), the baseline
+being chance (0.25 for 4 choices, 0 for generative tasks).
 """
 
 from __future__ import annotations

@@ -6,11 +6,9 @@
     tokens = record.tokens_at(val_steps)            # tokens seen after each of those steps
     record.checkpoints                              # [(step, checkpoint folder name), ...]
 
-metrics.py writes the record: a line per step, per validation, per HellaSwag score, per target
-reached, per checkpoint written, and one with the configs at the start of each session. A resumed
-session cuts it back to the step it resumes from first, so the record never holds a step past
-the checkpoint the run continues from; where one step has two lines of a kind (a configs line
-of each session resumed at it), the later one wins.
+The record (written by metrics.py) never holds a step past the checkpoint a run continues from;
+where one step has two lines of a kind (a configs line of each session resumed at it), the later
+one wins.
 """
 
 from __future__ import annotations

@@ -13,11 +13,9 @@
             max_consecutive_errors=inf),
         wrt=nnx.Param)
 
-The norm recorder sits inside MultiSteps, so it sees the averaged gradient of a whole optimiser step,
-exactly what the clip sees: the number the blog post's author wanted and gave up on. `muon_adamw` is one
-optax.partition: Muon for the blocks' matrices, AdamW for the embeddings and the head, Adam for
-norms and biases (muon.py routes them); every part's rate follows the same schedule shape
-(warm-up, then cosine or warmup-stable-decay) to its own peak.
+The recorded norm is that of a whole step's averaged gradient, the one the clip sees. `muon_adamw`
+is one optax.partition (muon.py routes the parameters); every part's rate follows the same
+schedule shape to its own peak.
 """
 
 from __future__ import annotations
