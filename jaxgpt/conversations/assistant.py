@@ -1,13 +1,12 @@
 """A model answering conversations through its chat template, on the generation engine: streamed
-(chat.py) or many at once (evaluate.py, judge.py, RL), prompts rendered exactly as training rendered them.
+(chat.py) or many at once (evaluate.py, judge.py, RL), prompts rendered exactly as in training.
 
     bot = Assistant.load(Path("runs/tiny-instruct"))            # a run dir or a checkpoint
     for piece in bot.stream([{"role": "user", "content": "Add 2 and 3."}], SamplingParams(temperature=0)):
         print(piece, end="", flush=True)
     answers = bot.answer_all([conversation, ...], SamplingParams(temperature=0, max_tokens=64))
 
-An answer ends at the template's end (one token, or the ids of a longer end), at end-of-text, at
-max_tokens, or when the context is full.
+An answer ends at the template's end, at end-of-text, at max_tokens, or when the context is full.
 """
 
 from __future__ import annotations

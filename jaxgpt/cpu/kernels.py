@@ -1,13 +1,13 @@
 """XLA:CPU forms of the model's operations; jaxgpt/ops/cpu.py uses them, on the CPU backend only.
 
-Each computes what its neutral form in jaxgpt/ops/neutral.py computes, in the form XLA:CPU runs
-fastest (why, lever by lever: docs/performance.md "The CPU code, lever by lever"):
+Each computes what its neutral form (jaxgpt/ops/neutral.py) computes, as XLA:CPU runs it fastest
+(docs/performance.md "The CPU code, lever by lever"):
 
 - `bf16_product`: a bfloat16 matmul's backward products as native bfloat16 dots;
 - dense layers on (N, K) rows (`CpuOps.linear`);
 - `per_head_attention`: one (B, T, D) batched matmul per head;
-- `vecmat` (a decode step's attention against its KV cache) as an elementwise product and a sum,
-  compiled with `DECODE_COMPILER_OPTIONS`.
+- `vecmat`: a decode step's attention as an elementwise product and a sum
+  (`DECODE_COMPILER_OPTIONS`).
 """
 
 from __future__ import annotations

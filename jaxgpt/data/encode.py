@@ -3,11 +3,10 @@
     for doc in encode_documents(get_tokenizer("gpt2"), texts, eot=True):   # uint16 arrays, eot appended
         ...
 
-The calling thread reads the documents and cuts them into chunks of about CHUNK_BYTES of text; a
-pool of threads, one per core, runs the tokenizer's encode_batch on them. Results come back in the
-documents' order, the same whatever the number of threads. An error (bad UTF-8, malformed JSON, a
-tokenizer error) is raised in the caller, with nothing left running after it. At most 2 chunks per
-thread are in flight: memory stays bounded however large the corpus.
+The caller's thread reads the documents and cuts them into chunks of about CHUNK_BYTES; a thread
+per core encodes them. Results come back in the documents' order, the same whatever the threads;
+an error (bad UTF-8, malformed JSON, a tokenizer's) is raised in the caller, nothing left running.
+At most 2 chunks per thread are in flight: memory stays bounded.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Tokenizers: raw UTF-8 bytes (offline, vocab 257), GPT-2 BPE (tiktoken, vocab 50257) and byte-level
-BPEs trained on a corpus (`download_dataset.py tokenizer`, jaxgpt/preparation/bpe.py), each used by name.
+BPEs trained on a corpus (jaxgpt/preparation/bpe.py), each used by name.
 
     from jaxgpt.data.tokenizer import get_tokenizer
     tok = get_tokenizer("bytes")          # or "gpt2", or a trained one: <data root>/tokenizers/<name>/
     ids = tok.encode("héllo")             # list[int]
     text = tok.decode(ids)
 
-Every tokenizer encodes text as *ordinary* text: the literal string "<|endoftext|>" is never turned
-into the end-of-text id. Documents are separated by appending `eot_id` explicitly (see
-download_dataset.py), so no text in a corpus can forge a document boundary.
+Every tokenizer encodes text as ordinary text: the literal "<|endoftext|>" never becomes the
+end-of-text id, so no text can forge a document boundary (`eot_id` is appended explicitly).
 """
 
 from __future__ import annotations

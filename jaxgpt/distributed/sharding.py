@@ -1,15 +1,13 @@
 """Device mesh, logical-axis rules and placement: the one place that decides where arrays live.
 
-The model annotates every parameter with *logical* axis names (jaxgpt/model/); this module maps them
+The model annotates every parameter with logical axis names (jaxgpt/model/); this module maps them
 onto the two mesh axes:
 
-    data   batch rows (data parallelism); with fsdp also the "embed" axis of every parameter,
-           which shards parameters and optimiser state FSDP-style
-    model  tensor parallelism: attention heads ("heads", and "qkv": the fused q/k/v projection),
-           MLP hidden units ("mlp"), vocabulary
+    data   batch rows; with fsdp also every parameter's "embed" axis
+    model  tensor parallelism: attention heads ("heads", "qkv"), MLP hidden units ("mlp"), vocabulary
 
-JAX's SPMD partitioner does the rest: no hand-written collectives. The same code runs on one
-CPU, on 8 forced host devices and on several processes joined by `jax.distributed`.
+JAX's SPMD partitioner does the rest: no hand-written collectives. The same code runs on one CPU,
+on forced host devices and on several processes.
 """
 
 from __future__ import annotations

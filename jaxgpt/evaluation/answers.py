@@ -3,11 +3,9 @@
     questions = held_out(dataset)                 # [(prompt messages, reference answer)], val.jsonl's order
     r = exact_match(bot, questions)               # {"accuracy", "correct", "examples", "rows": [...]}
 
-The questions are the validation conversations (jaxgpt/conversations/prepare.py writes them to
-val.jsonl): every message up to the last user message is the prompt, the last assistant message
-the reference. Exact match compares the greedy answer with the reference, both stripped of
-surrounding white space: right for the built-in instruction set, whose answers are one short
-string; free text is judged instead (judge.py).
+A question is a validation conversation (val.jsonl): the messages up to the last user message are
+the prompt, the last assistant message the reference. Exact match compares the greedy answer with
+the reference, both stripped: for short answers; free text is judged instead (judge.py).
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ their rule on k sampled answers, multiple choice by the letter the model puts fi
     outcomes = score_task(bot, task, SamplingParams(max_tokens=64, temperature=0.0))   # [[True], [False], ...]
     outcomes = score_task(bot, task, SamplingParams(max_tokens=64, temperature=1.0), samples=8)   # pass@8
 
-Every example of a task is drawn in one engine call (continuous batching over the bot's rows); answer i
-of an example draws with params.seed + i. A multiple-choice question is answered by one token drawn
-greedily among its letters' tokens only: the letter with the highest logit at the answer's first
-position, as nanochat scores its categorical tasks.
+A task's examples are drawn in one engine call; answer i of an example draws with params.seed + i.
+A multiple-choice answer is the letter whose token has the highest logit among the letters' at
+the answer's first position.
 """
 
 from __future__ import annotations

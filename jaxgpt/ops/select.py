@@ -1,12 +1,11 @@
 """How a model's operations run on a backend, chosen once per (config, backend): `select`.
 
-- compute_dtype "auto" resolves here, once, on the backend the model is built for
-  (`resolve_compute_dtype`): bfloat16 on GPU / TPU and on a CPU with native bfloat16 dot products
-  (jaxgpt.cpu.kernels.auto_compute_dtype: the AVX512_BF16 or AMX-BF16 flags), float32 on other CPUs.
-- model.json's `attention` resolves here too (`attention_kernel`): cuDNN's flash attention on a
-  GPU where it can run the model's shapes, XLA's elsewhere, one head at a time on the CPU.
-- the CPU backend gets cpu.py's `CpuOps`, every other backend neutral.py's `Ops`; cpu.py and
-  jaxgpt/cpu/ are imported here, for the CPU only.
+- compute_dtype "auto" resolves here (`resolve_compute_dtype`): bfloat16 on GPU / TPU and on a CPU
+  with native bfloat16 dot products (AVX512_BF16 or AMX-BF16), float32 on other CPUs.
+- model.json's `attention` resolves here too (`attention_kernel`): cuDNN's flash attention on a GPU
+  where it can run the model's shapes, XLA's elsewhere, one head at a time on the CPU.
+- the CPU gets cpu.py's `CpuOps`, every other backend neutral.py's `Ops`; cpu.py and jaxgpt/cpu/
+  are imported here, for the CPU only.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@
     ex = task.examples[0]                             # Example(messages=({"role": "user", ...},), reference="18")
     task.reward("... so she makes 18 dollars.", ex)   # 1.0: the rule (task.rule) says so
 
-Modelled on nanochat's tasks/common.py: a task is a list of conversations with a way to score an
-answer; its `eval_type` "categorical" is our "multiple_choice" (the answer is one of `letters`,
-nanochat's scripts/chat_eval.py picks it from the logits at the answer position restricted to the
-letters' tokens) and "generative" stays (answers are sampled and scored by the rule). render_mc is
-nanochat's, character for character. Pure Python: nothing in jaxgpt/tasks imports JAX.
+As nanochat's tasks/common.py: a "multiple_choice" task is answered by one of `letters`, a
+"generative" one sampled and scored by the rule; render_mc is nanochat's. No JAX in jaxgpt/tasks.
 """
 
 from __future__ import annotations

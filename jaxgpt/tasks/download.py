@@ -4,10 +4,8 @@
     fetch_public("mmlu", downloads, url=mirror_file.as_uri(), examples=5)   # another address, another count
 
 A file is renamed into place only if its task's reader finds exactly the published number of
-examples; its sha256 is then recorded beside it and checked at every later use (fetch_recorded, as
-HellaSwag's file). Upstream hashes are not pinned. Hugging Face files are fetched from the
-repositories' parquet exports (what nanochat's load_hub_dataset reads), GSM8K's JSONL from its
-GitHub repository.
+examples; its sha256 is then recorded beside it and checked at every later use (as HellaSwag's
+file). Upstream hashes are not pinned.
 """
 
 from __future__ import annotations

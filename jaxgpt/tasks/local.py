@@ -4,9 +4,8 @@
     builtin_tasks(20000, 0, split="train")  # their training side (RL prompts), none of them held out
     read_jsonl(Path("mine.jsonl"), "last_number")   # {"prompt", "reference"[, "system"]} per line
 
-The built-in questions are jaxgpt/conversations/instructions.py's instruction_splits, so the validation side
-of builtin_tasks(n, seed) is exactly the held-out conversations of an `instructions` dataset prepared
-with validation_examples n and that seed (runs/tiny-instruct's: the defaults, 600 and 0).
+builtin_tasks(n, seed)'s held-out side is exactly the validation conversations of an
+`instructions` dataset prepared with validation_examples n and that seed (instruction_splits).
 """
 
 from __future__ import annotations

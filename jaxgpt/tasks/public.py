@@ -4,11 +4,10 @@
     read_arc(Path("ARC-Easy-Test.jsonl"), name="arc-easy")   # AllenAI JSONL, or HF allenai/ai2_arc rows
     read_mmlu(Path("data/test/"))                       # the original subject CSVs, or HF cais/mmlu rows
 
-The prompts are nanochat's (tasks/gsm8k.py, tasks/arc.py, tasks/mmlu.py): GSM8K's question as the one
-user message; ARC and MMLU rendered by render_mc with the choices' letters. The examples come in
-nanochat's order (its shuffle with seed 42), so `limit` takes the examples its --max-problems takes
-from the same file; `shuffle=False` keeps the file's order. Every file may be .jsonl, .parquet or
-(MMLU) .csv, or a folder of one split's files. Bad input is a TaskError naming the file and line.
+The prompts are nanochat's (GSM8K's question as the one user message; ARC and MMLU through
+render_mc), in nanochat's order (seed 42), so `limit` takes what its --max-problems takes;
+`shuffle=False` keeps the file's order. A file may be .jsonl, .parquet or (MMLU) .csv, or a folder
+of one split's files. Bad input is a TaskError naming the file and line.
 """
 
 from __future__ import annotations

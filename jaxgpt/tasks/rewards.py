@@ -6,8 +6,7 @@
 
 Each rule is a frozen dataclass called as rule(answer, reference); check(reference) raises a
 ValueError for a reference the rule can never match (a reader turns it into a TaskError naming the
-file and line). The rules are the ones issue 54 names: exact match after a stated normalisation, the
-last number, a regular expression.
+file and line).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
         ...
     files = task_files(path, "mmlu")         # a file, or a folder's files of one split (sorted)
 
-Every failure is a TaskError of one line naming the file (and line): a missing file, malformed
-JSON, an unreadable parquet or CSV file, a folder holding none or several splits' files.
+Every failure is a one-line TaskError naming the file (and line): a missing file, malformed JSON, an
+unreadable parquet or CSV file, a folder holding none or several splits' files.
 """
 
 from __future__ import annotations

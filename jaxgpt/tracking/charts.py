@@ -2,11 +2,10 @@
 
     paths = draw_charts(Path("runs/demo"), log_y=True)    # -> runs/demo/charts/*.png
 
-loss.png: every step's training loss, raw and smoothed, the min-max band of each checkpoint
-window over the steps it covers, and every validation; lr.png; grad_norm.png (log scale, with the
-clip threshold and dropped steps); throughput.png (tokens/s per step and its running median; MFU
-is the right axis' scale) and, when the run scores them, hellaswag.png and core.png. The series come from
-history.py; several runs on one chart is compare.py.
+loss.png (training loss raw and smoothed, each checkpoint window's min-max band, every
+validation), lr.png, grad_norm.png (log scale, the clip threshold, dropped steps), throughput.png
+(tokens/s and its running median; MFU on the right axis) and, when scored, hellaswag.png and
+core.png. The series come from history.py; several runs on one chart: compare.py.
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@
             max_consecutive_errors=inf),
         wrt=nnx.Param)
 
-The recorded norm is that of a whole step's averaged gradient, the one the clip sees. `muon_adamw`
-is one optax.partition (muon.py routes the parameters); every part's rate follows the same
-schedule shape to its own peak.
+`muon_adamw` is one optax.partition (muon.py routes); each part's rate has the schedule's shape.
 """
 
 from __future__ import annotations

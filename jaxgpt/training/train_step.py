@@ -5,9 +5,7 @@
     runner.sync()                                   # before reading model or optimizer
     losses, stats = train_step(model, optimizer, Batch(inputs, targets), key)   # the same, once
 
-A train step is a pure function of (model, optimiser, batch, key): the loop around it (loop.py)
-only fetches data, steps, logs, evaluates and saves. The loss is jaxgpt/model/loss.py's; the
-validation program is jaxgpt/evaluation/scoring.py's eval_sums.
+A step is a pure function of (model, optimiser, batch, key). The loss is jaxgpt/model/loss.py's.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """FineWeb-10B, pre-tokenized with GPT-2, as published for llm.c / modded-nanogpt: fetch and convert.
 
-The Hugging Face dataset repo kjj0/fineweb10B-gpt2 holds fineweb_val_000000.bin and
-fineweb_train_000001.bin .. fineweb_train_000103.bin, 100M tokens each, in llm.c's format:
+kjj0/fineweb10B-gpt2 holds fineweb_val_000000.bin and fineweb_train_000001.bin .. 000103.bin,
+100M tokens each, in llm.c's format:
 
     256 little-endian int32 header: [20240520 (magic), 1 (version), n_tokens, 0, ...]
     n_tokens little-endian uint16 GPT-2 token ids (each document starts with <|endoftext|>)
 
-prepare() takes only as many train files as the run's training length needs, looks for each in
---from <folder> and the downloads folder first and fetches it with huggingface_hub only when no
-valid local copy exists, then converts each file into one safetensors shard. Shards of an
-earlier preparation are reused by hard link, so a longer run fetches and converts only the new
-files. Nothing here needs tiktoken: the tokens are already ids.
+prepare() takes as many train files as the run's length needs, from --from <folder> or the
+downloads folder, else fetched with huggingface_hub, and converts each into one safetensors shard;
+an earlier preparation's shards are reused by hard link. No tiktoken needed.
 """
 
 from __future__ import annotations

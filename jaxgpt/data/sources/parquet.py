@@ -4,9 +4,8 @@
     for doc in parquet_documents(path, "text"):  # non-empty strings; nulls and "" are skipped
         ...
 
-Only one row group's column is in memory at a time, so a file (or a corpus of them) may be far
-larger than memory. Used by the `text` source (sources.py) and the `fineweb-edu` source
-(fineweb_edu.py). Every failure is a DataError of one line naming the file (and row group).
+One row group's column is in memory at a time: a corpus may be far larger than memory. Every
+failure is a one-line DataError naming the file (and row group).
 """
 
 from __future__ import annotations
