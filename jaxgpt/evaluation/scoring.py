@@ -4,19 +4,12 @@
     r = hellaswag_score(model, examples, tok)                           # {"acc", "acc_norm", ...}
     r = core_score(model, core.prepare(tasks, tok, ...))                # {"core", "tasks": {...}}
 
-The split is read in order as windows of sequence_length + 1 tokens that overlap by one (each
-window starts at the previous one's last token: its first input is the previous one's last
-target), and scored whole: every token but the split's first is a target exactly once, the last
-window and batch padded with weight 0 (max_batches stops earlier). Figures:
-
-    loss            mean next-token cross-entropy in nats over every scored token
-    perplexity      exp(loss)
-    bits per byte   loss x tokens / (ln 2 x bytes), bytes = the UTF-8 bytes the scored target
-                    tokens decode to (end-of-text counts 0 bytes), so that models with different
-                    tokenizers compare on the same text
-
-They run compiled programs defined here (eval_sums: the training loss, validation's program;
-ending_losses: HellaSwag's rows; continuation_stats: CORE's rows) with the model's own head and loss_chunk.
+The split is read in order as windows of sequence_length + 1 tokens overlapping by one, and scored
+whole: every token but the split's first is a target exactly once (padding has weight 0;
+max_batches stops earlier). loss: mean next-token cross-entropy in nats; perplexity: exp(loss);
+bits per byte: loss x tokens / (ln 2 x bytes), bytes = the UTF-8 bytes the scored targets decode to
+(end-of-text counts 0), comparable across tokenizers. The compiled programs (eval_sums,
+ending_losses, continuation_stats) use the model's own head and loss_chunk.
 """
 
 from __future__ import annotations
