@@ -65,7 +65,7 @@ def _time_steps(sampler: BatchSampler, k: int, seconds: float, min_steps: int) -
     step = 0
     while step < min_steps or time.perf_counter() - started < seconds:
         t0 = time.perf_counter()
-        x, y = sampler.batch(step, k)
+        x, y = sampler.batch(step, k)[:2]
         t1 = time.perf_counter()
         jax.block_until_ready((jax.device_put(x), jax.device_put(y)))
         t2 = time.perf_counter()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import atexit
-import concurrent.futures
 import json
 import os
 import shutil
@@ -124,11 +123,18 @@ TINY_TRAIN = {
 
 
 def parse_python(source: str) -> ast.Module:
-    """ast.parse in a thread of its own: CPython 3.11.7's AST validator can fail with "SystemError: AST
-    constructor recursion depth mismatch" when called deep in a thread whose recursion limit changed
-    (CPython gh-106905, fixed in 3.11.8); a fresh thread starts with fresh counters."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(ast.parse, source).result()
+    """ast.parse, tried again where CPython 3.11.7 fails with "SystemError: AST constructor recursion depth
+    mismatch": its AST constructor counts its depth in interpreter-wide state, which another thread
+    building an AST at the same moment upsets (CPython gh-106905, fixed in later releases); a retry
+    parses the same source whole."""
+    for attempt in range(20):
+        try:
+            return ast.parse(source)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == 19:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")
 
 
 def write_run(run_dir: Path, model: dict, train: dict) -> Path:

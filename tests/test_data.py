@@ -91,7 +91,7 @@ def test_round_trip_text_to_batches_across_shards(tmp_path: Path) -> None:
     sampler = BatchSampler(ds.train, microbatch_size=B, seq_len=T, seed=0, shuffle=False)
     assert sampler.n_windows == (len(TEXT) + 1 - 1) // T
     for index in range(sampler.n_windows // B):
-        x, y = sampler.microbatch(index)
+        x, y = sampler.microbatch(index)[:2]
         assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == np.int32
         for b in range(B):
             w = index * B + b
@@ -277,11 +277,11 @@ def window_ids(x: np.ndarray, seq_len: int) -> np.ndarray:
 
 def test_targets_next_and_same(counting) -> None:
     T = 10
-    x, y = BatchSampler(counting, microbatch_size=4, seq_len=T, seed=3, targets="next").microbatch(7)
+    x, y = BatchSampler(counting, microbatch_size=4, seq_len=T, seed=3, targets="next").microbatch(7)[:2]
     np.testing.assert_array_equal(y, x + 1)  # next token of a counting sequence
     np.testing.assert_array_equal(x[:, 0] % T, 0)  # windows start at multiples of T
     np.testing.assert_array_equal(x, x[:, :1] + np.arange(T))
-    xs, ys = BatchSampler(counting, microbatch_size=4, seq_len=T, seed=3, targets="same").microbatch(7)
+    xs, ys = BatchSampler(counting, microbatch_size=4, seq_len=T, seed=3, targets="same").microbatch(7)[:2]
     np.testing.assert_array_equal(xs, x)  # same windows whatever the targets
     np.testing.assert_array_equal(ys, xs)
     assert ys is not xs
@@ -309,8 +309,8 @@ def test_deterministic_in_seed_and_index(counting) -> None:
 
     a, b, c = make(0), make(0), make(1)
     for step in (0, 3, 100, 41, 3):  # out of order: batches depend on the index only, not on history
-        xa, ya = a.batch(step, 4)
-        xb, yb = b.batch(step, 4)
+        xa, ya = a.batch(step, 4)[:2]
+        xb, yb = b.batch(step, 4)[:2]
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
     assert not np.array_equal(a.batch(0, 4)[0], c.batch(0, 4)[0])
@@ -323,10 +323,10 @@ def test_batch_equals_microbatches(counting, targets: str) -> None:
     sampler = BatchSampler(counting, microbatch_size=3, seq_len=10, seed=5, targets=targets)
     k = 4
     for step in (0, 1, 16, 17, 50):  # 17*12 = 204 > 200: this step crosses an epoch boundary
-        x, y = sampler.batch(step, k)
+        x, y = sampler.batch(step, k)[:2]
         assert x.shape == y.shape == (k, 3, 10) and x.dtype == np.int32
         for j in range(k):
-            mx, my = sampler.microbatch(step * k + j)
+            mx, my = sampler.microbatch(step * k + j)[:2]
             np.testing.assert_array_equal(x[j], mx)
             np.testing.assert_array_equal(y[j], my)
 
@@ -348,12 +348,12 @@ def test_resume_continues_across_shard_and_epoch_boundaries(tmp_path: Path) -> N
     T, B, k = 10, 3, 2  # 6 sequences per step: epoch boundaries fall inside steps 33, 66, ...
     uninterrupted = BatchSampler(open_dataset(tmp_path / "ds").train, microbatch_size=B, seq_len=T, seed=7)
     reference = [uninterrupted.batch(step, k) for step in range(70)]
-    seen = np.concatenate([window_ids(x, T) for x, _ in reference])
+    seen = np.concatenate([window_ids(b.inputs, T) for b in reference])
     assert sorted(seen[:200].tolist()) == list(range(200))  # the first epoch: every window once
     for resume_at in (1, 16, 33, 34, 66):
         resumed = BatchSampler(open_dataset(tmp_path / "ds").train, microbatch_size=B, seq_len=T, seed=7)
         for step in range(resume_at, resume_at + 4):
-            x, y = resumed.batch(step, k)
+            x, y = resumed.batch(step, k)[:2]
             np.testing.assert_array_equal(x, reference[step][0])
             np.testing.assert_array_equal(y, reference[step][1])
             np.testing.assert_array_equal(x, x[..., :1] + np.arange(T))  # windows read across shard ends intact

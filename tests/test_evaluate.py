@@ -82,7 +82,7 @@ def test_figures_match_a_numpy_computation(
     sampler = BatchSampler(val, microbatch_size=4, seq_len=32, seed=123, shuffle=False)  # in order: seed unused
     nats, tokens, nbytes = 0.0, 0, 0
     for i in range(3):
-        x, y = sampler.microbatch(i)
+        x, y = sampler.microbatch(i)[:2]
         assert np.array_equal(x[0], val.read(i * 4 * 32, 32))  # window i*B, from the split's start
         logits = np.asarray(model(jnp.asarray(x)), np.float64)
         logp = logits - logits.max(-1, keepdims=True)
@@ -176,7 +176,7 @@ def test_scores_with_the_training_loss_loss_chunk_included(tmp_path: Path, data_
             model, BytesTokenizer(), val, batch_size=4, seq_len=32, max_batches=2, progress=False
         )
         batches = WholeSplit(val, microbatch_size=4, seq_len=32)
-        want = sum(float(eval_sums(model, *map(jax.device_put, batches.microbatch(i)))[0]) for i in range(2))
+        want = sum(float(eval_sums(model, *map(jax.device_put, batches.microbatch(i)[:3]))[0]) for i in range(2))
         assert figures[chunk]["loss"] == want / (2 * 4 * 32)
     assert figures[24]["loss"] == pytest.approx(figures[None]["loss"], rel=1e-6)
 
@@ -212,7 +212,7 @@ def test_whole_split_scores_every_token_but_the_first_once(small_split) -> None:
     batches = WholeSplit(split, microbatch_size=5, seq_len=32)
     assert (batches.n_targets, batches.n_windows, batches.n_batches) == (1012, 32, 7)
     parts = [batches.microbatch(i) for i in range(7)]
-    assert all(x.shape == y.shape == w.shape == (5, 32) for x, y, w in parts)  # one shape: one compile
+    assert all(x.shape == y.shape == w.shape == (5, 32) for x, y, w in (p[:3] for p in parts))  # one shape: one compile
     xs, ys = (np.concatenate([p[k][p[2] > 0] for p in parts]) for k in (0, 1))
     assert np.array_equal(ys, val[1:]) and np.array_equal(xs, val[:-1])  # tiled in order, each once
     w_last = parts[-1][2]

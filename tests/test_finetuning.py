@@ -75,7 +75,7 @@ def test_pack_padded_places_every_conversation_once_in_rows_that_fit() -> None:
 
 def test_rows_hold_whole_conversations_with_their_own_segments_and_answer_weights(dataset) -> None:
     rows = ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0)
-    x, y, w, seg = rows.batch(3, 2)
+    x, y, w, seg = rows.batch(3, 2)[:4]
     assert x.shape == y.shape == w.shape == seg.shape == (2, 4, 95)
     starts = dataset.train.conversation_starts
     lengths = dict(zip(starts.tolist(), np.diff(np.append(starts, dataset.train.n_tokens)).tolist()))
@@ -150,7 +150,7 @@ def test_the_step_loss_is_the_mean_over_every_answer_token_of_the_step(dataset) 
     is sum(CE x weight) / sum(weight) over both, and each microbatch's own mean is reported beside it."""
     cfg = _cfg(n_layers=1)  # one block: the loss and its normalisation are what is checked
     model = build_model(cfg, seed=3)
-    x, y, w, seg = ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0).batch(0, 2)
+    x, y, w, seg = ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0).batch(0, 2)[:4]
     w[1, :, 40:] = 0  # microbatch 1 trains on fewer tokens: a mean of means would differ
     logits = np.stack([np.asarray(model(jnp.asarray(x[i]), segments=jnp.asarray(seg[i]))) for i in range(2)])
     ce = _numpy_ce(logits.astype(np.float64), y)
@@ -166,7 +166,7 @@ def test_accumulated_gradients_are_those_of_the_whole_steps_token_mean(dataset) 
     cfg = _cfg(n_layers=1)
     model = build_model(cfg, seed=4)
     x, y, w, seg = (
-        jnp.asarray(a) for a in ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0).batch(1, 2)
+        jnp.asarray(a) for a in ConversationRows(dataset.train, microbatch_size=4, seq_len=95, seed=0).batch(1, 2)[:4]
     )
     total = w.sum()
 

@@ -102,7 +102,7 @@ def test_conversion_takes_what_the_training_length_needs(
     assert ds.manifest["splits"]["train"]["documents"] == int(np.count_nonzero(expected == 50256))
     # Batches are windows of the original token stream, also across the file boundary at 5000.
     sampler = BatchSampler(ds.train, microbatch_size=8, seq_len=64, seed=0)
-    x, y = sampler.batch(0, 4)
+    x, y = sampler.batch(0, 4)[:2]
     for xs, ys in zip(x.reshape(-1, 64), y.reshape(-1, 64)):
         start = int(np.flatnonzero((expected[:-64] == xs[0]) & (expected[1:-63] == xs[1]))[0])
         np.testing.assert_array_equal(xs, expected[start : start + 64])

@@ -112,7 +112,7 @@ def test_every_row_is_full_starts_a_document_and_keeps_documents_whole(tmp_path:
     assert len(used) == len(set(used))  # a unit once per epoch
     assert whole > plan.rows and cropped > 0
     assert plan.cropped == lengths.sum() - plan.length.sum() > 0
-    x, y = sampler.batch(0, 2)
+    x, y = sampler.batch(0, 2)[:2]
     assert x.shape == y.shape == (2, 4, 64) and (x[:, :, 1:] == y[:, :, :-1]).all()
     first = sampler.plan(0).start[sampler.plan(0).row_ptr[:8]]
     np.testing.assert_array_equal(x.reshape(8, 64)[:, 0], tokens[first])
@@ -129,7 +129,7 @@ def test_a_pure_function_of_seed_and_step_across_epochs(tmp_path: Path) -> None:
     batches = [a.batch(s, 2) for s in steps]
     fresh = make(0)  # a resumed run: a new sampler asked for a late step first
     for s in reversed(steps):
-        for got, want in zip(fresh.batch(s, 2), batches[s]):
+        for got, want in zip(fresh.batch(s, 2)[:2], batches[s][:2]):
             np.testing.assert_array_equal(got, want)
     assert a.epoch_of(0, 2) == 0 and a.epoch_of(steps[-1], 2) >= 2  # epochs differ a little in rows
     assert a.plan(1).start.tolist() != a.plan(2).start.tolist()  # each epoch its own order

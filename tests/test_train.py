@@ -260,7 +260,7 @@ def test_validation_all_scores_the_whole_split(tmp_path: Path, capsys) -> None:
     }
     run = write_run(tmp_path / "run", GPT_MODEL, train_cfg)
     assert run_main(run, tmp_path / "data") == 0
-    val = open_dataset(tmp_path / "data" / "text-corpus-bytes").val
+    val = open_dataset(tmp_path / "data" / "text-corpus-txt-bytes").val
     assert val.n_tokens % 32 != 1  # the last window is a short one
     meta = ckpt.read_meta(ckpt.latest_checkpoint(run))
     assert meta["val_tokens"] == val.n_tokens - 1

@@ -2,42 +2,31 @@
 across, each token attending to its own conversation only.
 
     rows = ConversationRows(ds.train, microbatch_size=8, seq_len=256, seed=0, too_long="drop")
-    x, y, w, seg = rows.batch(step, accum_steps)    # (k, B, T) each: inputs, targets, loss weights, segments
+    batch = rows.batch(step, accum_steps)     # Batch of (k, B, T): inputs, targets, loss weights, segments
 
-A row holds T + 1 tokens: whole conversations (chat_prepare.py), taken by best fit from a buffer of
-waiting ones (the longest that fits the room left, again and again, as packing.py does for
-documents), then padding. Nothing is cropped to fill a row: where no waiting conversation fits, the
-row is closed and the rest is padding (token 0, segment 0, weight 0). Each conversation in a row has
-its own segment id (1, 2, ...): the model restarts positions at each conversation and its attention
-never crosses from one to another (jaxgpt/model/gpt.py), so a packed row trains exactly as if each
-conversation had a row of its own. Target t is trained on (weight 1) when it is an answer token
-(the loss mask) of the same conversation as input t; the loss is the mean over those tokens
-(jaxgpt/model/loss.py), over the whole optimiser step.
-
-With pack False (the dataset option "pack"), each row holds one conversation and padding, as the
-book's collate function pads each example: a batch is then so many conversations.
-
-A conversation longer than a row is dropped, or with too_long "crop" cut to the row (and dropped
-if no answer token is left): counted once, in describe(). Epoch e takes the conversations in an
-order shuffled by (seed, e) (validation: in order, shuffle=False); sequence s of the run is row s
-of the concatenated epochs, a pure function of (seed, s), so resuming needs only the step.
-
-Pure numpy: nothing here imports jax.
+A row holds T + 1 tokens: whole conversations by best fit, then padding (token 0, segment 0,
+weight 0); nothing is cropped to fill it. Each conversation has its own segment id (1, 2, ...): the
+model restarts positions there and attends within it, so a packed row trains as one row per
+conversation would. Target t is trained on (weight 1) when it is an answer token of input t's
+conversation. With pack False, one conversation a row. A conversation longer than a row is dropped
+(too_long "crop": cut, dropped if no answer is left), counted in describe(). Epoch e takes them in an
+order shuffled by (seed, e) (validation: in order); sequence s is row s of the concatenated epochs.
+Pure numpy. More: docs/fine-tuning.md "Fine-tuning".
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from typing import Literal
 
 import numpy as np
 
 from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.batch import Batch, stack
 from jaxgpt.data.samplers.documents import BUFFER
 from jaxgpt.data.samplers.windows import check_ids
 from jaxgpt.data.storage.shards import TokenSplit
-
-Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def pack_padded(lengths: np.ndarray, capacity: int, buffer: int = BUFFER) -> tuple[list[int], list[int]]:
@@ -191,7 +180,7 @@ class ConversationRows:
             check_ids(self.split, tokens[r : r + 1, c : c + 1], np.zeros(1, np.int64))
         same = (seg[:, :-1] == seg[:, 1:]) & (seg[:, :-1] > 0)  # target t belongs to input t's conversation
         weights = (mask[:, 1:] * same).astype(np.float32)
-        return (
+        return Batch(
             np.ascontiguousarray(tokens[:, :-1]),
             np.ascontiguousarray(tokens[:, 1:]),
             weights,
@@ -210,8 +199,7 @@ class ConversationRows:
         """(k, B, T) arrays of microbatches step*k .. step*k+k-1."""
         if step < 0 or accum_steps < 1:
             raise DataError(f"{self.split.name} split: need step >= 0 and accum_steps >= 1, got {step}, {accum_steps}")
-        parts = [self.microbatch(step * accum_steps + i, rows) for i in range(accum_steps)]
-        return tuple(np.stack([p[j] for p in parts]) for j in range(4))  # type: ignore[return-value]
+        return stack([self.microbatch(step * accum_steps + i, rows) for i in range(accum_steps)])
 
     def epoch_of(self, step: int, accum_steps: int) -> int:
         return self._locate(step * accum_steps * self.microbatch_size)[0]
@@ -221,9 +209,12 @@ class ConversationRows:
         """Validation: microbatches that hold every row once."""
         return -(-self.n_windows // self.microbatch_size)
 
+    def validation_count(self, asked: int | Literal["all"]) -> int:
+        return self.n_batches if asked == "all" else min(asked, self.n_batches)
+
     def targets_in(self, n_batches: int) -> int:
         """Validation: tokens scored by the first n_batches microbatches."""
-        return int(sum(self.microbatch(i)[2].sum() for i in range(min(n_batches, self.n_batches))))
+        return int(sum(self.microbatch(i).weights.sum() for i in range(min(n_batches, self.n_batches))))
 
     def describe(self) -> str:
         """One line for the start of a run: conversations, rows, padding and what did not fit."""

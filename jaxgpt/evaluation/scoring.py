@@ -124,7 +124,7 @@ def evaluate(
         disable=None if progress is None else not progress,
     )
     for i in bar:
-        x, y, w = batches.microbatch(i)
+        x, y, w = batches.microbatch(i)[:3]
         total += float(eval_sums(model, *map(jax.device_put, (x, y, w)))[0])
         tokens += int(w.sum())
         nbytes += int(nbytes_of[y[w > 0]].sum())

@@ -37,6 +37,7 @@ from jaxgpt.rl.samples import group_advantages, sample_rows
 from jaxgpt.tasks.report import pass_at_k
 from jaxgpt.tracking import charts
 from jaxgpt.tracking.metrics import RunLog
+from jaxgpt.training.jobs import Job, run_jobs
 from jaxgpt.training.optimizer import part_rates
 from jaxgpt.training.state import build_state
 from jaxgpt.training.train_step import step_key
@@ -52,20 +53,20 @@ def train(run: RLRun, stop: StopFlag) -> int:
     if s.start >= run.total_steps:
         print(f"Nothing to do: {run.run_dir} already trained {s.start}/{run.total_steps} steps.")
         return 0
-    cfg, code = run.train_cfg, 1
-    s.records.configs(s.start, {"model.json": to_dict(run.model_cfg), "train.json": to_dict(cfg)})
+    s.records.configs(s.start, {"model.json": to_dict(run.model_cfg), "train.json": to_dict(run.train_cfg)})
     bar = tqdm(total=run.total_steps, initial=s.start, unit="step", dynamic_ncols=True)
+    code = 1
     try:
         for step in range(s.start, run.total_steps):
-            scalars = s.step(step)
+            s.scalars = s.step(step)
             done, stopping = step + 1, stop.requested
             bar.update(1)
-            bar.set_postfix(reward=f"{scalars['rl/reward']:.3f}", loss=f"{scalars['train/loss']:.4f}", refresh=False)
-            last = stopping or done == run.total_steps
-            if last or done % cfg.validation_interval == 0 or done % cfg.checkpoint_interval == 0:
-                val = s.validate(done)
-                if last or done % cfg.checkpoint_interval == 0:
-                    bar.write(f"{s.save(done, scalars, val)}")
+            bar.set_postfix(
+                reward=f"{s.scalars['rl/reward']:.3f}", loss=f"{s.scalars['train/loss']:.4f}", refresh=False
+            )
+            results = run_jobs(s.jobs, done, stopping or done == run.total_steps)
+            if results.get("checkpoint"):
+                bar.write(results["checkpoint"])
             if stopping:
                 bar.write(f"Interrupted after step {done}/{run.total_steps}; checkpoint saved.")
                 bar.write(f"Resume with: uv run train.py {run.run_dir}")
@@ -95,6 +96,13 @@ class Session:
         )
         self.records = RunLog(run.run_dir, self.start, enabled=True, wandb=self.cfg.wandb)
         self.sampling = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_k)
+        self.scalars: dict[str, float] = {}  # the last step's row of the record
+        self.stats: dict[str, Any] = {}  # the last update's optimiser statistics
+        checkpoints = (self.cfg.checkpoint_interval,)
+        self.jobs = [  # the periodic work: the held-out prompts, then (every checkpoint has a validation) a checkpoint
+            Job("val", lambda done, _: self.validate(done), every=(self.cfg.validation_interval, *checkpoints)),
+            Job("checkpoint", lambda done, r: self.save(done, self.scalars, r["val"]), every=checkpoints),
+        ]
 
     def _weights(self) -> None:
         """The engine draws from the weights the last step left."""

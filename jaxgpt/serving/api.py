@@ -11,10 +11,9 @@ Endpoints (docs/serving.md has the parameters):
     POST /tokenize, /detokenize, GET /tokenizer_info   vLLM's tokenizer endpoints (lm-eval's
                                     tokenizer_backend=remote tokenizes with the server's own tokenizer)
 
-With an API key every endpoint but /health needs `Authorization: Bearer KEY` (401 otherwise).
-Every error is OpenAI's error object with one clear message; a full queue is a 503 with
-Retry-After. The route handlers only check, submit and format: the model runs on the engine's
-thread (worker.py), never on the event loop.
+With an API key every endpoint but /health needs `Authorization: Bearer KEY`. Every error is
+OpenAI's error object. The handlers only check, tokenize (off the event loop), submit and format: the
+model runs on the engine's thread (worker.py).
 """
 
 from __future__ import annotations
@@ -39,8 +38,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxgpt.conversations.template import ChatTemplate, TemplateError, read_template
 from jaxgpt.data.tokenizer import EOT_TEXT, Tokenizer, encode_with_specials
-from jaxgpt.serving import protocol as p
-from jaxgpt.serving import responses as r
+from jaxgpt.serving.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    chat_choices,
+    check_model,
+    completion_choices,
+)
+from jaxgpt.serving.responses import (
+    Answers,
+    Meta,
+    chat_chunk,
+    chat_logprobs,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    usage_chunk,
+)
 from jaxgpt.serving.worker import Job, Piece, QueueFull, ShuttingDown, Worker
 
 log = logging.getLogger("jaxgpt.serving")
@@ -87,15 +102,15 @@ def _run_name(path: Path, ckpt: Path) -> str:
 # ----------------------------------------------------------------------------- errors and auth
 
 
-def _error(e: p.APIError) -> JSONResponse:
+def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
 def _install_errors(app: FastAPI) -> None:
     """Every error in OpenAI's shape: ours, pydantic's (a 400 naming the field), unknown routes."""
 
-    @app.exception_handler(p.APIError)
-    async def api_error(_request: Request, e: p.APIError) -> JSONResponse:
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, e: APIError) -> JSONResponse:
         return _error(e)
 
     @app.exception_handler(RequestValidationError)
@@ -112,12 +127,12 @@ def _install_errors(app: FastAPI) -> None:
                 f"the request body is not valid JSON ({first.get('ctx', {}).get('error', first['msg'])})",
                 "",
             )
-        return _error(p.APIError(400, message, param=param or None))
+        return _error(APIError(400, message, param=param or None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, e: StarletteHTTPException) -> JSONResponse:
         message = f"{e.detail}: no such endpoint" if e.status_code == 404 else str(e.detail)
-        return _error(p.APIError(e.status_code, message))
+        return _error(APIError(e.status_code, message))
 
 
 def _install_auth(app: FastAPI, api_key: str | None) -> None:
@@ -132,7 +147,7 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
         given = request.headers.get("authorization")
         if given is None:
             return _error(
-                p.APIError(
+                APIError(
                     401,
                     "No API key provided: send the header `Authorization: Bearer KEY` (serve.py --api-key)",
                     code="invalid_api_key",
@@ -141,7 +156,7 @@ def _install_auth(app: FastAPI, api_key: str | None) -> None:
         scheme, _, key = given.strip().partition(" ")
         # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), expected):
-            return _error(p.APIError(401, "Incorrect API key provided", code="invalid_api_key"))
+            return _error(APIError(401, "Incorrect API key provided", code="invalid_api_key"))
         return await call_next(request)
 
 
@@ -180,8 +195,8 @@ class BodyLimit:
             if not refused:  # what the app makes of a body cut short is not a failure of its own
                 raise
 
-    def error(self, size: int) -> p.APIError:
-        return p.APIError(
+    def error(self, size: int) -> APIError:
+        return APIError(
             413,
             f"the request body is {size:,} bytes or more; this server takes at most {self.limit:,} "
             f"(serve.py --max-request-bytes)",
@@ -197,7 +212,7 @@ def _submit(served: Served, choices: list[Any]) -> Job:
     try:
         served.worker.submit(job)
     except QueueFull as e:
-        raise p.APIError(
+        raise APIError(
             503,
             f"The server is busy ({e}); retry in {RETRY_AFTER_S} s",
             kind="server_error",
@@ -207,16 +222,16 @@ def _submit(served: Served, choices: list[Any]) -> Job:
     return job
 
 
-def _failed(e: RuntimeError) -> p.APIError:
+def _failed(e: RuntimeError) -> APIError:
     """What the engine failed with, as an error response: 503 while shutting down, else 500."""
     if isinstance(e, ShuttingDown):
-        return p.APIError(503, str(e), kind="server_error", code="shutting_down")
-    return p.APIError(500, str(e), kind="server_error")
+        return APIError(503, str(e), kind="server_error", code="shutting_down")
+    return APIError(500, str(e), kind="server_error")
 
 
-async def _collect(job: Job) -> r.Answers:
+async def _collect(job: Job) -> Answers:
     """The whole answers of a request that is not streamed."""
-    out = r.Answers(job.answers)
+    out = Answers(job.answers)
     try:
         async for piece in job.pieces():
             out.add(piece)
@@ -272,38 +287,38 @@ def _install_completions(app: FastAPI, served: Served) -> None:
     tok = served.tok
 
     @app.post("/v1/completions")
-    async def completions(body: p.CompletionRequest) -> Any:
-        p.check_model(body.model, served.name)
+    async def completions(body: CompletionRequest) -> Any:
+        check_model(body.model, served.name)
         # Tokenizing (a long prompt, many prompts) runs off the event loop: /health and the streams stay live.
-        choices, prompt_tokens = await asyncio.to_thread(p.completion_choices, body, tok, served.context)
+        choices, prompt_tokens = await asyncio.to_thread(completion_choices, body, tok, served.context)
         job = _submit(served, choices)
-        meta = r.Meta.new("cmpl", served.name)
+        meta = Meta.new("cmpl", served.name)
         logprobs = body.logprobs is not None
         if not body.stream:
             # A JSONResponse as it is: FastAPI would walk a long logprobs list through jsonable_encoder first.
-            return JSONResponse(r.completion_response(meta, await _collect(job), prompt_tokens, tok, logprobs))
+            return JSONResponse(completion_response(meta, await _collect(job), prompt_tokens, tok, logprobs))
         usage = body.stream_options is not None and body.stream_options.include_usage
         return await _sse(
             job,
-            lambda piece: [r.completion_chunk(meta, piece, tok, logprobs)],
-            lambda n: [r.usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [],
+            lambda piece: [completion_chunk(meta, piece, tok, logprobs)],
+            lambda n: [usage_chunk(meta, "text_completion", prompt_tokens, n)] if usage else [],
         )
 
 
-def _chat_chunks(meta: r.Meta, piece: Piece, tok: Tokenizer, logprobs: bool) -> list[dict[str, Any]]:
+def _chat_chunks(meta: Meta, piece: Piece, tok: Tokenizer, logprobs: bool) -> list[dict[str, Any]]:
     """A piece as chat chunks: its text (with its tokens' logprobs), then the finish if it is the last."""
     out = []
     if piece.text or (logprobs and piece.logprobs):
         out.append(
-            r.chat_chunk(
+            chat_chunk(
                 meta,
                 piece.index,
                 {"content": piece.text},
-                logprobs=r.chat_logprobs(piece.logprobs, tok) if logprobs else None,
+                logprobs=chat_logprobs(piece.logprobs, tok) if logprobs else None,
             )
         )
     if piece.finish_reason is not None:
-        out.append(r.chat_chunk(meta, piece.index, {}, piece.finish_reason))
+        out.append(chat_chunk(meta, piece.index, {}, piece.finish_reason))
     return out
 
 
@@ -311,30 +326,30 @@ def _install_chat(app: FastAPI, served: Served) -> None:
     tok = served.tok
 
     @app.post("/v1/chat/completions")
-    async def chat(body: p.ChatRequest) -> Any:
-        p.check_model(body.model, served.name)
+    async def chat(body: ChatRequest) -> Any:
+        check_model(body.model, served.name)
         if served.template is None:
-            raise p.APIError(
+            raise APIError(
                 400,
                 f"{served.name} is a base model (no chat template: it was not fine-tuned on "
                 f"conversations); use /v1/completions for plain text",
                 param="messages",
                 code="no_chat_template",
             )
-        choices, prompt_tokens = await asyncio.to_thread(p.chat_choices, body, tok, served.template, served.context)
+        choices, prompt_tokens = await asyncio.to_thread(chat_choices, body, tok, served.template, served.context)
         job = _submit(served, choices)
-        meta = r.Meta.new("chatcmpl", served.name)
+        meta = Meta.new("chatcmpl", served.name)
         if not body.stream:
-            return JSONResponse(r.chat_response(meta, await _collect(job), prompt_tokens, tok, body.logprobs))
+            return JSONResponse(chat_response(meta, await _collect(job), prompt_tokens, tok, body.logprobs))
         usage = body.stream_options is not None and body.stream_options.include_usage
-        opening = [r.chat_chunk(meta, i, {"role": "assistant", "content": ""}) for i in range(body.n)]
+        opening = [chat_chunk(meta, i, {"role": "assistant", "content": ""}) for i in range(body.n)]
         first = iter([opening])  # the role before anything else, once per choice
 
         def chunks(piece: Piece) -> list[dict[str, Any]]:
             return next(first, []) + _chat_chunks(meta, piece, tok, body.logprobs)
 
         return await _sse(
-            job, chunks, lambda n: [r.usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else []
+            job, chunks, lambda n: [usage_chunk(meta, "chat.completion.chunk", prompt_tokens, n)] if usage else []
         )
 
 
@@ -361,14 +376,14 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         if (body.prompt is None) == (body.messages is None):
-            raise p.APIError(400, "give either prompt (text) or messages (a conversation)", param="prompt")
+            raise APIError(400, "give either prompt (text) or messages (a conversation)", param="prompt")
         if body.messages is not None:
             if served.template is None:
-                raise p.APIError(400, f"{served.name} is a base model (no chat template)", param="messages")
+                raise APIError(400, f"{served.name} is a base model (no chat template)", param="messages")
             try:
                 ids = served.template.prompt(tok, body.messages)
             except TemplateError as e:
-                raise p.APIError(400, f"messages: {e}", param="messages") from None
+                raise APIError(400, f"messages: {e}", param="messages") from None
         else:
             ids = encode_with_specials(tok, body.prompt)
         return {
@@ -382,7 +397,7 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         bad = [t for t in body.tokens if not 0 <= t < tok.n_vocab]
         if bad:
-            raise p.APIError(400, f"token id {bad[0]} is out of range 0..{tok.n_vocab - 1}", param="tokens")
+            raise APIError(400, f"token id {bad[0]} is out of range 0..{tok.n_vocab - 1}", param="tokens")
         return {"prompt": tok.decode(body.tokens)}
 
     @app.get("/tokenizer_info")
@@ -431,7 +446,7 @@ def create_app(served: Served, api_key: str | None = None, max_request_bytes: in
 
     @app.get("/v1/models/{name:path}")
     async def one_model(name: str) -> dict[str, Any]:
-        p.check_model(name, served.name)
+        check_model(name, served.name)
         return model
 
     _install_completions(app, served)

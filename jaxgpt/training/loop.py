@@ -1,15 +1,13 @@
-"""The training loop: fetch a batch, step, read the step's results, validate, save. Nothing else.
+"""The training loop: fetch a batch, step, read the step's results, run the jobs due. Nothing else.
 
-train.py checks the run (run.py, before JAX starts) and calls `train`. The pieces it calls are
-named and live beside it: what the session builds (state.py: mesh, model, optimiser, the compiled
-step, checkpoint metadata), what it counts and prints (progress.py), what it measures at a
-validation (evaluators.py), where its figures go (jaxgpt/tracking/), and checkpoints
-(jaxgpt/checkpoints/store.py).
+train.py checks the run (run.py, before JAX starts) and calls `train`. Around the loop: what the session
+builds (state.py), what it counts and prints (progress.py), what it measures (evaluators.py), and the
+periodic work, as jobs (jobs.py): benchmarks, validation, the target, checkpoints, each given what it
+needs; where the figures go is jaxgpt/tracking/, checkpoints jaxgpt/checkpoints/store.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,15 +19,16 @@ from tqdm import tqdm
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import to_dict
-from jaxgpt.conversations.template import TEMPLATE_FILE
 from jaxgpt.data.samplers.batch import Batch
+from jaxgpt.data.tokenizer import get_tokenizer
 from jaxgpt.distributed import sharding
 from jaxgpt.distributed.peers import StopVotes
 from jaxgpt.tracking import charts
 from jaxgpt.tracking.metrics import RunLog
-from jaxgpt.training.evaluators import Evaluator, evaluators
-from jaxgpt.training.progress import Progress
-from jaxgpt.training.state import build_state, checkpoint_meta
+from jaxgpt.training.evaluators import Core, HellaSwag, Validation
+from jaxgpt.training.jobs import Job, any_due, run_jobs
+from jaxgpt.training.progress import Limits, Progress
+from jaxgpt.training.state import Position, build_state, checkpoint_meta
 from jaxgpt.training.train_step import step_key
 
 if TYPE_CHECKING:
@@ -45,12 +44,12 @@ def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None, char
     s = Session(run, stop, profile, charts_pace)
     if (code := s.nothing_to_do()) is not None:
         return code
-    with s.recording() as done_with:
+    with s.recording():
         batch, pending, loss = s.fetch(s.progress.start), None, float("nan")
         # Each step's results are read after the next step is dispatched, so the device never waits
-        # for the host; a step that ends at a validation, a checkpoint or a profile boundary is read
-        # (and the model synced) before anything else. A stop request is agreed the same way: each
-        # step's vote is read with its results, and every process stops after the same step.
+        # for the host; a step at which a job is due (or a profile boundary) is read, and the model
+        # synced, before anything else. A stop request is agreed the same way: each step's vote is
+        # read with its results, and every process stops after the same step.
         for step in range(s.progress.start, run.total_steps):
             out = s.dispatch(batch, step)
             if step + 1 < run.total_steps:
@@ -58,35 +57,84 @@ def train(run: Run, stop: StopFlag, profile: tuple[int, int] | None = None, char
             if pending is not None:
                 loss, stats = s.read(*pending)
             done, pending, stopping = step + 1, out, s.stops.agreed
-            if not s.boundary(done, stopping):
+            end = stopping or done == run.total_steps
+            if not any_due(s.jobs, done, end) and not s.profile_boundary(done):
                 continue
             loss, stats = s.read(*pending)
             pending = None
-            if not s.at_validation(done, stopping):
+            if not any_due(s.jobs, done, end):
                 continue
-            val = s.validate(done)
-            reached = s.reached_target(done, val)  # saved whatever the interval: the run ends
-            if reached or s.checkpoint_due(done, stopping):
-                s.save(done, stats, val, last=reached or stopping or done == run.total_steps)
+            s.stats = stats
+            results = s.run_jobs(done, end)
             s.progress.clock = time.perf_counter()  # the next step's time starts now, not at this result
-            if reached or stopping:
-                return done_with(0 if reached else s.interrupted(done), done, loss)
-        return done_with(0, run.total_steps, loss)
+            if results.get("target") or stopping:
+                return s.finish(0 if results.get("target") else s.interrupted(done), done, loss)
+        return s.finish(0, run.total_steps, loss)
 
 
 class Session:
-    """One call of `train`: the state built once, the counters, the records, and the loop's steps."""
+    """One call of `train`: the state built once, the counters, the jobs, the records, the loop's steps."""
 
     def __init__(self, run: Run, stop: StopFlag, profile: tuple[int, int] | None, charts_pace: float) -> None:
         self.run, self.cfg, self.stop, self.charts_pace = run, run.train_cfg, stop, charts_pace
         self.is_main = jax.process_index() == 0
         self.state, meta = build_state(run, self.log)
+        if (line := run.train_batches.describe()) is not None:
+            self.log(line)
         self.stops = StopVotes(stop, self.state.mesh)  # a signal may reach one process only: stop if any got one
-        self.progress = Progress.resumed_from(meta, run, self.state.mfu)
-        self.evaluators: list[Evaluator] = evaluators(run, self.state.mesh, self.state.rows)
+        self.progress = Progress.resumed_from(meta, _limits(run), self.state.mfu)
         self.profile = Profile(run.run_dir, profile, self.progress.start) if profile is not None else None
+        self.benchmarks: list[HellaSwag | Core] = []
+        self.jobs = self._jobs(run)
+        self.position = Position(
+            self.cfg.seed,
+            self.cfg.gradient_accumulation_steps,
+            self.cfg.microbatch_size,
+            str(run.dataset.path),
+            run.dataset.manifest.get("fingerprint"),
+            run.train_batches.epoch_of,
+        )
         self.charts_due = 0.0  # perf_counter time after which a checkpoint redraws the charts
-        self.records: RunLog | None = None
+        self.records: RunLog | None = None  # from recording() on
+        self.bar: tqdm | None = None
+        self.stats: dict[str, Any] = {}  # the last step's optimiser statistics, read at a boundary
+        self.started, self.outcome = time.perf_counter(), 1  # what the records are told if the loop raises
+
+    def _jobs(self, run: Run) -> list[Job]:
+        """The periodic work, in order: benchmarks, validation (its loss decides the rest), the target,
+        the checkpoint (at its interval, the end, a stop or a target reached)."""
+        cfg, jobs = self.cfg, []
+        tok = run.tokenizer or (get_tokenizer(cfg.tokenizer) if run.hellaswag is not None else None)
+        for bench, every in (
+            (HellaSwag(run.hellaswag, tok), cfg.hellaswag_interval),
+            (Core(run.core), cfg.core_interval),
+        ):
+            if every is not None:  # at the validations of multiples of its interval, and the run's last step
+                self.benchmarks.append(bench)
+                jobs.append(Job(bench.name, self._measure(bench), every=(every,), at_end=False, when=self._last))
+        validation = Validation(
+            run.val_batches, cfg.validation_batches, self.state.mesh, self.state.rows, cfg.microbatch_size
+        )
+        checkpoint_every = (cfg.checkpoint_interval,)
+        jobs.append(
+            Job(
+                "val",
+                lambda done, _: self.validate(validation, done),
+                every=(cfg.validation_interval, *checkpoint_every),
+            )
+        )
+        jobs.append(Job("target", lambda done, r: self.reached_target(done, r["val"]), at_end=False, when=_after_val))
+        jobs.append(Job("checkpoint", self.save, every=checkpoint_every, when=lambda _d, r: bool(r.get("target"))))
+        return jobs
+
+    def _last(self, done: int, _results: dict[str, Any]) -> bool:
+        return done == self.run.total_steps
+
+    def _measure(self, bench: HellaSwag | Core) -> Any:
+        def job(done: int, _results: dict[str, Any]) -> None:
+            self.records.scalars(done, bench(self.state.model, done))
+
+        return job
 
     def log(self, text: str) -> None:
         if self.is_main:
@@ -111,8 +159,8 @@ class Session:
         return None
 
     @contextmanager
-    def recording(self) -> Iterator[Any]:
-        """The run's records and progress bar for the loop; yields done_with(code, step, last loss)."""
+    def recording(self) -> Iterator[None]:
+        """The run's records and progress bar for the loop (closed with the session's outcome)."""
         run, start = self.run, self.progress.start
         self.records = RunLog(run.run_dir, start, enabled=self.is_main, wandb=self.cfg.wandb)
         self.records.configs(start, {"model.json": to_dict(run.model_cfg), "train.json": to_dict(self.cfg)})
@@ -123,28 +171,27 @@ class Session:
             dynamic_ncols=True,
             disable=None if self.is_main else True,
         )
-        started, outcome = time.perf_counter(), [1]  # what the records (W&B's run state) are told if it raises
-
-        def done_with(code: int, done: int, loss: float) -> int:
-            outcome[0] = code
-            if code == 0:
-                self.bar.close()
-                self.log(self.progress.summary(done, time.perf_counter() - started, loss))
-            return code
-
+        self.started = time.perf_counter()
         try:
-            yield done_with
+            yield
         finally:
             self.bar.close()
             if self.profile is not None:
                 self.profile.stop()
-            self.records.close(outcome[0])
+            self.records.close(self.outcome)
+
+    def finish(self, code: int, done: int, loss: float) -> int:
+        """The session ends with `code` at step `done` (0: the summary is printed)."""
+        self.outcome = code
+        if code == 0:
+            self.bar.close()
+            self.log(self.progress.summary(done, time.perf_counter() - self.started, loss))
+        return code
 
     def fetch(self, step: int) -> Batch:
-        """This process's rows of step `step` as global (k, B, T) arrays on the mesh: inputs and
-        targets, and for packed conversations their loss weights and segments."""
-        arrays = self.run.train_batches.batch(step, self.cfg.gradient_accumulation_steps, rows=self.state.rows)
-        return Batch(*arrays).map(lambda a: sharding.put_batch(a, self.state.mesh, self.cfg.microbatch_size))
+        """This process's rows of step `step` as global (k, B, T) arrays on the mesh."""
+        batch = self.run.train_batches.batch(step, self.cfg.gradient_accumulation_steps, rows=self.state.rows)
+        return batch.map(lambda a: sharding.put_batch(a, self.state.mesh, self.cfg.microbatch_size))
 
     def dispatch(self, batch: Batch, step: int) -> tuple[int, Any, Any]:
         """Start step `step` on the device (asynchronously); (its number done, results, stop vote)."""
@@ -173,43 +220,26 @@ class Session:
             self.profile.after(done)
         return scalars["train/loss"], stats
 
-    def checkpoint_due(self, done: int, stopping: bool) -> bool:
-        """A checkpoint at step `done`: at the interval, at the end, at a stop; not while steps are
-        being dropped (progress.postpone)."""
-        due = done % self.cfg.checkpoint_interval == 0 or done == self.run.total_steps or stopping
-        reason = self.progress.postpone(done, stopping) if due else None
-        if reason is not None:
-            self.log(reason)
-        return due and reason is None
+    def profile_boundary(self, done: int) -> bool:
+        return self.profile is not None and self.profile.boundary(done)
 
-    def at_validation(self, done: int, stopping: bool) -> bool:
-        """A validation (evaluators.py) at step `done`: every checkpoint has one."""
-        return (
-            done % self.cfg.validation_interval == 0
-            or done % self.cfg.checkpoint_interval == 0
-            or done == self.run.total_steps
-            or stopping
-        )
-
-    def boundary(self, done: int, stopping: bool) -> bool:
-        """Whether the loop reads this step's results before dispatching the next one."""
-        return self.at_validation(done, stopping) or (self.profile is not None and self.profile.boundary(done))
-
-    def validate(self, done: int) -> float:
-        """Every evaluator due at step `done` (validation last); the validation loss."""
+    def run_jobs(self, done: int, end: bool) -> dict[str, Any]:
+        """The jobs due at step `done`, on the synced model (a second Ctrl-C aborts between them)."""
         self.stop.check_abort()
         self.state.step.sync()
-        for evaluator in self.evaluators:
-            if evaluator.due(done):
-                scalars = evaluator(self.state.model, done)
-                self.records.scalars(done, scalars)
+        results = run_jobs(self.jobs, done, end)
         self.stop.check_abort()
-        self.val_tokens = self.evaluators[-1].tokens
-        return scalars["val/loss"]
+        return results
 
-    def reached_target(self, done: int, val: float) -> bool:
+    def validate(self, validation: Validation, done: int) -> tuple[float, int]:
+        """The validation loss and the targets it is the mean over, recorded."""
+        scalars = validation(self.state.model)
+        self.records.scalars(done, scalars)
+        return scalars["val/loss"], validation.tokens
+
+    def reached_target(self, done: int, val: tuple[float, int]) -> bool:
         """Whether this validation reaches train.json target_val_loss (recorded where, if so)."""
-        if not self.progress.checked_target(done, val):
+        if not self.progress.checked_target(done, val[0]):
             return False
         where = self.progress.target.reached
         self.records.scalars(
@@ -217,16 +247,19 @@ class Session:
         )
         return True
 
-    def save(self, done: int, stats: dict[str, Any], val: float, last: bool) -> Path:
-        """Checkpoint step `done` (`last`: the session's final one: the end, a target, a stop)."""
+    def save(self, done: int, results: dict[str, Any]) -> Path | None:
+        """Checkpoint step `done` (none while steps are being dropped, unless the session ends here)."""
         run, progress = self.run, self.progress
-        is_best = progress.closing(val)
+        last = done == run.total_steps or self.stops.agreed or bool(results.get("target"))
+        if (reason := progress.postpone(done, last)) is not None:
+            self.log(reason)
+            return None
+        progress.closing(*results["val"])
         self.records.flush()  # the record up to this step is as durable as the checkpoint
-        self.state.step.sync()
-        measured = {k: v for e in self.evaluators for k, v in e.since_checkpoint().items()}
+        measured = {k: v for b in self.benchmarks for k, v in b.since_checkpoint().items()}
         self.state.observe(progress.window.tokens_per_s(progress.tokens_per_step))  # a peak measured low: raised
-        meta = checkpoint_meta(run, self.state, progress, done, stats, val, self.val_tokens, is_best, measured)
-        line = progress.line(done, progress.window, stats, val, self.val_tokens)
+        meta = checkpoint_meta(self.state, progress, self.position, done, self.stats, measured)
+        line = progress.line(done, self.stats)
         path = ckpt.save_checkpoint(
             run.run_dir,
             self.state.model,
@@ -234,31 +267,23 @@ class Session:
             meta,
             {"model.json": to_dict(run.model_cfg), "train.json": to_dict(self.cfg)},
             keep_last=self.cfg.keep_last_checkpoints,
-            files=self.checkpoint_files(),
+            files=run.checkpoint_files,
         )
         self.records.checkpoint(done, path.name)
         progress.next_window()
-        if self.is_main and (last or time.perf_counter() >= self.charts_due):
-            # Drawing the charts takes about a second on a CPU: where checkpoints are seconds apart
-            # (a small run) that would be much of the run. They are redrawn once the time since the
-            # last draw is charts_pace times what it took, and always at the end, so they cost at
-            # most ~5% of the wall time; what they draw is read from disk each time.
-            started = time.perf_counter()
-            charts.draw_charts(run.run_dir, log_y=self.cfg.charts_log_y)
-            self.charts_due = time.perf_counter() + self.charts_pace * (time.perf_counter() - started)
+        self.redraw(last)
         if self.is_main:
             self.bar.write(f"{line} | saved {path.name}")
         return path
 
-    def checkpoint_files(self) -> dict[str, bytes]:
-        """What travels with every checkpoint besides its weights: a trained tokenizer's file, a
-        conversation dataset's chat template."""
-        tok = self.run.tokenizer
-        files = {} if tok is None else {"tokenizer.json": tok.data}
-        template = self.run.dataset.manifest.get("template")
-        if template is not None:
-            files[TEMPLATE_FILE] = (json.dumps(template, indent=2) + "\n").encode()
-        return files
+    def redraw(self, last: bool) -> None:
+        """Drawing the charts takes about a second on a CPU: where checkpoints are seconds apart (a small
+        run) that would be much of the run. They are redrawn once the time since the last draw is
+        charts_pace times what it took, and always at the end (at most ~5% of the wall time)."""
+        if self.is_main and (last or time.perf_counter() >= self.charts_due):
+            started = time.perf_counter()
+            charts.draw_charts(self.run.run_dir, log_y=self.cfg.charts_log_y)
+            self.charts_due = time.perf_counter() + self.charts_pace * (time.perf_counter() - started)
 
     def interrupted(self, done: int) -> int:
         again = (
@@ -268,6 +293,22 @@ class Session:
         )
         self.log(f"Interrupted after step {done}/{self.run.total_steps}; checkpoint saved.\nResume with: {again}")
         return 130
+
+
+def _after_val(_done: int, results: dict[str, Any]) -> bool:
+    return "val" in results
+
+
+def _limits(run: Run) -> Limits:
+    cfg = run.train_cfg
+    return Limits(
+        run.run_dir,
+        run.total_steps,
+        cfg.tokens_per_step(run.model_cfg),
+        cfg.clipping_max_norm,
+        cfg.max_dropped_steps,
+        cfg.target_val_loss,
+    )
 
 
 class Profile:

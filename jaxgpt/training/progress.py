@@ -2,25 +2,36 @@
 checkpoint, the best validation loss, dropped steps, training seconds, the target loss; and the
 lines it prints. No JAX: the loop hands it host values (loop.py).
 
-    progress = Progress.resumed_from(meta, run)        # meta.json of the checkpoint resumed from, or {}
+    progress = Progress.resumed_from(meta, limits, mfu)  # meta.json of the checkpoint resumed from, or {}
     scalars = progress.record(done, losses, stats)     # the record's row of one step
     progress.check_dropped(done)                       # once it is recorded: raises on a NaN storm
-    progress.line(done, stats, val, val_tokens)        # the line printed at a checkpoint
+    progress.closing(val, val_tokens)                   # a checkpoint: the validation it records
+    progress.line(done, stats)                          # the line printed at a checkpoint
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from jaxgpt.training.optimizer import clip_flag, part_rates
 from jaxgpt.training.run import TrainingError
 
-if TYPE_CHECKING:
-    from jaxgpt.training.run import Run
+
+@dataclass(frozen=True)
+class Limits:
+    """What the counters need of a run: its length, its sizes, its bounds."""
+
+    run_dir: Path  # named in a NaN storm's error
+    total_steps: int
+    tokens_per_step: int
+    clip_max_norm: float
+    max_dropped_steps: int
+    target_val_loss: float | None = None
 
 
 def step_loss(losses: np.ndarray, stats: dict[str, Any]) -> float:
@@ -102,10 +113,13 @@ class Target:
 class Progress:
     """A session's counters: where it started, the best validation loss, the dropped steps, the time."""
 
-    run: Run
+    limits: Limits
     mfu: Any  # tokens/s -> model FLOPs utilisation (loop.py makes it from mfu.py's figures)
     start: int = 0
     best: float | None = None  # lowest validation loss at a checkpoint so far
+    val: float | None = None  # the validation the checkpoint being written records (closing)
+    val_tokens: int = 0
+    is_best: bool = False
     elapsed: float = 0.0  # wall seconds of the sessions' windows up to the last checkpoint
     trained_s: float = 0.0  # training seconds (Target) up to the last checkpoint, every session
     dropped_total: int = 0
@@ -116,18 +130,13 @@ class Progress:
     clock: float = field(default_factory=time.perf_counter)  # when the step now running was started
 
     @classmethod
-    def resumed_from(cls, meta: dict[str, Any], run: Run, mfu: Any) -> Progress:
-        cfg = run.train_cfg
-        best = meta.get("best_loss")
-        target = (
-            None
-            if cfg.target_val_loss is None
-            else Target(cfg.target_val_loss, best=(meta.get("target") or {}).get("best_loss", best))
-        )
+    def resumed_from(cls, meta: dict[str, Any], limits: Limits, mfu: Any) -> Progress:
+        best, value = meta.get("best_loss"), limits.target_val_loss
+        target = None if value is None else Target(value, best=(meta.get("target") or {}).get("best_loss", best))
         elapsed = meta.get("elapsed_s", 0.0)
         # Checkpoints from before training seconds were counted: their elapsed time (validation included).
         return cls(
-            run,
+            limits,
             mfu,
             start=meta.get("step", 0),
             best=best,
@@ -140,7 +149,7 @@ class Progress:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.run.train_cfg.tokens_per_step(self.run.model_cfg)
+        return self.limits.tokens_per_step
 
     def training_seconds(self) -> float:
         return self.trained_s + sum(self.window.step_times)
@@ -164,7 +173,7 @@ class Progress:
             "train/tokens": done * self.tokens_per_step,
             "optim/lr": float(stats["learning_rate"]),
             "optim/grad_norm": gn,
-            "optim/clipped": float(clip_flag(gn, self.run.train_cfg.clipping_max_norm)),
+            "optim/clipped": float(clip_flag(gn, self.limits.clip_max_norm)),
             "optim/skipped": float(self.window.dropped[-1]),
             "perf/step_time_s": step_time,
             "perf/tokens_per_s": tokens_per_s,
@@ -176,12 +185,12 @@ class Progress:
         step `done`'s row is in the record: the step that stops the run is its last)."""
         from jaxgpt.checkpoints import layout
 
-        limit = self.run.train_cfg.max_dropped_steps
+        limit = self.limits.max_dropped_steps
         if self.dropped_streak >= limit:
-            latest = layout.latest_checkpoint(self.run.run_dir)
+            latest = layout.latest_checkpoint(self.limits.run_dir)
             kept = f"checkpoints/latest is {latest.name}" if latest is not None else "no checkpoint was written"
             raise TrainingError(
-                f"{self.run.run_dir}: the last {self.dropped_streak} optimiser steps (to step {done}) were all "
+                f"{self.limits.run_dir}: the last {self.dropped_streak} optimiser steps (to step {done}) were all "
                 f"dropped for non-finite gradients (train.json max_dropped_steps={limit}): the run diverged; "
                 f"{kept}. Lower learning_rate, or check the data, and rerun"
             )
@@ -189,7 +198,7 @@ class Progress:
     def postpone(self, done: int, stopping: bool) -> str | None:
         """Why an interval checkpoint is skipped (steps are being dropped: `latest` stays on the last
         good one; the weights did not move, but the data position did), or None. A stop request saves."""
-        if self.dropped_streak == 0 or stopping or done == self.run.total_steps:
+        if self.dropped_streak == 0 or stopping or done == self.limits.total_steps:
             return None
         return (
             f"step {done}: checkpoint postponed, the last {self.dropped_streak} step(s) were dropped "
@@ -202,27 +211,30 @@ class Progress:
             val, done, done * self.tokens_per_step, self.training_seconds()
         )
 
-    def closing(self, val: float) -> bool:
-        """A checkpoint with validation loss `val` is about to be written: the window's wall time is
-        counted; whether `val` is the best so far."""
-        is_best = self.best is None or val < self.best
-        self.best = val if is_best else self.best
+    def closing(self, val: float, val_tokens: int) -> bool:
+        """A checkpoint with validation loss `val` (over `val_tokens` targets) is about to be written: the
+        window's wall time is counted; whether `val` is the best so far."""
+        self.val, self.val_tokens = val, val_tokens
+        self.is_best = self.best is None or val < self.best
+        self.best = val if self.is_best else self.best
         self.elapsed += time.perf_counter() - self.window.started
-        return is_best
+        return self.is_best
 
     def next_window(self) -> None:
         """The checkpoint is written: what it counted is settled, a new window starts."""
         self.trained_s = self.training_seconds()
         self.window = Window()
 
-    def line(self, done: int, window: Window, stats: dict[str, Any], val: float, val_tokens: int) -> str:
+    def line(self, done: int, stats: dict[str, Any]) -> str:
+        """The line printed at a checkpoint (after closing: the window and validation it records)."""
+        window = self.window
         gn = window.grad_norms[-1]
-        clipped = gn is not None and clip_flag(gn, self.run.train_cfg.clipping_max_norm)
+        clipped = gn is not None and clip_flag(gn, self.limits.clip_max_norm)
         gn_txt = "n/a" if gn is None else f"{gn:.3g}" + (" (clipped)" if clipped else "")
         rate = window.tokens_per_s(self.tokens_per_step)
         return (
-            f"step {done}/{self.run.total_steps} | loss {np.mean(window.losses):.4f} | "
-            f"val {val:.4f} ({val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | "
+            f"step {done}/{self.limits.total_steps} | loss {np.mean(window.losses):.4f} | "
+            f"val {self.val:.4f} ({self.val_tokens:,} tokens) | lr {float(stats['learning_rate']):.3e} | "
             f"grad norm {gn_txt} | {rate:,.0f} tok/s | MFU {100 * self.mfu(rate):.1f}%"
         )
 

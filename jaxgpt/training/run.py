@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import json
 import os
 import shutil
 import socket
@@ -23,7 +24,9 @@ import numpy as np
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
 from jaxgpt.conversations.rows import ConversationRows
+from jaxgpt.conversations.template import TEMPLATE_FILE
 from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.batch import Sampler
 from jaxgpt.data.samplers.documents import DocumentSampler
 from jaxgpt.data.samplers.windows import BatchSampler, WholeSplit
 from jaxgpt.data.storage.shards import Dataset, open_dataset
@@ -49,9 +52,8 @@ class Run:
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     dataset: Dataset
-    # DocumentSampler for packing "documents", ConversationRows for "conversations"
-    train_batches: BatchSampler | DocumentSampler | ConversationRows
-    val_batches: BatchSampler | WholeSplit | ConversationRows  # WholeSplit for validation_batches "all"
+    train_batches: Sampler  # BatchSampler; DocumentSampler for packing "documents"; ConversationRows
+    val_batches: Sampler  # ... and WholeSplit for validation_batches "all"
     total_steps: int
     resume_from: Path | None
     init_from: Path | None = None  # weights to fine-tune from (train.json init_from), when not resuming
@@ -60,15 +62,24 @@ class Run:
     # A trained tokenizer (train.json "tokenizer" names one): each checkpoint keeps a copy of its file.
     tokenizer: TrainedTokenizer | None = None
 
+    @property
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """What travels with every checkpoint besides its weights: a trained tokenizer's file, a conversation
+        dataset's chat template."""
+        files = {} if self.tokenizer is None else {TOKENIZER_FILE: self.tokenizer.data}
+        template = self.dataset.manifest.get("template")
+        if template is not None:
+            files[TEMPLATE_FILE] = (json.dumps(template, indent=2) + "\n").encode()
+        return files
+
 
 def prepare_run(run_dir: Path, *, data_root: Path, restart: bool, lock: bool = True, processes: int = 1) -> Run:
     """Load and cross-check configs, dataset and checkpoint. Raises INPUT_ERRORS, one line each.
 
-    lock: take the run directory's lock (a second trainer on it is refused); in a multi-process
-    run only process 0 takes it. processes: how many take part (several: no HellaSwag or CORE
-    during training). Then the checkpoint folder must be writable with room for one
-    checkpoint, the validation split's ids must fit the model, and the checkpoint to resume from
-    must verify (a damaged `latest` is set aside and the one before it used).
+    lock: take the run directory's lock (multi-process: process 0 only). processes: how many take
+    part (several: no HellaSwag or CORE during training). Checked: the checkpoint folder is writable
+    with room for one checkpoint, the validation ids fit the model, the checkpoint to resume from
+    verifies (a damaged `latest` is set aside and the one before it used).
     """
     model_cfg, train_cfg = load_run_configs(run_dir)
     wandb_log.check(run_dir, train_cfg.wandb)  # the optional package, before anything is built
@@ -150,9 +161,7 @@ def _dataset(
     return dataset, tokenizer
 
 
-def _samplers(
-    model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset
-) -> tuple[BatchSampler | DocumentSampler | ConversationRows, BatchSampler | WholeSplit | ConversationRows]:
+def _samplers(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset) -> tuple[Sampler, Sampler]:
     """The training rows and the validation batches train.json asks for (each checks the dataset can give them)."""
     seq_len = train_cfg.seq_len(model_cfg)
     common = dict(microbatch_size=train_cfg.microbatch_size, seq_len=seq_len, seed=train_cfg.seed)

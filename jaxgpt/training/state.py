@@ -38,6 +38,7 @@ class TrainState:
     rows: slice  # this process's rows of every microbatch
     schedule: Callable[[int], Any]
     compute_dtype: str  # model.json's "auto" resolved on this backend
+    optimizer_name: str  # train.json "optimizer"
     routing: dict[str, Any] | None  # optimizer "muon": which parameters each part trains
     flops_per_token: float
     peak_flops: float
@@ -88,8 +89,6 @@ def build_state(
     if cfg.optimizer == "muon":
         routing = muon.routing_table(model, muon.routes(model))
         log(muon.format_table(routing, peak_rates(cfg)))
-    if cfg.packing in ("documents", "conversations"):
-        log(run.train_batches.describe())
     meta: dict[str, Any] = {}
     if run.resume_from is not None:
         meta = ckpt.load_checkpoint(run.resume_from, model, optimizer)
@@ -106,6 +105,7 @@ def build_state(
         sharding.local_rows(mesh, cfg.microbatch_size),
         make_schedule(cfg, steps),
         compute_dtype,
+        cfg.optimizer,
         routing,
         mfu.flops_per_token(mcfg, cfg.seq_len(mcfg)),
         peak,
@@ -114,20 +114,39 @@ def build_state(
     return state, meta
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where the data and the random numbers stand after a step: what an exact resume continues from."""
+
+    seed: int
+    accumulation: int  # microbatches per optimiser step
+    microbatch_size: int
+    dataset: str
+    fingerprint: str | None
+    epoch_of: Callable[[int, int], int]  # the sampler's: (step, accumulation) -> epoch
+
+    def at(self, done: int) -> dict[str, Any]:
+        k = self.accumulation
+        return {
+            "data_position": {
+                "next_step": done,
+                "microbatches_consumed": done * k,
+                "sequences_consumed": done * k * self.microbatch_size,
+                "epoch": self.epoch_of(done, k),
+                "dataset": self.dataset,
+                "fingerprint": self.fingerprint,
+            },
+            # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
+            "rng": {"seed": self.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
+        }
+
+
 def checkpoint_meta(
-    run: Run,
-    state: TrainState,
-    progress: Progress,
-    done: int,
-    stats: dict[str, Any],
-    val: float,
-    val_tokens: int,
-    is_best: bool,
-    measured: dict[str, Any],
+    state: TrainState, progress: Progress, position: Position, done: int, stats: dict[str, Any], measured: dict
 ) -> dict[str, Any]:
-    """meta.json: what a resume and a reader of this one checkpoint need, built here and nowhere else;
-    every step's figures are the record's (metrics.jsonl), not repeated here. `measured`: the
-    evaluators' entries since the last checkpoint (hellaswag, core)."""
+    """meta.json: what a resume and a reader of this one checkpoint need, built here and nowhere else
+    (after progress.closing: the validation it records); every step's figures are the record's
+    (metrics.jsonl), not repeated here. `measured`: the benchmarks' entries since the last checkpoint."""
     window = progress.window
     micro, rate, tokens = (
         np.asarray(window.micro_losses),
@@ -137,7 +156,7 @@ def checkpoint_meta(
     return {
         "format": 2,
         "step": done,
-        "total_steps": run.total_steps,
+        "total_steps": progress.limits.total_steps,
         "tokens_seen": tokens,
         "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "train_loss": {
@@ -146,14 +165,14 @@ def checkpoint_meta(
             "mean": float(micro.mean()),
             "last": window.losses[-1],
         },
-        "val_loss": val,
-        "val_tokens": val_tokens,  # the target tokens that loss is the mean over
+        "val_loss": progress.val,
+        "val_tokens": progress.val_tokens,  # the target tokens that loss is the mean over
         "hellaswag": [],
         "core": [],
         **measured,  # since the last checkpoint: [{"step", "acc", ...}]
         "best_loss": progress.best,
-        "is_best": is_best,
-        **_optimiser(run, state, progress, stats),
+        "is_best": progress.is_best,
+        **_optimiser(state, progress, stats),
         "throughput_tokens_per_s": rate,
         "mfu": state.mfu(rate),
         "flops_per_token": state.flops_per_token,  # mfu.flops_per_token
@@ -166,40 +185,23 @@ def checkpoint_meta(
         else progress.target.record(done, tokens, progress.training_seconds()),
         "mesh": dict(state.mesh.shape) | {"processes": jax.process_count()},
         "compute_dtype": state.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
-        **_position(run, done),
+        **position.at(done),
     }
 
 
-def _position(run: Run, done: int) -> dict[str, Any]:
-    """Where the data and the random numbers stand after step `done`: what an exact resume continues from."""
-    cfg, k = run.train_cfg, run.train_cfg.gradient_accumulation_steps
-    return {
-        "data_position": {
-            "next_step": done,
-            "microbatches_consumed": done * k,
-            "sequences_consumed": done * k * cfg.microbatch_size,
-            "epoch": run.train_batches.epoch_of(done, k),
-            "dataset": str(run.dataset.path),
-            "fingerprint": run.dataset.manifest.get("fingerprint"),
-        },
-        # Dropout keys are fold_in(key(seed), step): the seed and the step are the whole RNG state.
-        "rng": {"seed": cfg.seed, "next_step": done, "scheme": "fold_in(key(seed), step)"},
-    }
-
-
-def _optimiser(run: Run, state: TrainState, progress: Progress, stats: dict[str, Any]) -> dict[str, Any]:
+def _optimiser(state: TrainState, progress: Progress, stats: dict[str, Any]) -> dict[str, Any]:
     """The optimiser's side: rates, gradient norms, clipping, skipped updates, applied steps."""
-    cfg, window = run.train_cfg, progress.window
+    window, clip = progress.window, progress.limits.clip_max_norm
     return {
         "learning_rate": float(stats["learning_rate"]),  # used by the last applied step (muon: the matrices')
         "learning_rates": part_rates(stats),  # each part's, by name (adamw: one)
-        "optimizer": cfg.optimizer,
+        "optimizer": state.optimizer_name,
         "routing": state.routing,
         # The schedule counts applied optimiser steps: a dropped step does not advance it.
         "next_learning_rate": float(state.schedule(int(stats["gradient_step"]))),
         "grad_norm": window.grad_norms[-1],  # pre-clip norm of the last accumulated gradient
-        "clip_max_norm": cfg.clipping_max_norm,
-        "clipped_steps": sum(clip_flag(g, cfg.clipping_max_norm) for g in window.grad_norms),
+        "clip_max_norm": clip,
+        "clipped_steps": sum(clip_flag(g, clip) for g in window.grad_norms),
         **_skipped(stats, window, progress),
         "optimizer_steps_applied": int(stats["gradient_step"]),
     }

@@ -2,30 +2,14 @@
 packing, made a pure function of (seed, step) like BatchSampler's windows.
 
     sampler = DocumentSampler(ds.train, microbatch_size=8, seq_len=256, seed=0, eot_id=ds.eot_id)
-    x, y = sampler.batch(step, accum_steps)        # (k, B, T) int32 each, as BatchSampler's
+    batch = sampler.batch(step, accum_steps)       # Batch: (k, B, T) int32 inputs and targets
 
-Documents are separated by end-of-text ids in a split's token stream (download_dataset.py appends
-one after each document; FineWeb's shards put one before each). A *unit* is an end-of-text id and
-the document after it, so that it plays the beginning-of-sequence token nanochat prepends: every
-row starts with one, and each of its tokens sees its document's start (a split that does not begin
-with end-of-text has a first unit without one). Units of fewer than two tokens teach nothing and
-are left out.
-
-Epoch e takes the units in an order shuffled by (seed, e) and packs them into rows of T + 1 tokens
-by best fit (nanochat's dataloader): with up to `buffer` units waiting, a row takes the longest one
-that fits the room left, again and again; when none fits, the shortest waiting unit is cropped to
-fill the row exactly and the rest of it is dropped. Every token of a row is trained on (no padding);
-the price is the cropped tokens, reported as a fraction (about a third at T = 2048 in nanochat's
-data, less with shorter rows or documents). An epoch's last row, if the units run out before it is
-full, is dropped. Sequence s of the run is row s of the concatenated epochs; an epoch's rows are
-planned when first needed (a pass over its units, seconds for millions) and kept for two epochs.
-
-Validation is not packed: it reads the split's windows as before (batches.py), windows that start
-anywhere in a document, so a packed run and a windowed one are scored on the same tokens. A model
-trained only on rows that start at a document start sees contexts that start mid-document only
-there; docs/data.md says what that does to the figure.
-
-Pure numpy: nothing here imports jax.
+A unit is an end-of-text id and the document after it (it plays nanochat's beginning-of-sequence
+token; units of fewer than two tokens are left out). Epoch e takes the units in an order shuffled by
+(seed, e) and packs rows of T + 1 tokens by best fit from up to `buffer` waiting units; when none
+fits, the shortest is cropped to fill the row. Every token is trained on (no padding); describe()
+reports the cropped fraction. Sequence s of the run is row s of the concatenated epochs. Validation
+reads windows (windows.py). How and why: docs/data.md "Document-aligned rows". Pure numpy.
 """
 
 from __future__ import annotations
@@ -33,10 +17,12 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.data.samplers.windows import check_ids
 from jaxgpt.data.storage.shards import TokenSplit
 
@@ -190,13 +176,15 @@ class DocumentSampler:
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(*self._segments(int(seqs[row])))])
         check_ids(self.split, tokens[row : row + 1, col : col + 1], positions[col : col + 1])
 
-    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    def microbatch(self, index: int, rows: slice = slice(None)) -> Batch:
         """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
         if index < 0:
             raise DataError(f"{self.split.name} split: microbatch index must be >= 0, got {index}")
-        return self._sequences(index * self.microbatch_size + np.arange(self.microbatch_size, dtype=np.int64)[rows])
+        return Batch(
+            *self._sequences(index * self.microbatch_size + np.arange(self.microbatch_size, dtype=np.int64)[rows])
+        )
 
-    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> Batch:
         """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1, as BatchSampler.batch."""
         if step < 0 or accum_steps < 1:
             raise DataError(f"{self.split.name} split: need step >= 0 and accum_steps >= 1, got {step}, {accum_steps}")
@@ -204,11 +192,18 @@ class DocumentSampler:
         ids = np.arange(b, dtype=np.int64)[rows]
         seqs = ((step * k + np.arange(k, dtype=np.int64))[:, None] * b + ids[None, :]).reshape(-1)
         x, y = self._sequences(seqs)
-        return x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1)
+        return Batch(x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1))
 
     def epoch_of(self, step: int, accum_steps: int) -> int:
         """Epoch of the first sequence of optimiser step `step` (0-based)."""
         return self._locate(step * accum_steps * self.microbatch_size)[0]
+
+    def validation_count(self, asked: int | Literal["all"]) -> int:
+        assert asked != "all", "validation reads windows"
+        return asked
+
+    def targets_in(self, n_batches: int) -> int:
+        return n_batches * self.microbatch_size * self.seq_len
 
     def describe(self) -> str:
         """One line for the start of a run: documents, rows and what cropping cost in epoch 0."""

@@ -2,7 +2,7 @@
 
     ds = open_dataset(Path("data/builtin-bytes"))                 # jaxgpt/data/storage/shards.py
     sampler = BatchSampler(ds.train, microbatch_size=8, seq_len=256, seed=0)
-    x, y = sampler.batch(step, accum_steps)        # (k, B, T) int32 each
+    batch = sampler.batch(step, accum_steps)       # Batch: (k, B, T) int32 inputs and targets
 
 Pure numpy: nothing here imports jax.
 """
@@ -10,10 +10,12 @@ Pure numpy: nothing here imports jax.
 from __future__ import annotations
 
 import threading
+from typing import Literal
 
 import numpy as np
 
 from jaxgpt.data.errors import DataError
+from jaxgpt.data.samplers.batch import Batch, stack
 from jaxgpt.data.storage.shards import TokenSplit
 
 
@@ -114,13 +116,13 @@ class BatchSampler:
     def _check_ids(self, tokens: np.ndarray, windows: np.ndarray) -> None:
         check_ids(self.split, tokens, windows * self.seq_len)
 
-    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    def microbatch(self, index: int, rows: slice = slice(None)) -> Batch:
         """(B, T) int32 inputs and targets of microbatch `index` (only `rows` of them, if given)."""
         if index < 0:
             raise DataError(f"{self.split.name} split: microbatch index must be >= 0, got {index}")
-        return self._sequences(index * self.microbatch_size + self._row_ids(rows))
+        return Batch(*self._sequences(index * self.microbatch_size + self._row_ids(rows)))
 
-    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> Batch:
         """(k, B, T) int32 inputs and targets: microbatches step*k .. step*k+k-1 (k = accum_steps).
 
         rows: in a multi-process run each process reads only its own rows of every microbatch.
@@ -131,7 +133,7 @@ class BatchSampler:
         ids = self._row_ids(rows)
         seqs = ((step * k + np.arange(k, dtype=np.int64))[:, None] * b + ids[None, :]).reshape(-1)
         x, y = self._sequences(seqs)
-        return x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1)
+        return Batch(x.reshape(k, len(ids), -1), y.reshape(k, len(ids), -1))
 
     def _row_ids(self, rows: slice) -> np.ndarray:
         return np.arange(self.microbatch_size, dtype=np.int64)[rows]
@@ -140,17 +142,24 @@ class BatchSampler:
         """Epoch of the first sequence of optimiser step `step` (0-based)."""
         return (step * accum_steps * self.microbatch_size) // self.n_windows
 
+    def validation_count(self, asked: int | Literal["all"]) -> int:
+        assert asked != "all", "validation_batches 'all' reads a WholeSplit"
+        return asked
+
+    def targets_in(self, n_batches: int) -> int:
+        return n_batches * self.microbatch_size * self.seq_len
+
+    def describe(self) -> str | None:
+        return None
+
 
 class WholeSplit:
     """The whole split in order, every target token scored exactly once: (B, T) microbatches of
     inputs, targets and 0/1 weights, the same shapes for every index (one compiled program).
 
-    Window j holds inputs tokens[j*T : j*T+T] and targets tokens[j*T+1 : j*T+T+1] (targets "next";
-    "same": both tokens[j*T : j*T+T]), the windows BatchSampler(shuffle=False) reads, so the
-    targets of consecutive windows tile the split. The last window stops at the split's end and
-    the rows after it are padding, both weighted 0. So n_targets, the tokens scored, is the
-    split's token count minus 1 (its first token: nothing precedes it) for "next", and the
-    token count itself for "same".
+    Window j holds inputs tokens[j*T : j*T+T] and targets one further on (targets "same": the same
+    tokens), as BatchSampler(shuffle=False) reads them; the last window stops at the split's end, the
+    padding after it weighted 0. n_targets: the split's tokens minus its first ("next"), or all ("same").
     """
 
     def __init__(self, split: TokenSplit, *, microbatch_size: int, seq_len: int, targets: str = "next") -> None:
@@ -167,7 +176,7 @@ class WholeSplit:
         self.n_windows = -(-self.n_targets // seq_len)
         self.n_batches = -(-self.n_windows // microbatch_size)
 
-    def microbatch(self, index: int, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def microbatch(self, index: int, rows: slice = slice(None)) -> Batch:
         """(B, T) int32 inputs, int32 targets and float32 weights of microbatch `index` (its `rows`)."""
         if not 0 <= index < self.n_batches:
             raise DataError(f"{self.split.name} split: microbatch {index} outside 0..{self.n_batches - 1}")
@@ -182,5 +191,24 @@ class WholeSplit:
                 weights[row, :n] = 1.0
         check_ids(self.split, tokens, windows * T)
         if self.shift:
-            return np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:]), weights
-        return tokens, tokens.copy(), weights
+            return Batch(np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:]), weights)
+        return Batch(tokens, tokens.copy(), weights)
+
+    def batch(self, step: int, accum_steps: int, rows: slice = slice(None)) -> Batch:
+        return stack([self.microbatch(step * accum_steps + i, rows) for i in range(accum_steps)])
+
+    def epoch_of(self, step: int, accum_steps: int) -> int:
+        return 0  # read once, in order
+
+    def validation_count(self, asked: int | Literal["all"]) -> int:
+        return self.n_batches  # the whole split, whatever is asked
+
+    def targets_in(self, n_batches: int) -> int:
+        return (
+            self.n_targets
+            if n_batches >= self.n_batches
+            else int(sum(self.microbatch(i).weights.sum() for i in range(n_batches)))
+        )
+
+    def describe(self) -> str | None:
+        return None
