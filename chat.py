@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from jaxgpt import caches
 from jaxgpt.checkpoints.layout import CheckpointError
-from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
+from jaxgpt.cli import add_sampling_args, check_sampling_args, command_parser, refuse, sampling_params
 from jaxgpt.config import ConfigError
 from jaxgpt.conversations.template import TemplateError
 from jaxgpt.data.tokenizer import TokenizerError
@@ -37,9 +37,7 @@ DEFAULT_TOP_K = 50  # when sampling (temperature > 0) and --top-k is not given: 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument("-p", "--prompt", default=None, help="one message, answered once ('-': read it from stdin)")
     parser.add_argument("--system", default=None, help="a system message opening the conversation")
@@ -141,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             print(piece, end="", flush=True)
         print()
     except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

@@ -13,9 +13,7 @@ weights in and out). The layout and what a resume does: docs/checkpoints.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from jaxgpt.checkpoints.layout import (
     step_of,
     verify_checkpoint,
 )
+from jaxgpt.cli import command_parser, refuse
 
 
 def _linked(run_dir: Path, name: str) -> Path | None:
@@ -82,19 +81,14 @@ def report(run_dir: Path, rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0].replace("\n", " "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("run_dir", type=Path, help="run directory, e.g. runs/tiny")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     try:
         rows = inventory(args.run_dir)
     except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps(rows, indent=2) if args.json else report(args.run_dir, rows))
     return 0 if all(r["problem"] is None for r in rows) else 1
 

@@ -11,21 +11,18 @@ What maps, what is refused and why: jaxgpt/interop/nanochat_hf.py and docs (tran
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from jaxgpt.checkpoints.layout import CheckpointError
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.interop.nanochat_hf import ConversionError, export_run, import_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = command_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="checkpoint or run directory -> transformers nanochat folder")
     exp.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
@@ -60,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"Fine-tune: uv run train.py {args.run_dir}   (edit {args.run_dir / TRAIN_FILE} first)"
             )
     except (ConversionError, ConfigError, CheckpointError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

@@ -14,12 +14,11 @@ format and the sources: docs/data.md.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import ConfigError, load_run_configs
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.storage.shards import MANIFEST, SPLITS, Dataset, open_dataset
@@ -80,11 +79,7 @@ def report(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0].replace("\n", " "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("path", type=Path, help="a prepared dataset folder, or a run directory")
     parser.add_argument("--verify", action="store_true", help="check every shard's sha256 against the manifest")
     parser.add_argument("--sample", type=int, default=0, metavar="N", help="decode N tokens from the start of --split")
@@ -111,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- the first {len(tokens)} tokens of the {args.split} split, decoded ---")
             print(get_tokenizer(ds.tokenizer, ds.path.parent).decode(tokens))  # a trained one sits beside it
     except (ConfigError, DataError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

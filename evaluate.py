@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 from jaxgpt import backend, caches
 from jaxgpt.checkpoints import layout
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
-from jaxgpt.conversations.template import ChatTemplate, TemplateError
+from jaxgpt.conversations.template import TemplateError
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import TokenizerError
 from jaxgpt.evaluation import core, core_bundle, hellaswag
-from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, exact_match, held_out, train_config
+from jaxgpt.evaluation.answers import Questions, check_dataset, exact_match
 from jaxgpt.generation.sampling import SamplingParams
 from jaxgpt.preparation.prepare import default_data_root, prepare_dataset
 from jaxgpt.tasks.load import load_tasks
@@ -45,27 +46,30 @@ from jaxgpt.tasks.report import report_lines
 INPUT_ERRORS = (ConfigError, DataError, TokenizerError, layout.CheckpointError)
 
 
+def _model(ckpt_dir: Path) -> Any:
+    """The checkpoint's model: JAX starts here, after every input check."""
+    from jaxgpt.checkpoints.store import load_model
+
+    caches.enable_compile_cache()
+    return load_model(ckpt_dir)[0]
+
+
 def main_hellaswag(args: argparse.Namespace) -> int:
     """evaluate.py --hellaswag: acc and acc_norm over the validation examples (hellaswag.py)."""
     try:
-        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        ckpt_dir, model_cfg, _cfg, tok = layout.checkpoint_run(args.checkpoint, args.data_dir)  # hellaswag.py: why
         path = args.hellaswag_file or hellaswag.fetch_val((args.data_dir or default_data_root()) / "downloads")
         examples = hellaswag.read_examples(path, args.limit)
-        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the run's: see hellaswag.py
-        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        model = _model(ckpt_dir)
         from jaxgpt.evaluation.scoring import hellaswag_score
 
-        caches.enable_compile_cache()
-        model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(
             f"Checkpoint: {ckpt_dir}\nHellaSwag: {path} ({len(examples):,} examples, {tok.name} tokenizer"
             f"{'' if tok.name == 'gpt2' else f'; llm.c scores with gpt2, so compare with {tok.name} models only'})"
         )
         r = hellaswag_score(model, examples, tok, batch_examples=args.batch_size or 16)
     except INPUT_ERRORS as e:  # HellaSwagError is a DataError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     cut = f"; {r['truncated']:,} cut to the model's context of {model_cfg.context_length}" if r["truncated"] else ""
     print(f"Scored {r['examples']:,} examples (4 endings each, rows padded to {r['row_lengths']} tokens{cut})")
     print(f"hellaswag acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f}")
@@ -75,25 +79,20 @@ def main_hellaswag(args: argparse.Namespace) -> int:
 def main_core(args: argparse.Namespace) -> int:
     """evaluate.py --core: each task's accuracy and centred accuracy, and CORE (core.py)."""
     try:
-        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        ckpt_dir, model_cfg, _cfg, tok = layout.checkpoint_run(args.checkpoint, args.data_dir)  # core.py: why
         path = args.core_from or core_bundle.fetch_bundle((args.data_dir or default_data_root()) / "downloads")
         tasks = core_bundle.read_tasks(path, args.limit)
-        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # core.py prepends its eot id
         prepared = core.prepare(tasks, tok, context_length=model_cfg.context_length, vocab_size=model_cfg.vocab_size)
-        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        model = _model(ckpt_dir)
         from jaxgpt.evaluation.scoring import core_score
 
-        caches.enable_compile_cache()
-        model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(
             f"Checkpoint: {ckpt_dir}\nCORE: {path} ({len(tasks)} tasks, {tok.name} tokenizer, "
             f"context {model_cfg.context_length})"
         )
         r = core_score(model, prepared, rows_per_call=args.batch_size or 64)
     except INPUT_ERRORS as e:  # CoreError is a DataError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print("\n".join(core.report(r)))
     return 0
 
@@ -101,26 +100,17 @@ def main_core(args: argparse.Namespace) -> int:
 def main_exact_match(args: argparse.Namespace) -> int:
     """evaluate.py --exact-match: greedy answers to a conversation dataset's held-out instructions."""
     try:
-        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
-        dataset = conversation_dataset(args.exact_match or ckpt_dir, args.data_dir)
-        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
-        check_dataset(dataset, tok, model_cfg.vocab_size)
-        questions = held_out(dataset, args.limit)
-        template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
-        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        q = Questions.load(args.checkpoint, args.exact_match, args.data_dir, args.limit)
+        model = _model(q.ckpt_dir)
         from jaxgpt.conversations.assistant import Assistant
 
-        caches.enable_compile_cache()
-        model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(
-            f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/val.jsonl ({len(questions):,}, template "
-            f"{template.name!r})"
+            f"Checkpoint: {q.ckpt_dir}\nQuestions: {q.dataset.path}/val.jsonl ({len(q.items):,}, template "
+            f"{q.template.name!r})"
         )
-        r = exact_match(Assistant(model, tok, template, str(ckpt_dir), rows=args.batch_size or 16), questions)
+        r = exact_match(Assistant(model, q.tok, q.template, str(q.ckpt_dir), rows=args.batch_size or 16), q.items)
     except (*INPUT_ERRORS, TemplateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     if args.out is not None:
         args.out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in r["rows"]))
     for task, acc in r["tasks"].items():
@@ -151,16 +141,13 @@ def main_tasks(args: argparse.Namespace) -> int:
             if skipped := too_long(bot, task, params):
                 print(f"  {task.name}: {skipped:,} prompts leave no room for an answer in the context: counted wrong")
     except (*INPUT_ERRORS, TemplateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print("\n".join(report_lines(results)))
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument(
         "--dataset",
@@ -311,8 +298,7 @@ def _loss_dataset(args: argparse.Namespace, cfg: TrainConfig, model_cfg: ModelCo
 def main_loss(args: argparse.Namespace) -> int:
     """evaluate.py without a benchmark flag: loss, perplexity and bits per byte over a whole split."""
     try:
-        ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        ckpt_dir, model_cfg, cfg, tok = layout.checkpoint_run(args.checkpoint, args.data_dir)  # bytes follow its ids
         seq_len = args.sequence_length or cfg.seq_len(model_cfg)
         if seq_len > model_cfg.context_length:
             raise ConfigError(
@@ -320,22 +306,18 @@ def main_loss(args: argparse.Namespace) -> int:
             )
         ds_path = _loss_dataset(args, cfg, model_cfg)
         dataset = open_dataset(ds_path)
-        tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)  # the byte counts follow its ids
         check_dataset(dataset, tok, model_cfg.vocab_size)
         split = dataset.train if args.split == "train" else dataset.val
-        from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check
+        model = _model(ckpt_dir)
         from jaxgpt.evaluation.scoring import evaluate, report_line
 
-        caches.enable_compile_cache()
-        model, _cfg, _tok, _path = load_model(ckpt_dir)
         print(f"Checkpoint: {ckpt_dir}\nDataset: {ds_path} ({args.split} split, {split.n_tokens:,} tokens)")
         batch_size = args.batch_size or cfg.microbatch_size
         r = evaluate(
             model, tok, split, batch_size=batch_size, seq_len=seq_len, targets=cfg.targets, max_batches=args.max_batches
         )
     except INPUT_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(report_line(r, args.split, cfg.targets))
     print(f"loss {r['loss']:.4f} | perplexity {r['perplexity']:.3f} | bits per byte {r['bits_per_byte']:.4f}")
     return 0

@@ -11,20 +11,17 @@ What an import writes and how the weights map: jaxgpt/interop/gpt2.py and docs/e
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from jaxgpt.checkpoints.layout import CheckpointError
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ConfigError
 from jaxgpt.interop.gpt2 import VARIANTS, WeightsError, export_run, import_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = command_parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     imp = sub.add_parser("import", help="GPT-2 safetensors (file or variant name) -> run directory")
     imp.add_argument("source", help=f"model.safetensors, a folder holding one, or {', '.join(VARIANTS)}")
@@ -61,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"GPT2LMHeadModel.from_pretrained needs torch (untested here, as vLLM is)"
             )
     except (WeightsError, ConfigError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     return 0
 
 

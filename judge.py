@@ -26,20 +26,19 @@ from pathlib import Path
 
 from jaxgpt import caches
 from jaxgpt.checkpoints import layout
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import ConfigError
 from jaxgpt.conversations.judge import RUBRIC, Judge, summary
 from jaxgpt.conversations.prepare import VAL_FILE
 from jaxgpt.conversations.template import ChatTemplate, TemplateError
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.tokenizer import Tokenizer, TokenizerError
-from jaxgpt.evaluation.answers import check_dataset, conversation_dataset, held_out, train_config
+from jaxgpt.evaluation.answers import Questions
 from jaxgpt.generation.sampling import SamplingParams
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument("--url", required=True, help="the judge's OpenAI-compatible base URL (…/v1)")
     parser.add_argument("--model", required=True, help="the judge model's name at that endpoint")
@@ -83,28 +82,15 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return key
 
 
-def _questions(args: argparse.Namespace) -> tuple[Path, Tokenizer, ChatTemplate, list]:
-    """The checkpoint, its tokenizer, the questions' template and the held-out questions (no JAX)."""
-    ckpt_dir, model_cfg, train = layout.checkpoint_configs(args.checkpoint)
-    cfg = train_config(train, str(ckpt_dir / "train.json"))
-    dataset = conversation_dataset(args.questions or ckpt_dir, args.data_dir)
-    tok = layout.checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, args.data_dir)
-    check_dataset(dataset, tok, model_cfg.vocab_size)
-    template = ChatTemplate.from_dict(dataset.manifest["template"], f"{dataset.path}/manifest.json")
-    questions = held_out(dataset, args.limit)
-    print(f"Checkpoint: {ckpt_dir}\nQuestions: {dataset.path}/{VAL_FILE} ({len(questions):,})")
-    return ckpt_dir, tok, template, questions
-
-
-def _answers(ckpt_dir: Path, tok: Tokenizer, template: ChatTemplate, questions: list, max_tokens: int) -> list[str]:
+def _answers(q: Questions, max_tokens: int) -> list[str]:
     """Greedy answers to every question, drawn together by the engine."""
-    from jaxgpt.checkpoints.store import load_model
-    from jaxgpt.conversations.assistant import Assistant  # JAX starts here, after every input check and the probe
+    from jaxgpt.checkpoints.store import load_model  # JAX starts here, after every input check and the probe
+    from jaxgpt.conversations.assistant import Assistant
 
     caches.enable_compile_cache()
-    model, _cfg, _tok, _path = load_model(ckpt_dir)
-    bot = Assistant(model, tok, template, str(ckpt_dir), rows=16)
-    return bot.answer_all([m for m, _ in questions], SamplingParams(max_tokens, temperature=0.0))
+    model, _cfg, _tok, _path = load_model(q.ckpt_dir)
+    bot = Assistant(model, q.tok, q.template, str(q.ckpt_dir), rows=16)
+    return bot.answer_all([m for m, _ in q.items], SamplingParams(max_tokens, temperature=0.0))
 
 
 def _score_all(judge: Judge, out: Path, rows_in: list[tuple[str, str, str]]) -> list[dict]:
@@ -128,18 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     key = _check(parser, args)
     try:
-        ckpt_dir, tok, template, questions = _questions(args)
+        q = Questions.load(args.checkpoint, args.questions, args.data_dir, args.limit)
     except (ConfigError, DataError, TokenizerError, layout.CheckpointError, TemplateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
+    print(f"Checkpoint: {q.ckpt_dir}\nQuestions: {q.dataset.path}/{VAL_FILE} ({len(q.items):,})")
     judge = Judge(args.url, args.model, key, timeout=args.timeout, retries=args.retries)
     problem = judge.probe()
     if problem is not None:
         print(f"error: the judge at {args.url} did not answer a first request ({problem})", file=sys.stderr)
         return 2
     print(f"Judge: {args.model} at {args.url}\nRubric: {RUBRIC}")
-    answers = _answers(ckpt_dir, tok, template, questions, args.max_new_tokens)
-    asked = [(_instruction(tok, template, m), ref, a) for (m, ref), a in zip(questions, answers)]
+    answers = _answers(q, args.max_new_tokens)
+    asked = [(_instruction(q.tok, q.template, m), ref, a) for (m, ref), a in zip(q.items, answers)]
     result = summary(_score_all(judge, args.out, asked))
     args.out.with_name(args.out.name + ".summary.json").write_text(json.dumps(result, indent=2) + "\n")
     mean = "n/a" if result["mean"] is None else f"{result['mean']:.2f}"

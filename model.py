@@ -13,14 +13,13 @@ jaxgpt/training/optimizer.py (and muon.py); the keys of model.json: docs/configs
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import ConfigError, load_run_configs
 from jaxgpt.training.mfu import flops_per_token
 
@@ -112,19 +111,14 @@ def report(d: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0].replace("\n", " "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     try:
         d = describe(args.run_dir)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     print(json.dumps(d, indent=2) if args.json else report(d))
     return 0
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from jaxgpt import caches
 from jaxgpt.checkpoints.layout import CheckpointError
+from jaxgpt.cli import command_parser, refuse
 from jaxgpt.config import ConfigError
 from jaxgpt.conversations.template import TemplateError
 from jaxgpt.data.tokenizer import TokenizerError
@@ -36,9 +37,7 @@ API_KEY_ENV = "JAXGPT_API_KEY"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", type=Path, help="run dir, checkpoint folder or latest/best link")
     parser.add_argument(
         "--host",
@@ -145,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sock = _bind(args.host, args.port)
     except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     stop = _Stop()
     print(f"Loading {args.checkpoint} ...", flush=True)
     caches.enable_compile_cache()
@@ -158,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         warm_s = served.worker.start()
     except (ConfigError, CheckpointError, TokenizerError, TemplateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     except KeyboardInterrupt:  # Ctrl-C while loading or compiling: nothing is served yet
         print("interrupted before serving", file=sys.stderr)
         return 130

@@ -9,7 +9,6 @@ Exits 0 when the output reproduces the input exactly, 1 when it does not, 2 on b
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ import numpy as np
 from jaxgpt import caches
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.checkpoints.store import load_model
+from jaxgpt.cli import refuse
 from jaxgpt.config import ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
 
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, cfg, tok, path = load_model(args.checkpoint)
     except (ConfigError, ckpt.CheckpointError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     ids = tok.encode(args.text)
     out: list[int] = []
     for start in range(0, len(ids), cfg.context_length):  # A-to-A has no context: chunks are exact

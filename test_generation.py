@@ -11,14 +11,12 @@ one-token step); the last line reports the speed in tokens per second.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 from jaxgpt import caches
 from jaxgpt.checkpoints.layout import CheckpointError
-from jaxgpt.cli import add_sampling_args, check_sampling_args, sampling_params
+from jaxgpt.cli import add_sampling_args, check_sampling_args, command_parser, refuse, sampling_params
 from jaxgpt.config import ConfigError
 from jaxgpt.data.tokenizer import TokenizerError
 
@@ -26,9 +24,7 @@ PROMPT = "Every effort moves you"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder, latest/best link or run dir")
     parser.add_argument(
         "--prompt", action="append", default=None, help=f"text to continue; repeat for a batch (default: {PROMPT!r})"
@@ -45,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, _cfg, tok, path = load_model(args.checkpoint)
     except (ConfigError, CheckpointError, TokenizerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(e)
     from jaxgpt.generation.engine import Engine
 
     print(f"Checkpoint: {path}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from jaxgpt import backend, caches
+from jaxgpt.cli import command_parser
 from jaxgpt.config import ConfigError, load_run_configs
 from jaxgpt.conversations.template import TemplateError
 from jaxgpt.preparation.prepare import default_data_root
@@ -137,9 +138,7 @@ def _prepare_in_cluster(args: argparse.Namespace) -> Run | RLRun:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = command_parser(__doc__)
     parser.add_argument("run_dir", type=Path, help="run directory with model.json and train.json")
     parser.add_argument(
         "--restart", action="store_true", help="start over: move checkpoints/ aside to checkpoints.old-<time>/"

@@ -1,17 +1,35 @@
-"""What the root commands share on their command lines: the sampling flags of every command that draws
-answers, checked before JAX starts, and turned into the engine's SamplingParams.
+"""What the root commands share on their command lines: the parser's opening, the one-line refusal of a
+bad input, and the sampling flags of every command that draws answers (checked before JAX starts).
 
+    parser = command_parser(__doc__)                # the docstring's first paragraph, then its examples
+    except ConfigError as e: return refuse(e)        # "error: ..." on stderr, exit code 2
     add_sampling_args(parser, max_new_tokens=256, temperature=0.6)
-    args = parser.parse_args(); check_sampling_args(parser, args)
-    params = sampling_params(args)
+    args = parser.parse_args(); check_sampling_args(parser, args); params = sampling_params(args)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from jaxgpt.generation.sampling import ON_FULL, SamplingParams
+
+
+def command_parser(doc: str) -> argparse.ArgumentParser:
+    """A root command's parser: its docstring's first paragraph as the description, the whole docstring
+    (its examples) after the options."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0].replace("\n", " "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc,
+    )
+
+
+def refuse(error: Exception) -> int:
+    """A bad input: its one line on stderr, and exit code 2."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 def add_sampling_args(

@@ -150,6 +150,21 @@ def resolve_weights(path: Path) -> Path:
         return resolve_checkpoint(path / init_from)
 
 
+def train_config(train: dict[str, Any], where: str) -> TrainConfig:
+    """A checkpoint's train.json (a checkpoint without one: the defaults, builtin corpus and bytes)."""
+    if not train:
+        return TrainConfig(microbatch_size=8, train_steps=1)
+    return from_dict(TrainConfig, train, where)
+
+
+def checkpoint_run(path: Path, data_root: Path | None = None) -> tuple[Path, ModelConfig, TrainConfig, Tokenizer]:
+    """What a command needs of a checkpoint before JAX starts: its folder, model config, train.json and
+    tokenizer (checkpoint_configs, then each checked; one-line errors)."""
+    ckpt_dir, model_cfg, train = checkpoint_configs(path)
+    cfg = train_config(train, str(ckpt_dir / TRAIN_FILE))
+    return ckpt_dir, model_cfg, cfg, checkpoint_tokenizer(ckpt_dir, cfg.tokenizer, data_root)
+
+
 def checkpoint_configs(path: Path) -> tuple[Path, ModelConfig, dict[str, Any]]:
     """(checkpoint folder, model config, train.json as a dict) for a checkpoint or run dir.
 

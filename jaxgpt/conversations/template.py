@@ -326,3 +326,13 @@ def read_template(folder: Path) -> ChatTemplate | None:
     except (OSError, ValueError) as e:
         raise TemplateError(f"{path}: unreadable ({e})") from None
     return ChatTemplate.from_dict(data, str(path))
+
+
+def template_of(ckpt_dir: Path, manifest: Mapping[str, Any] | None = None, where: str = "") -> ChatTemplate | None:
+    """The template a checkpoint's prompts are rendered with, decided here for every command: the one
+    fine-tuning saved beside its weights (TEMPLATE_FILE), else its questions' dataset's (`manifest`,
+    read from `where`: a base model asked a tuned run's questions), else None (a base model)."""
+    saved = read_template(ckpt_dir)
+    if saved is not None or manifest is None or manifest.get("template") is None:
+        return saved
+    return ChatTemplate.from_dict(manifest["template"], where)

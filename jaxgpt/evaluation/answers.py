@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxgpt.checkpoints import layout
-from jaxgpt.config import TrainConfig, from_dict, from_json
+from jaxgpt.config import TrainConfig, from_json
 from jaxgpt.conversations.prepare import VAL_FILE
+from jaxgpt.conversations.template import ChatTemplate, template_of
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.storage.shards import KIND_CONVERSATIONS, Dataset, open_dataset
 from jaxgpt.data.tokenizer import Tokenizer
@@ -27,13 +29,6 @@ if TYPE_CHECKING:  # the answering imports JAX: only once every input is checked
     from jaxgpt.conversations.assistant import Assistant
 
 Question = tuple[list[dict[str, Any]], str]
-
-
-def train_config(train: dict[str, Any], where: str) -> TrainConfig:
-    """A checkpoint's train.json (a checkpoint without one: the defaults, builtin corpus and bytes)."""
-    if not train:
-        return TrainConfig(microbatch_size=8, train_steps=1)
-    return from_dict(TrainConfig, train, where)
 
 
 def check_dataset(dataset: Dataset, tok: Tokenizer, vocab_size: int) -> None:
@@ -59,7 +54,7 @@ def conversation_dataset(spec: Path, data_root: Path | None) -> Dataset:
         cfg = from_json(TrainConfig, spec / "train.json")
     else:
         ckpt_dir, _model, train = layout.checkpoint_configs(spec)
-        cfg = train_config(train, str(ckpt_dir / "train.json"))
+        cfg = layout.train_config(train, str(ckpt_dir / "train.json"))
     return open_dataset(
         prepare_dataset(
             cfg.dataset.source, cfg.tokenizer, data_root or default_data_root(), options=cfg.dataset.options, log=print
@@ -93,6 +88,26 @@ def held_out(dataset: Dataset, limit: int | None = None) -> list[Question]:
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+@dataclass(frozen=True)
+class Questions:
+    """A checkpoint and the held-out questions it is asked (evaluate.py --exact-match, judge.py)."""
+
+    ckpt_dir: Path
+    tok: Tokenizer
+    template: ChatTemplate  # the checkpoint's own, else its questions' dataset's (a base model asked)
+    dataset: Dataset
+    items: list[Question]
+
+    @classmethod
+    def load(cls, checkpoint: Path, source: Path | None, data_root: Path | None, limit: int | None) -> Questions:
+        """`checkpoint` asked the held-out conversations of `source`'s dataset (None: its own), no JAX."""
+        ckpt_dir, model_cfg, _cfg, tok = layout.checkpoint_run(checkpoint, data_root)
+        dataset = conversation_dataset(source or ckpt_dir, data_root)
+        check_dataset(dataset, tok, model_cfg.vocab_size)
+        template = template_of(ckpt_dir, dataset.manifest, f"{dataset.path}/manifest.json")
+        return cls(ckpt_dir, tok, template, dataset, held_out(dataset, limit))
 
 
 def task_of(messages: list[dict[str, Any]]) -> str:
