@@ -22,6 +22,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 
+# tests/ mirrors the packages: a folder per package or concern (tests/model/, tests/data/, ...), without
+# __init__.py, each test file's base name unique across folders. pytest imports a test file by its base name
+# with its folder on sys.path (rootdir/prepend mode; packages would be named model, data, ... and shadow the
+# root's model.py and data.py); this folder is on sys.path for conftest and the shared helpers. A test
+# module that uses another's helpers (`from test_hellaswag import fixture_records`) finds it in any folder,
+# however pytest is launched (one file, -k, the whole suite): every folder is on sys.path from the start.
+sys.path += [str(p) for p in sorted(ROOT.joinpath("tests").iterdir()) if any(p.glob("test_*.py"))]
+
 # gpt2 tokenizer tests read tiktoken's files from the shared offline cache when it exists.
 if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED / "tiktoken-cache").is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED / "tiktoken-cache")

@@ -122,6 +122,18 @@ def test_the_root_holds_the_entry_points_and_the_rest_is_in_the_package() -> Non
     assert all((ROOT / "jaxgpt" / f / "__init__.py").is_file() for f in folders)
 
 
+def test_the_tests_mirror_the_packages() -> None:
+    """tests/ holds a folder per package of jaxgpt/ (bench/ for the benchmarks, project/ for the root) and no
+    test file at its top; no __init__.py, so pytest imports each test file by its base name: unique."""
+    tests = ROOT / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    packages = {p.name for p in (ROOT / "jaxgpt").iterdir() if (p / "__init__.py").is_file()}
+    assert {p.parent.relative_to(tests).as_posix() for p in files} <= packages | {"bench", "project"}
+    names = [p.name for p in files]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert not list(tests.rglob("__init__.py"))
+
+
 def test_the_import_graph_has_no_circle() -> None:
     assert_no_circle(graph(), "import")
 

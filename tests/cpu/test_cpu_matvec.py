@@ -13,11 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SLOW
+from conftest import ROOT, SLOW
 
 from jaxgpt.cpu import matvec as cpu_matvec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # (N, K, M): one to nine rows (tiles of 4 and every remainder), K with and without a tail past the
 # 16 values a step takes (7: no vector at all), M from one output to more than a chunk per thread.

@@ -140,4 +140,4 @@ def test_a_changed_optimizer_is_refused_on_resume(
     assert "optimizer='adamw'" in err and "optimizer='muon'" in err and "--restart" in err
 
 
-# Muon on meshes (4 x 2 FSDP, resumed on 8 x 1 and one device): tests/test_mesh.py, with the modern model.
+# Muon on meshes (4 x 2 FSDP, resumed on 8 x 1 and one device): tests/distributed/test_mesh.py, with the modern model.

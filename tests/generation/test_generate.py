@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SLOW, cases
+from conftest import ROOT, SLOW, cases
 from flax import nnx
 
 import test_generation
@@ -597,7 +597,7 @@ def test_2026_decode_step_holds_k_heads_of_cache_and_copies_no_weight(kw: dict) 
 
 def test_generate_holds_no_copy_of_the_model() -> None:
     """Decoding calls the model's own forward pass: the generation package names none of a block's parts."""
-    source = "".join(p.read_text() for p in (Path(__file__).parent.parent / "jaxgpt" / "generation").glob("*.py"))
+    source = "".join(p.read_text() for p in (ROOT / "jaxgpt" / "generation").glob("*.py"))
     assert "cached_features" in source
     for part in ("ln1", "ln2", ".qkv", ".proj", ".mlp", "pos_emb", "blocks", "ln_f"):
         assert part not in source, part

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SLOW
+from conftest import SHARED, SLOW
 
 import download_dataset as dd
 from jaxgpt.data.errors import DataError
@@ -17,7 +17,7 @@ from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import BytesTokenizer, get_tokenizer
 from jaxgpt.preparation import prepare
 
-TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
+TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 # Stdlib modules with import side effects: reading their docstrings must not import them.
 SIDE_EFFECT_MODULES = ("antigravity", "this", "turtle", "tkinter", "idlelib", "pydoc_data.topics", "smtpd")
 

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 # The modules are flat files in the project root; make them importable however pytest is launched.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(ROOT))
 
 import matplotlib.image  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from jaxgpt import backend
 from jaxgpt.cpu import malloc as fast_malloc
 
-ROOT = Path(__file__).resolve().parent.parent
 SHOW = "import os; from jaxgpt import backend; backend.prepare_process(); print(os.environ.get('GLIBC_TUNABLES'))"
 
 # Minor page faults per call of a jitted op writing a fresh 64 MiB buffer (printed by the child).

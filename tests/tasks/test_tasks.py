@@ -40,7 +40,7 @@ from jaxgpt.tasks import (
     reward_rule,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
+FIXTURES = ROOT / "tests" / "fixtures" / "tasks"
 GSM8K = FIXTURES / "gsm8k-test.jsonl"
 
 

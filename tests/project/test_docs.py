@@ -18,9 +18,8 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from conftest import parse_python
+from conftest import ROOT, parse_python
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 LOG = DOCS / "log.md"  # the measurement log: the one page whose figures carry dates and commits

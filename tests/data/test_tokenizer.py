@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 from jaxgpt.data.tokenizer import BytesTokenizer, TokenizerError, get_tokenizer
 
-TIKTOKEN_CACHE = Path(__file__).resolve().parents[1] / ".." / "shared" / "tiktoken-cache"
+TIKTOKEN_CACHE = SHARED / "tiktoken-cache"
 TEXTS = ["Every effort moves you", "héllo wörld — 日本語 🙂\n\ttabs", "", "<|endoftext|> is plain text here"]
 
 
