@@ -11,7 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, SLOW
 
 import evaluate
 from jaxgpt.checkpoints import store as ckpt
@@ -53,6 +53,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@SLOW  # the model's own forward pass, unjitted, per question (the fast tier scores every format below)
 def test_multiple_choice_takes_the_letter_with_the_highest_logit_at_the_answer(checkpoint: Path) -> None:
     bot = Assistant.load(checkpoint, rows=4)
     (task,) = load_tasks([f"mmlu={FIXTURES / 'mmlu-hf.jsonl'}"])

@@ -101,6 +101,7 @@ def test_the_rl_step_loss_is_minus_the_mean_over_sampled_tokens_of_logprob_times
     assert batch.weights[0].sum() != batch.weights[1].sum()
 
 
+@SLOW  # gradients taken op by op, unjitted (policy_loss_sum runs in the fast tier through the step above)
 def test_the_clipped_ratio_is_numpys_and_at_the_sampling_weights_the_on_policy_gradient() -> None:
     model, batch = _hand_batch()
     x, y, w, a = (jnp.asarray(batch[i][0]) for i in (0, 1, 2, 4))

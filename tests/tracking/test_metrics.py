@@ -317,6 +317,7 @@ def test_flops_per_token_of_gpt2_124m_is_6n_plus_the_attention_term() -> None:
     assert matmul == 123_532_032, sizes.keys()
 
 
+@SLOW  # the peak measured three times: 3x5 float32 matmuls of 2048^3 each
 def test_the_peak_is_measured_once_dated_and_only_ever_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAXGPT_CACHE_DIR", str(tmp_path))
     first, source = mfu.peak_flops("float32")

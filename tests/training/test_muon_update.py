@@ -281,6 +281,7 @@ def test_first_step_of_polar_express_and_normuon_matches_numpy(cfg, normuon: boo
     assert checked == (4 if cfg.n_kv_heads in (None, cfg.n_heads) else 5) * (1 if cfg.scan_layers else cfg.n_layers)
 
 
+@SLOW  # (the fast tier checks NorMuon's update through the first step's polar-normuon case)
 def test_normuon_keeps_a_running_mean_per_neuron() -> None:
     """scale_by_neuron_rms alone over two updates: the second divides by the running mean of both
     steps' mean squares (beta2 0.8), per row of the longer side, q, k and v each their own."""
