@@ -275,7 +275,7 @@ def test_an_input_error_after_joining_ends_both_in_one_line(tmp_path: Path, data
     assert pair.finish() == [2, 2], (pair.output(0), pair.output(1))
     for i in range(2):
         out = pair.output(i)
-        assert out.strip().splitlines()[-1].startswith("error: train.json: mesh data=3"), out
+        assert out.strip().splitlines()[-1].startswith(f"error: {run}/train.json: mesh data=3"), out  # the run's file
         assert "Traceback" not in out and "Check failure" not in out, out
 
 
