@@ -55,20 +55,23 @@ class PromptPool:
 
     items: list[tuple[Task, Example]]
     ids: list[list[int]]  # the prompt's ids: the conversation, then the assistant's opening
-    dropped: int  # examples whose prompt was too long
+    dropped: dict[str, tuple[int, int]]  # task name -> (its examples whose prompt was too long, its examples)
 
     @classmethod
     def build(cls, tasks: list[Task], template: ChatTemplate, tok: Tokenizer, longest: int) -> PromptPool:
         """`longest`: the most prompt tokens that leave room for the answer."""
-        items, ids, dropped = [], [], 0
+        items, ids, dropped = [], [], {}
         for task in tasks:
+            too_long = 0
             for example in task.examples:
                 prompt = template.prompt(tok, list(example.messages))
                 if len(prompt) > longest:
-                    dropped += 1
+                    too_long += 1
                     continue
                 items.append((task, example))
                 ids.append(prompt)
+            if too_long:
+                dropped[task.name] = (too_long, len(task.examples))
         return cls(items, ids, dropped)
 
     def for_step(self, step: int, count: int, seed: int) -> list[int]:

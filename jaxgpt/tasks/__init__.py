@@ -16,7 +16,7 @@ report.py    pass_at_k, chat_core, report_lines
 download.py  the public files, fetched once (download_dataset.py tasks)
 
 Modelled on nanochat's tasks/ and scripts/chat_eval.py. Pure Python and numpy: importing this
-package never loads JAX (tests/test_tasks.py checks it in a fresh interpreter).
+package never loads JAX (tests/tasks/test_tasks.py checks it in a fresh interpreter).
 """
 
 from jaxgpt.tasks.base import Example, Reward, Task, TaskError, render_mc

@@ -4,7 +4,7 @@ train.py calls `prepare_run` before anything imports JAX, so a malformed config,
 mismatched dataset, a corrupt checkpoint or a resume that would change the data order is one
 line on stderr within a second, never after a backend start-up or a compile. This module, and
 everything it imports (config, data, download_dataset, tokenizer, checkpoint_files), must stay
-free of JAX, Flax and Orbax: tests/test_run_setup.py checks that in a fresh interpreter.
+free of JAX, Flax and Orbax: tests/training/test_run_setup.py checks that in a fresh interpreter.
 """
 
 from __future__ import annotations

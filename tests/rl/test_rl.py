@@ -64,7 +64,7 @@ def test_rows_mark_the_sampled_tokens_with_their_samples_advantage() -> None:
 
 
 def test_each_epoch_visits_every_prompt_once_and_a_step_is_a_pure_function_of_seed_and_step() -> None:
-    pool = PromptPool([], [[i] for i in range(10)], 0)
+    pool = PromptPool([], [[i] for i in range(10)], {})
     epoch = [i for step in range(5) for i in pool.for_step(step, 2, seed=3)]
     assert sorted(epoch) == list(range(10)) and epoch != list(range(10))
     assert pool.for_step(7, 3, seed=3) == pool.for_step(7, 3, seed=3) != pool.for_step(7, 3, seed=4)
@@ -276,3 +276,32 @@ def test_an_rl_run_refuses_a_base_model_and_a_changed_section_on_resume(tuned: P
     capsys.readouterr()
     assert train.main([str(run)]) == 2
     assert "train.json: rl differs from checkpoint" in capsys.readouterr().err
+
+
+@SLOW  # a fine-tuning run first
+def test_an_rl_run_refuses_a_task_whose_every_prompt_is_too_long_and_names_the_rest_it_leaves_out(
+    tuned: Path, tmp_path: Path, capsys
+) -> None:
+    from jaxgpt.rl.run import prepare_rl_run
+
+    prompts = {"task": "builtin", "tasks": ["add", "reverse"], "examples": 600}  # 100 of each
+    run = rl_run(tmp_path / "run", tuned, prompts=prompts, validation=None, max_new_tokens=4)
+
+    def prepare(seq_len: int):
+        cfg = json.loads((run / "train.json").read_text())
+        (run / "train.json").write_text(json.dumps({**cfg, "sequence_length": seq_len}))
+        return prepare_rl_run(run, data_root=tmp_path / "data", restart=False)
+
+    # "Q: Add 7 and 12.\nA: " fits in 29 tokens; no "Q: Reverse the letters: abc\nA: " does.
+    with pytest.raises(ConfigError) as e:
+        prepare(32)
+    msg = str(e.value)
+    assert msg.startswith(f"{run}/train.json: every rl.prompts prompt of builtin-reverse is longer than 29 tokens")
+    assert "sequence_length=32" in msg and "max_new_tokens=4" in msg and "\n" not in msg
+    capsys.readouterr()
+    pool = prepare(36).prompts  # 33 tokens: the shorter words' reversals fit, the longer ones are left out
+    n, of = pool.dropped["builtin-reverse"]
+    assert 0 < n < of == 100 and "builtin-add" not in pool.dropped and len(pool.ids) == 200 - n
+    assert (
+        f"Note: {n:,} of 100 rl.prompts prompts of builtin-reverse are longer than 33 tokens" in capsys.readouterr().out
+    )
