@@ -6,11 +6,8 @@
     uv run chat.py runs/tiny-instruct --system "Answer briefly." --temperature 0 -p "..."
     uv run chat.py runs/tiny --raw -p "Every effort moves you"       # a base model: plain continuation
 
-Prompts are rendered with the chat template the checkpoint was fine-tuned with (its
-chat_template.json: docs/fine-tuning.md), so the model sees exactly what it was trained on; a
-base model has none and is refused unless --raw asks for plain text. Sampling defaults to
-temperature 0.6 and top-k 50 (nanochat's chat_cli); --temperature 0 is greedy (no top-k), and
---top-k / --top-p need a temperature above 0. The same --seed gives the same answers.
+Prompts use the checkpoint's chat template (a base model needs --raw). Sampling defaults to
+temperature 0.6 and top-k 50; --temperature 0 is greedy; the same --seed gives the same answers.
 """
 
 from __future__ import annotations

@@ -5,20 +5,15 @@ Usage:
     uv run download_dataset.py text ~/books notes/*.md dump.jsonl  # local text -> data/text-books-bytes
     uv run download_dataset.py tinyshakespeare [--from input.txt]  # -> data/tinyshakespeare-bytes
     uv run download_dataset.py fineweb10B-gpt2 --train-tokens 1e9  # -> data/fineweb10B-gpt2-gpt2
-    uv run download_dataset.py fineweb-edu --train-tokens 1e9      # FineWeb-Edu parquet -> data/fineweb-edu-gpt2
-    uv run download_dataset.py text corpus/*.parquet --text-column content   # parquet rows as documents
     uv run download_dataset.py conversations alpaca.json chats.jsonl --tokenizer gpt2   # instruction data + loss mask
     uv run download_dataset.py instructions                        # the built-in instruction set (no download)
     uv run download_dataset.py run runs/gpt2-small                 # what train.py would prepare for that run
     uv run download_dataset.py tasks                               # GSM8K, ARC-Easy/Challenge, MMLU test files
-    uv run download_dataset.py tasks gsm8k-train                   # GSM8K's train set too (prompts for RL)
     uv run download_dataset.py text corpus/ --tokenizer gpt2 --name mine --validation-fraction 0.1 --verify
 
-The sources, their options and the format: docs/data.md; the code: jaxgpt/data/ (prepare.py).
-`tasks` fetches the public evaluation files as published, untokenized, into <data>/downloads/tasks/
-(each once, counted, its sha256 recorded) and prints the evaluate.py --tasks words that read them;
-the addresses and checks: jaxgpt/tasks/download.py.
-The data root is --data-dir, else $JAXGPT_DATA_DIR, else the repository's data/ folder.
+The sources, their options and the format: docs/data.md. `tasks` fetches the public evaluation
+files into <data>/downloads/tasks/ (jaxgpt/tasks/download.py). The data root is --data-dir, else
+$JAXGPT_DATA_DIR, else the repository's data/ folder.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""Loss, perplexity and bits per byte of a checkpoint over a dataset split, or its HellaSwag accuracy or CORE.
+"""Score a checkpoint: loss, perplexity and bits per byte over a dataset split, HellaSwag, CORE, chat tasks.
 
     uv run evaluate.py runs/tiny                         # the run's dataset, validation split, all of it
     uv run evaluate.py runs/gpt2 --split train --max-batches 50
     uv run evaluate.py runs/tiny/checkpoints/best --dataset builtin --batch-size 32 --sequence-length 128
-    uv run evaluate.py runs/tiny --dataset data/builtin-bytes     # a prepared dataset folder
     uv run evaluate.py runs/gpt2 --hellaswag [--limit 500]        # HellaSwag acc / acc_norm (downloaded once)
-    uv run evaluate.py runs/gpt2 --hellaswag-file hellaswag_val.jsonl   # offline: a local copy
     uv run evaluate.py runs/gpt2 --core [--limit 500]             # DCLM's CORE (bundle downloaded once)
-    uv run evaluate.py runs/gpt2 --core-from eval_bundle.zip      # offline: a local zip or folder
     uv run evaluate.py runs/tiny-instruct --exact-match           # answers to its held-out instructions
-    uv run evaluate.py runs/tiny --exact-match runs/tiny-instruct # a base model, the same questions and template
     uv run evaluate.py runs/tiny-rl --tasks builtin               # a chat model on checkable tasks: pass@1, ChatCORE
     uv run evaluate.py runs/gpt2-rl --tasks gsm8k=test.jsonl arc-easy=ARC-Easy.parquet mmlu=mmlu/ --samples 8
 
-The dataset is the run's train.json dataset unless --dataset names another source (prepared
-with the model's tokenizer if missing) or a prepared folder. The split is scored whole, in order,
-as windows of T + 1 tokens that overlap by one (each starts at the previous one's last token),
-so every token but the split's first is a target exactly once (--max-batches stops earlier); the
-details and what each figure means: jaxgpt/evaluation/scoring.py and docs/evaluation.md. Every
-input is checked before JAX starts.
+The dataset is the run's train.json dataset unless --dataset names another. The split is scored
+whole, in order, every token but the first a target once; what each figure means: docs/evaluation.md.
+Inputs are checked before JAX starts.
 """
 
 from __future__ import annotations

@@ -5,15 +5,10 @@
     uv run judge.py runs/gpt2-alpaca --url http://localhost:11434/v1 --model llama3 --api-key-env NONE  # Ollama
     uv run judge.py runs/gpt2 --questions runs/gpt2-alpaca --out base.jsonl   # the base model, same questions
 
-The questions are the held-out conversations of the run's conversation dataset (or of --questions:
-a run dir, checkpoint or prepared dataset folder), answered greedily with the checkpoint's chat
-template (a base model: the dataset's). Each answer is sent with the instruction and the
-reference to the judge (jaxgpt/conversations/judge.py: the book's rubric, 0-100); each gets one JSONL line
-(instruction, reference, answer, score, the judge's raw reply, error), then the mean over the
-scored ones, and how many replies held no number or failed, are printed and written to
-<out>.summary.json. Requests time out after --timeout seconds and are retried at most --retries times.
-One request probes the judge before any answer is drawn: if it fails, the command stops there (exit
-code 2). Exit code 1 when no answer was scored (every request failed), 0 otherwise.
+The questions are the held-out conversations of the run's dataset (or of --questions), answered
+greedily; each answer is scored 0-100 by the judge (jaxgpt/conversations/judge.py), one JSONL line
+each, the mean in <out>.summary.json. One request probes the judge first (exit code 2 if it fails);
+exit code 1 when no answer was scored. More: docs/fine-tuning.md.
 """
 
 from __future__ import annotations

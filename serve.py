@@ -8,12 +8,9 @@
     curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
          -d '{"model": "tiny", "prompt": "Every effort moves you", "max_tokens": 20, "temperature": 0}'
 
-The checkpoint (a run dir, a checkpoint folder or a latest/best link) is loaded once; requests are
-decoded together by one engine thread in a KV cache of --max-batch rows, new ones joining between
-decode steps (jaxgpt/serving/). Chat uses the checkpoint's chat template; a base model serves
-completions only. SIGTERM or Ctrl-C stops it: requests still waiting are answered 503, those in flight
-may finish for --shutdown-grace seconds (then end with an error event), and it exits 0.
-docs/serving.md lists the endpoints, parameters and errors.
+One engine thread decodes the requests together in a KV cache of --max-batch rows. SIGTERM or
+Ctrl-C: waiting requests get 503, those in flight get --shutdown-grace seconds, exit 0. The
+endpoints, parameters and errors: docs/serving.md.
 """
 
 from __future__ import annotations

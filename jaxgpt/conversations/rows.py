@@ -5,12 +5,9 @@ across, each token attending to its own conversation only.
     batch = rows.batch(step, accum_steps)     # Batch of (k, B, T): inputs, targets, loss weights, segments
 
 A row holds T + 1 tokens: whole conversations by best fit, then padding (token 0, segment 0,
-weight 0); nothing is cropped to fill it. Each conversation has its own segment id (1, 2, ...): the
-model restarts positions there and attends within it, so a packed row trains as one row per
-conversation would. Target t is trained on (weight 1) when it is an answer token of input t's
-conversation. With pack False, one conversation a row. A conversation longer than a row is dropped
-(too_long "crop": cut, dropped if no answer is left), counted in describe(). Epoch e takes them in an
-order shuffled by (seed, e) (validation: in order); sequence s is row s of the concatenated epochs.
+weight 0). Each conversation has its own segment id (1, 2, ...), so a packed row trains as one row per
+conversation would; only answer tokens carry weight 1. A conversation longer than a row is dropped
+(too_long "crop": cut), counted in describe(). Epoch e is shuffled by (seed, e); validation in order.
 Pure numpy. More: docs/fine-tuning.md "Fine-tuning".
 """
 
