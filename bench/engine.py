@@ -6,8 +6,8 @@
 The shape is an RL step's: prompts of the run's rl.prompts (the built-in questions rendered with a short
 template), rl.samples_per_prompt answers of rl.max_new_tokens each at rl.temperature, no stop token (every
 answer is full length). The same answers are drawn by an engine of 1 row (one at a time) and of 16 rows
-(16 at once), in-process, each timed after an untimed round that compiles its programs; rounds
-alternate. Target: 16 rows at least 4x the tokens per second of one.
+(16 at once), in-process, each timed after an untimed round that compiles its programs, drawn again
+for at least half a second a round; rounds alternate. Target: 16 rows at least 4x the tokens per second of one.
 """
 
 from __future__ import annotations
@@ -44,14 +44,20 @@ def _prompts(count: int, tok: Any) -> list[list[int]]:
     return [template.prompt(tok, list(e.messages)) for e in task.examples[:count]]
 
 
-def _time(engine: Any, prompts: list[list[int]], params: Any, samples: int) -> tuple[float, int]:
-    started = time.perf_counter()
-    drawn = engine.generate(prompts, params, n=samples)
-    return time.perf_counter() - started, sum(len(r.sampled) for r in drawn)
+def _time(engine: Any, prompts: list[list[int]], params: Any, samples: int, least: float) -> tuple[float, int]:
+    """The same answers drawn again until `least` seconds have passed: one call lasts tens of
+    milliseconds, too short to time alone on a shared machine."""
+    started, tokens = time.perf_counter(), 0
+    while not tokens or time.perf_counter() - started < least:
+        tokens += sum(len(r.sampled) for r in engine.generate(prompts, params, n=samples))
+    return time.perf_counter() - started, tokens
 
 
-def bench_engine(run: Path | None, *, rounds: int = 3, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Each round: the same answers by the 1-row engine, then the 16-row one; tokens/s of each round."""
+def bench_engine(
+    run: Path | None, *, rounds: int = 3, least: float = 0.5, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Each round: the same answers by the 1-row engine, then the 16-row one, each for at least
+    `least` seconds; tokens/s of each round."""
     from jaxgpt.cpu import kernels as cpu_kernels
     from jaxgpt.data.tokenizer import get_tokenizer
     from jaxgpt.generation.engine import Engine
@@ -74,11 +80,11 @@ def bench_engine(run: Path | None, *, rounds: int = 3, log: Callable[[str], None
     )
     engines = {rows: Engine(model, tok, rows=rows) for rows in (1, 16)}
     for engine in engines.values():
-        _time(engine, prompts, params, rl.samples_per_prompt)  # untimed: compiles the programs
+        _time(engine, prompts, params, rl.samples_per_prompt, 0.0)  # untimed: compiles the programs
     rates: dict[int, list[float]] = {1: [], 16: []}
     for r in range(rounds):
         for rows, engine in engines.items():
-            seconds, tokens = _time(engine, prompts, params, rl.samples_per_prompt)
+            seconds, tokens = _time(engine, prompts, params, rl.samples_per_prompt, least)
             rates[rows].append(tokens / seconds)
         log(f"round {r + 1}: 1 row {rates[1][-1]:,.0f} tok/s | 16 rows {rates[16][-1]:,.0f} tok/s")
     ratio = float(np.median(rates[16]) / np.median(rates[1]))

@@ -252,24 +252,26 @@ def bench_memory(
     max_batch: int = 64,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """serve.py's resident memory after its first `first` requests and after `total`, `clients` at a time
+    """serve.py's resident memory after its first `first` requests and after `total` (each rounded up to
+    a whole number per client), `clients` at a time
     (streamed, as `level` sends them): what the server holds must not grow with the requests served."""
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         run = write_checkpoint(cfg, Path(tmp))
         proc, url = start(run, Path(tmp) / "serve.log", max_batch)
         try:
-            level(url, clients, max(1, first // clients), max_tokens)
-            after_first = rss_mib(proc.pid)
-            done = clients * max(1, first // clients)
-            level(url, clients, max(1, (total - done) // clients), max_tokens)
-            after_all = rss_mib(proc.pid)
+            each = -(-first // clients)  # every client the same count: at least `first` in all
+            level(url, clients, each, max_tokens)
+            after_first, done = rss_mib(proc.pid), clients * each
+            each = -(-(total - done) // clients)
+            level(url, clients, each, max_tokens)
+            after_all, total = rss_mib(proc.pid), done + clients * each
         finally:
             proc.terminate()
             proc.wait(timeout=120)
     ratio = after_all / after_first
     log(
         f"resident memory, --max-batch {max_batch}, {clients} clients: {after_first:,.0f} MiB after the first {done} "
-        f"requests, {after_all:,.0f} MiB after {total}: {ratio:.2f}x (target <= {MEMORY_TARGET:g}x)"
+        f"requests, {after_all:,.0f} MiB after {total:,}: {ratio:.2f}x (target <= {MEMORY_TARGET:g}x)"
     )
     return {
         "clients": clients,

@@ -609,3 +609,28 @@ def test_serve_benchmark_streams_every_level_and_stops_the_server(
     assert "TTFT p50" in capsys.readouterr().out
     assert cli.main(["serve", str(run), "--max-tokens", "40"]) == 2  # the prompts + 40 tokens exceed the context
     assert "context_length=32" in capsys.readouterr().err
+
+
+def test_bench_engine_times_the_rl_sampling_shape_with_1_and_16_rows() -> None:
+    from bench import engine
+
+    lines: list[str] = []
+    out = engine.bench_engine(None, rounds=1, least=0.0, log=lines.append)  # runs/tiny-rl's shape
+    assert set(out["tokens_per_s"]) == {"1", "16"} and all(r[0] > 0 for r in out["tokens_per_s"].values())
+    assert out["ratio"] == out["tokens_per_s"]["16"][0] / out["tokens_per_s"]["1"][0]
+    assert out["met"] == (out["ratio"] >= engine.TARGET) and "16 samples of 8 tokens" in lines[1]
+    assert lines[-1].startswith("16 rows over 1: ")
+
+
+@SLOW  # serve.py in a process of its own
+def test_serve_memory_benchmark_reads_the_servers_resident_memory_after_the_first_requests_and_after_all(
+    tmp_path: Path,
+) -> None:
+    from bench import serve
+
+    lines: list[str] = []
+    cfg = load_run_configs(write_run(tmp_path / "run", TINY_MODEL, TINY_TRAIN))[0]
+    out = serve.bench_memory(cfg, clients=4, first=6, total=20, max_tokens=2, max_batch=4, log=lines.append)
+    assert out["rss_last_mib"] >= out["rss_first_mib"] > 50  # a Python process with JAX loaded
+    assert out["ratio"] == out["rss_last_mib"] / out["rss_first_mib"] and out["met"] == (out["ratio"] <= 1.3)
+    assert "after the first 8 requests" in lines[0] and "after 20:" in lines[0]
