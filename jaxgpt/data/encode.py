@@ -1,4 +1,4 @@
-"""Tokenizing documents on every core, in their order: the engine behind prepare.tokenize_documents.
+"""Tokenizing documents on every core, in their order: what dataset preparation and BPE counting call.
 
     for doc in encode_documents(get_tokenizer("gpt2"), texts, eot=True):   # uint16 arrays, eot appended
         ...

@@ -54,7 +54,7 @@ class Tokenizer(Protocol):
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text (no end-of-text added), as 1-D integer arrays; fast path for datasets.
 
-        tokenize_documents calls it from one thread per core at once (jaxgpt/data/encode.py): it
+        encode_documents calls it from one thread per core at once (jaxgpt/data/encode.py): it
         must be thread-safe, and scales when its heavy part drops the GIL (native code does).
         """
         ...
@@ -119,7 +119,7 @@ class GPT2Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         # encode_to_numpy hands back tiktoken's own uint32 buffer: no Python int per token (their
-        # making holds the GIL), so tokenize_documents' threads encode on every core at once.
+        # making holds the GIL), so encode_documents' threads encode on every core at once.
         # With nothing allowed and nothing disallowed, "<|endoftext|>" in a text stays text:
         # exactly encode_ordinary's ids.
         return [self._encode_array(text).astype(np.uint16) for text in texts]  # n_vocab 50257 fits in uint16

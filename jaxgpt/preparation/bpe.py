@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.data.encode import encode_documents
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.sources import fineweb_edu
 from jaxgpt.data.sources.parquet import parquet_documents
@@ -41,7 +42,7 @@ from jaxgpt.data.tokenizer import (
     trained_dir,
 )
 from jaxgpt.files import fsync
-from jaxgpt.preparation.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_options, tokenize_documents
+from jaxgpt.preparation.prepare import FINEWEB, FINEWEB_EDU, SOURCES, _corpus, resolve_options
 
 # nanochat's GPT-4-style split: \p{N}{1,2} rather than GPT-4's {1,3}, which wastes fewer tokens on
 # numbers at small vocabulary sizes (nanochat/tokenizer.py).
@@ -137,7 +138,7 @@ def compression(documents: Iterable[str], tokenizers: dict[str, Tokenizer]) -> d
         n_docs += len(chunk)
         n_bytes += sum(len(doc.encode("utf-8")) for doc in chunk)
         for key, tok in tokenizers.items():  # prepare.py's encoder, as the dataset is encoded
-            tokens[key] += sum(int(ids.size) for ids in tokenize_documents(tok, chunk, eot=False))
+            tokens[key] += sum(int(ids.size) for ids in encode_documents(tok, chunk, eot=False))
     return {
         "documents": n_docs,
         "bytes": n_bytes,

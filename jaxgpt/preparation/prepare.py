@@ -30,7 +30,7 @@ import numpy as np
 from jaxgpt.config import CONVERSATION_SOURCES
 from jaxgpt.conversations import instructions
 from jaxgpt.conversations import prepare as chat_prepare
-from jaxgpt.data.encode import CHUNK_BYTES, CHUNK_DOCUMENTS, Progress, encode_documents
+from jaxgpt.data.encode import CHUNK_BYTES, Progress, encode_documents
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.root import REPOSITORY, default_data_root  # noqa: F401 - re-exported: callers import them from here
 from jaxgpt.data.sources import builtin, fineweb, fineweb_edu
@@ -160,36 +160,9 @@ def split_documents(documents: Sequence[str], validation_fraction: float) -> tup
     return train, val
 
 
-def tokenize_documents(
-    tokenizer: Tokenizer,
-    documents: Iterable[str],
-    eot: bool = True,
-    *,
-    workers: int | None = None,
-    progress: Progress | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
-    chunk_documents: int = CHUNK_DOCUMENTS,
-) -> Iterator[np.ndarray]:
-    """Token arrays of each document with the end-of-text id appended (what write_dataset expects);
-    eot=False: the ids alone (a split that is one cut of a text, as nanoGPT writes it).
-
-    The tokenizer runs on `workers` threads (default: every core) while the caller consumes the
-    arrays, which come in the documents' order (encode.py); `progress` counts bytes and tokens.
-    chunk_bytes, chunk_documents: the text handed to a thread at a time (encode.encode_documents)."""
-    return encode_documents(
-        tokenizer,
-        documents,
-        eot=eot,
-        workers=workers,
-        progress=progress,
-        chunk_bytes=chunk_bytes,
-        chunk_documents=chunk_documents,
-    )
-
-
 @dataclass(frozen=True)
 class _Encoding:
-    """How _prepare_documents tokenizes: threads and chunk size (tokenize_documents's), where a shard
+    """How _prepare_documents tokenizes: threads and chunk size (encode_documents's), where a shard
     is cut, and the largest local corpus read only once (_tokenized_while_counted)."""
 
     workers: int | None
@@ -210,8 +183,8 @@ def _tokenize_routed(
             held_out.append(is_val)
             yield doc
 
-    for tokens in tokenize_documents(
-        tokenizer, texts(), eot, progress=progress, workers=encoding.workers, chunk_bytes=encoding.chunk_bytes
+    for tokens in encode_documents(
+        tokenizer, texts(), eot=eot, progress=progress, workers=encoding.workers, chunk_bytes=encoding.chunk_bytes
     ):
         yield ("val" if held_out.popleft() else "train"), tokens
 
@@ -230,7 +203,7 @@ def _tokenized_while_counted(
     documents to hold out whole ones (the text's tail is held out instead): read it again then."""
     kept: list[np.ndarray] = []
     n_tokens = 0
-    stream = tokenize_documents(
+    stream = encode_documents(
         tokenizer, documents(), progress=progress, workers=encoding.workers, chunk_bytes=encoding.chunk_bytes
     )
     for tokens in stream:

@@ -151,15 +151,15 @@ class FirstChunkLast(BytesTokenizer):
 
 def test_documents_come_back_in_order_whatever_finishes_first() -> None:
     docs = [f"{i} document number {i} " + "é" * (i % 7) for i in range(40)]
-    one = list(prepare.tokenize_documents(BytesTokenizer(), docs, workers=1, chunk_documents=3))
+    one = list(encode.encode_documents(BytesTokenizer(), docs, workers=1, chunk_documents=3))
     late = FirstChunkLast()
-    four = list(prepare.tokenize_documents(late, docs, workers=4, chunk_documents=3))
+    four = list(encode.encode_documents(late, docs, workers=4, chunk_documents=3))
     assert late.order.index(0) > late.order.index(9)  # the first chunk really finished after a later one
     assert len(one) == len(four) == 40
     for doc, a, b in zip(docs, one, four):
         assert a.dtype == b.dtype == np.uint16
         assert a.tolist() == b.tolist() == list(doc.encode()) + [256]
-    no_eot = list(prepare.tokenize_documents(BytesTokenizer(), docs, eot=False, workers=2, chunk_documents=3))
+    no_eot = list(encode.encode_documents(BytesTokenizer(), docs, eot=False, workers=2, chunk_documents=3))
     assert [a.tolist() for a in no_eot] == [list(doc.encode()) for doc in docs]
     assert not pool_threads()
 
@@ -178,11 +178,11 @@ def test_a_tokenizer_error_reaches_the_caller_and_stops_every_thread() -> None:
     docs = [f"doc {i}" for i in range(200)]
     seen = []
     with pytest.raises(ValueError, match="cannot encode 'doc 57'"):
-        seen.extend(prepare.tokenize_documents(FailsOn("doc 57"), docs, workers=3, chunk_documents=2))
+        seen.extend(encode.encode_documents(FailsOn("doc 57"), docs, workers=3, chunk_documents=2))
     assert len(seen) == 56  # every document before the failing chunk, in order
     assert not pool_threads()
     # A consumer that stops early (a writer's error) ends the pool too.
-    stream = prepare.tokenize_documents(BytesTokenizer(), docs, workers=3, chunk_documents=2)
+    stream = encode.encode_documents(BytesTokenizer(), docs, workers=3, chunk_documents=2)
     next(stream)
     stream.close()
     assert not pool_threads()
@@ -209,7 +209,7 @@ def test_a_malformed_line_mid_corpus_is_the_usual_one_line_error(tmp_path: Path)
 def test_progress_reports_bytes_and_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     progress = encode.Progress("tokenizing test", enabled=True)
     docs = ["héllo " * 1000, "plain ascii " * 500]
-    out = list(prepare.tokenize_documents(BytesTokenizer(), docs, workers=2, progress=progress))
+    out = list(encode.encode_documents(BytesTokenizer(), docs, workers=2, progress=progress))
     progress.close()
     assert progress.tokens == sum(a.size for a in out) == 7000 + 6000 + 2
     bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
