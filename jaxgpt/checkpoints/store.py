@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from jaxgpt.checkpoints.layout import (  # noqa: F401 - re-exported: the JAX-free half of this module's interface
     CHECKPOINTS,
@@ -57,6 +57,7 @@ from jaxgpt.checkpoints.layout import (  # noqa: F401 - re-exported: the JAX-fre
 )
 from jaxgpt.config import ModelConfig, default_tokenizer
 from jaxgpt.data.tokenizer import Tokenizer
+from jaxgpt.files import write_tensors
 from jaxgpt.model.gpt import build_model, stack_layer_weights, unstack_layer_weights
 
 # ----------------------------------------------------------------------------- weights
@@ -74,13 +75,15 @@ def weights_to_numpy(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
+    """x on the host in row-major order: a device may hand its host copy over in its own layout
+    (a TPU's 2-D parameters come back column-major), which a writer of raw bytes would scramble."""
     if getattr(x, "is_fully_addressable", True):
-        return np.asarray(jax.device_get(x))
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.ascontiguousarray(jax.device_get(x))
+    return np.ascontiguousarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def save_weights(model: nnx.Module, path: Path) -> None:
-    save_file(weights_to_numpy(model), str(path))
+    write_tensors(weights_to_numpy(model), path)
 
 
 def load_weights(model: nnx.Module, path: Path) -> None:
@@ -184,7 +187,7 @@ def _write_files(
     meta: dict[str, Any],
     files: dict[str, bytes],
 ) -> None:
-    save_file(weights, str(tmp / WEIGHTS))
+    write_tensors(weights, tmp / WEIGHTS)
     for filename, cfg in configs.items():
         write_json(tmp / filename, cfg)
     for filename, data in files.items():  # byte for byte: its sha256 is the one datasets record

@@ -29,11 +29,12 @@ from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, default_tokenizer
 from jaxgpt.conversations.template import TemplateError, read_template
+from jaxgpt.files import write_tensors
 from jaxgpt.interop import hf_tokenizer as tk
 from jaxgpt.interop import imported
 
@@ -343,7 +344,7 @@ def export_run(path: Path, out_dir: Path, *, force: bool = False) -> Path:
     hf = ours_to_hf(weights, cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    save_file(hf, str(tmp), metadata={"format": "pt"})  # transformers refuses files without it
+    write_tensors(hf, tmp, metadata={"format": "pt"})  # transformers refuses files without it
     os.replace(tmp, target)
     chat = None if template is None else template.jinja()
     tk.write_tokenizer(out_dir, tokenizer_json, context_length=cfg.context_length, chat_template=chat)

@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from jaxgpt.checkpoints.layout import META, WEIGHTS, latest_checkpoint, write_json
 from jaxgpt.config import MODEL_FILE, TRAIN_FILE, ModelConfig, TrainConfig, from_dict, to_dict
+from jaxgpt.files import write_tensors
 
 INIT_DIR = "pretrained"
 # What a fresh import fine-tunes with; the user edits train.json to taste.
@@ -66,7 +66,7 @@ def _write_init(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_file(weights, str(tmp / WEIGHTS))
+    write_tensors(weights, tmp / WEIGHTS)
     for filename, text in files.items():
         (tmp / filename).write_text(text, encoding="utf-8")
     write_json(tmp / MODEL_FILE, to_dict(cfg))

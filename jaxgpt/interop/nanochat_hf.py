@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from jaxgpt.checkpoints.layout import (
     WEIGHTS,
@@ -45,6 +45,7 @@ from jaxgpt.config import (
 )
 from jaxgpt.conversations.template import ChatTemplate, read_template
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, TokenizerError, check_name
+from jaxgpt.files import write_tensors
 from jaxgpt.interop import hf_tokenizer as tk
 from jaxgpt.interop import imported
 from jaxgpt.interop.hf_tokenizer import ConversionError
@@ -374,7 +375,7 @@ def export_run(path: Path, out_dir: Path, force: bool = False, *, chat_template:
     _check_tensors(weights, our_shapes(cfg), str(ckpt_dir / WEIGHTS))
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{HF_WEIGHTS}.tmp"
-    save_file(ours_to_hf(weights, cfg), str(tmp), metadata={"format": "pt"})  # transformers refuses files without it
+    write_tensors(ours_to_hf(weights, cfg), tmp, metadata={"format": "pt"})  # transformers refuses files without it
     os.replace(tmp, out_dir / HF_WEIGHTS)
     tk.write_tokenizer(out_dir, tokenizer_json, context_length=cfg.context_length, chat_template=chat_template)
     # A fine-tuned model's answers end at its template's end token too (nanochat's <|assistant_end|>).

@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from checkpoint_helpers import (
@@ -36,12 +37,15 @@ from checkpoint_helpers import (
     same_bits,
     without_files,
 )
+from flax import nnx
+from jax.experimental.layout import Format, Layout
 from safetensors.numpy import load_file, save_file
 
 from jaxgpt.checkpoints import store as ck
 from jaxgpt.checkpoints.store import CheckpointError
 from jaxgpt.config import ModelConfig
 from jaxgpt.data.samplers.batch import Batch
+from jaxgpt.files import write_tensors
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.train_step import step_key, train_step
@@ -113,6 +117,37 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path: Pa
         assert same_bits(stats_a[k], stats_b[k]), k
     assert int(np.asarray(stats_b["gradient_step"])) == 3
     assert not same_bits(flat(model2)["head/kernel"], restored_params["head/kernel"])  # it stepped
+
+
+def test_round_trip_of_parameters_laid_out_column_major(tmp_path: Path, trained) -> None:
+    """A TPU keeps 2-D parameters in its own device layout and hands their host copies back
+    column-major (NumPy's Fortran order); safetensors writes an array's memory as it lies, so those
+    weights came back scrambled (a trained model loaded as an untrained one). The CPU does the same
+    for an array placed in that layout, so this is the chip's round trip, run on a CPU."""
+    model = deep_clone(trained[0])
+    columns = lambda a: jax.device_put(a, Format(Layout(tuple(reversed(range(a.ndim)))), a.sharding))  # noqa: E731
+    nnx.update(model, jax.tree.map(lambda a: columns(a) if a.ndim >= 2 else a, nnx.state(model, nnx.Param)))
+    host = {
+        "/".join(map(str, path)): jax.device_get(var.get_value())
+        for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+    }
+    assert any(v.flags.f_contiguous and not v.flags.c_contiguous for v in host.values())  # the mechanism is there
+    ck.save_weights(model, tmp_path / "w.safetensors")
+    loaded = build_model(MCFG, seed=1)
+    ck.load_weights(loaded, tmp_path / "w.safetensors")
+    assert_identical({k: np.ascontiguousarray(v) for k, v in host.items()}, flat(loaded))
+    path = ck.save_checkpoint(tmp_path / "run", model, deep_clone(trained[1]), trained[2], CONFIGS, keep_last=3)
+    again = build_model(MCFG, seed=1)
+    ck.load_checkpoint(path, again)
+    assert_identical(flat(loaded), flat(again))
+
+
+def test_write_tensors_writes_row_major_whatever_the_memory_order(tmp_path: Path) -> None:
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    views = {"fortran": np.asfortranarray(a), "transposed": a.transpose(1, 0, 2), "strided": a[:, ::2]}
+    write_tensors(views, tmp_path / "t.safetensors")
+    back = load_file(str(tmp_path / "t.safetensors"))
+    assert {k: back[k].tolist() for k in views} == {k: v.tolist() for k, v in views.items()}
 
 
 def test_weights_only_load_leaves_optimizer_alone(ckpt: Path, trained) -> None:
@@ -292,8 +327,8 @@ def test_failed_save_raises_and_keeps_previous_latest(
         def boom(*_args, **_kwargs):
             raise RuntimeError("disk full (simulated)")
 
-        # save_file is the module's own name for the safetensors writer, whichever helper calls it.
-        monkeypatch.setattr(ck, "save_file", boom)
+        # write_tensors is the module's own name for the safetensors writer, whichever helper calls it.
+        monkeypatch.setattr(ck, "write_tensors", boom)
         with pytest.raises(RuntimeError, match="disk full"):
             ck.save_checkpoint(run, model, optimizer, meta, CONFIGS, keep_last=3, now=T0 + dt.timedelta(minutes=1))
     else:

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from jaxgpt.data.errors import DataError
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.files import fsync, sha256
+from jaxgpt.files import fsync, sha256, write_tensors
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -185,13 +184,7 @@ class DatasetWriter:
             raise DataError(f"{where or self.path}: token id {lo if lo < 0 else hi} outside 0..{self.vocab_size - 1}")
         name = self._next_name(split)
         path = self.tmp / name
-        save_file(
-            {
-                "tokens": np.ascontiguousarray(tokens, dtype=self.dtype),
-                **{k: np.ascontiguousarray(v) for k, v in (tensors or {}).items()},
-            },
-            str(path),
-        )
+        write_tensors({"tokens": tokens.astype(self.dtype, copy=False), **(tensors or {})}, path)
         os.chmod(path, 0o644)  # safetensors creates files owner-only; datasets are meant to be shared read-only
         fsync(path)
         entry = {"file": name, "tokens": int(tokens.size), "max_token_id": hi, "sha256": sha256(path), **extra}
