@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxgpt.tracking.history import read_record
+from jaxgpt.training.mfu import chip_peak_flops
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: commands run there
 DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
@@ -94,7 +97,7 @@ GPU = Plan(
         "learning_rate": 2e-3,
         "warmup_percent": 5,
         "checkpoint_interval": 100,
-        "validation_batches": 4,
+        "validation_batches": "all",  # the whole split, as evaluate.py scores it: the round trip compares them
         "keep_last_checkpoints": 5,
         "seed": 0,
     },
@@ -130,7 +133,7 @@ SMOKE = Plan(
         "learning_rate": 1e-2,
         "warmup_percent": 5,
         "checkpoint_interval": 10,
-        "validation_batches": 2,
+        "validation_batches": "all",
         "keep_last_checkpoints": 5,
         "seed": 0,
     },
@@ -189,27 +192,63 @@ def _bench(args: list[str], logs: Path, name: str, timeout: float) -> dict[str, 
     return row | {"status": f"failed (exit {rc}): {last[-300:]}"}
 
 
+# ----------------------------------------------------------------------------- the chip
+
+
+def probe_chip(logs: Path, clock: Clock) -> dict[str, Any]:
+    """The device in a process of its own: platform, kind, count, memory, JAX; its bf16 peak if the table knows it."""
+    code = (
+        "import json, jax; d = jax.devices()[0]; s = d.memory_stats() or {}; print(json.dumps({'platform': "
+        "d.platform, 'device_kind': d.device_kind, 'devices': jax.device_count(), 'memory_bytes': "
+        "s.get('bytes_limit'), 'jax': jax.__version__}))"
+    )
+    rc, last, _ = _run([sys.executable, "-c", code], logs / "chip.log", timeout=min(clock.left(), 120))
+    if rc != 0:
+        return {"probe": f"failed (exit {rc}): {last[-200:]}"}
+    chip = json.loads(last)
+    peak = chip_peak_flops(chip["device_kind"])
+    return chip | ({} if peak is None else {"peak_flops": peak[0], "peak_source": peak[1]})
+
+
 # ----------------------------------------------------------------------------- (a) train step
 
 
-def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> list[dict[str, Any]]:
+GPT2, MODERN, NEW = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
+
+
+def variants(plan: Plan, platform: str) -> list[tuple[str, str, Any, Any, bool, int, bool]]:
+    """(a)'s rows, the headline first (the budget may not reach the last ones): (run, attention, remat,
+    loss_chunk, scan_layers, k, breakdown); remat and loss_chunk None: the run's own."""
     k1, k4 = plan.accumulation
+    if platform == "tpu":  # splash attention ("auto") against XLA's; 16 GiB: remat and loss chunks
+        chunk = 4096
+        return [
+            (GPT2, "auto", "dots", chunk, True, k1, True),
+            (MODERN, "auto", "dots", chunk, True, k1, True),
+            (NEW, "auto", "dots", chunk, True, k1, True),
+            (GPT2, "auto", "full", chunk, True, k1, False),
+            (GPT2, "xla", "full", chunk, True, k1, False),
+            (GPT2, "auto", False, chunk, True, k1, False),
+        ]
     cudnn = plan.cudnn
-    gpt2, modern, new = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
-    variants = [  # the headline first: the budget may not reach the last ones
-        (gpt2, cudnn, True, k1, True),
-        (modern, cudnn, True, k1, True),
-        (new, cudnn, True, k1, True),
-        (gpt2, cudnn, True, k4, False),
-        (gpt2, "xla", True, k1, False),
-        (gpt2, cudnn, False, k1, False),
-        (modern, cudnn, True, k4, False),
+    return [
+        (GPT2, cudnn, None, None, True, k1, True),
+        (MODERN, cudnn, None, None, True, k1, True),
+        (NEW, cudnn, None, None, True, k1, True),
+        (GPT2, cudnn, None, None, True, k4, False),
+        (GPT2, "xla", None, None, True, k1, False),
+        (GPT2, cudnn, None, None, False, k1, False),
+        (MODERN, cudnn, None, None, True, k4, False),
     ]
+
+
+def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any], platform: str) -> list[dict[str, Any]]:
     # After the three headline rows, each row leaves (b) and (c) the least time they need.
     later = plan.part_seconds["train"] + plan.part_seconds["generate"]
     rows = []
-    for run, attention, scan, k, breakdown in variants:
-        label = f"{Path(run).name} attention={attention} scan_layers={str(scan).lower()} k={k}"
+    for run, attention, remat, chunk, scan, k, breakdown in variants(plan, platform):
+        runtime = ("" if remat is None else f" remat={str(remat).lower()}") + (f" loss_chunk={chunk}" if chunk else "")
+        label = f"{Path(run).name} attention={attention}{runtime} scan_layers={str(scan).lower()} k={k}"
         reserve = later if len(rows) >= 3 else 0.0
         if clock.left() - reserve < plan.part_seconds["step"]:
             rows.append({"label": label, "run": run, "status": "skipped: time budget spent"})
@@ -230,6 +269,8 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> lis
             f"attention={attention}",
             "--model",
             f"scan_layers={str(scan).lower()}",
+            *([] if remat is None else [f"--model=remat={json.dumps(remat)}"]),
+            *([] if chunk is None else [f"--model=loss_chunk={chunk}"]),
             *[f"--model={m}" for m in plan.step_model],
             *[f"--train={t}" for t in plan.step_train],
         ]
@@ -239,7 +280,7 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any]) -> lis
             f"step-{len(rows)}",
             min(clock.timeout(plan), clock.left() - reserve),
         )
-        row |= {"label": label, "run": run, "attention": attention, "scan_layers": scan, "k": k}
+        row |= {"label": label, "run": run, "attention": attention, "scan_layers": scan, "k": k, "remat": remat}
         if row["status"] == "ok":
             _mfu(row, chip, plan, logs, clock)
         rows.append(row)
@@ -297,10 +338,13 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         return result | {"status": f"run A failed (exit {rc}): {last[-300:]}"}
     metas_a = _metas(a)
     first = min(s for s, m in metas_a.items() if not m["_pruned"])
-    (b / "checkpoints").mkdir()
-    shutil.copytree(metas_a[first]["_dir"], b / "checkpoints" / Path(metas_a[first]["_dir"]).name, symlinks=True)
+    result["round_trip"] = round_trip(metas_a, data, logs, clock, plan)
+    # Run B: the same run, killed (SIGKILL) once its first checkpoint is written, then resumed.
+    killed = _kill_after_checkpoint(
+        [*train, str(b), "--data-dir", str(data)], b, first, logs / "train-b-killed.log", env
+    )
     rc, last, b_s = _run([*train, str(b), "--data-dir", str(data)], logs / "train-b.log", clock.timeout(plan), env)
-    result["run_b_s"] = b_s
+    result |= {"run_b_s": b_s, "killed_at": killed}
     if rc != 0:
         return result | {"status": f"run B (resume) failed (exit {rc}): {last[-300:]}"}
     metas_b = _metas(b)
@@ -326,6 +370,41 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         "resume_bit_identical": bool(pairs) and all(x == y for x, y in pairs),
         "resume_max_abs_diff": diff,
     }
+
+
+def round_trip(metas: dict[int, dict[str, Any]], data: Path, logs: Path, clock: Clock, plan: Plan) -> list[dict]:
+    """evaluate.py, in a fresh process, on run A's first and last checkpoints: the validation loss
+    training logged there, within 1e-3 (the small run validates on its whole split, as evaluate.py scores)."""
+    rows = []
+    for step in sorted({min(metas), max(metas)}):
+        meta = metas[step]
+        if meta["_pruned"]:
+            continue
+        cmd = [sys.executable, str(ROOT / "evaluate.py"), meta["_dir"], "--data-dir", str(data)]
+        rc, last, seconds = _run(cmd, logs / f"evaluate-{step}.log", min(clock.left(), plan.part_cap_s))
+        found = re.search(r"loss ([\d.]+) \|", (logs / f"evaluate-{step}.log").read_text())
+        if rc != 0 or found is None:
+            rows.append({"step": step, "status": f"failed (exit {rc}): {last[-200:]}"})
+            continue
+        loss = float(found.group(1))
+        diff = abs(loss - meta["val_loss"])
+        rows.append({"step": step, "status": "ok", "logged": meta["val_loss"], "evaluated": loss, "diff": diff})
+    return rows
+
+
+def _kill_after_checkpoint(cmd: list[str], run: Path, step: int, log: Path, env: dict[str, str]) -> int | None:
+    """Start `cmd`; SIGKILL it once run's step-`step` checkpoint is complete; the step it had logged then."""
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if list((run / "checkpoints").glob(f"*-step-{step}/meta.json")):
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        proc.wait()
+    steps = read_record(run).series("train/loss")[0] if (run / "metrics.jsonl").is_file() else []
+    return max(steps, default=None)
 
 
 def _metas(run: Path) -> dict[int, dict[str, Any]]:
@@ -380,9 +459,9 @@ def bench_gpu(out: Path, *, cpu_smoke: bool = False, budget_s: float = 480.0, lo
     work = logs / "work"
     chip: dict[str, Any] = {}
     log(f"accelerator check ({'cpu smoke' if cpu_smoke else 'full'}), budget {budget_s:.0f} s; logs in {logs}")
-    steps = step_rows(plan, logs, clock, chip)
-    on_gpu = chip.get("platform") == "gpu" or any(r.get("platform") == "gpu" for r in steps)
-    train = training(plan, work, logs, clock, on_gpu)
+    chip.update(probe_chip(logs, clock))
+    steps = step_rows(plan, logs, clock, chip, chip.get("platform", "?"))
+    train = training(plan, work, logs, clock, chip.get("platform") == "gpu")
     gen = generation(plan, logs, clock)
     shutil.rmtree(work, ignore_errors=True)  # checkpoints and the dataset: the figures are in the JSON
     result = {
@@ -414,7 +493,8 @@ def _step_lines(r: dict[str, Any]) -> list[str]:
     lines = [
         f"### Accelerator check ({r['mode']}, {r['time_utc']})",
         "",
-        f"Device: {chip.get('device_kind', '?')} ({chip.get('platform', '?')}); bf16 dense peak "
+        f"Device: {chip.get('device_kind', '?')} ({chip.get('platform', '?')}, "
+        f"{_num(chip.get('memory_bytes') and chip['memory_bytes'] / 2**30, '.2f')} GiB); bf16 dense peak "
         f"{_num(peak and peak / 1e12, '.4g')} TFLOP/s ({chip.get('peak_source', '-')}); "
         f"python {r['python']}{''.join(f', {k} {v}' for k, v in r['versions'].items())}; "
         f"{r['elapsed_s']:.0f} s of a {r['budget_s']:.0f} s budget.",
@@ -461,10 +541,21 @@ def _training_lines(t: dict[str, Any]) -> list[str]:
             f"- {t['steps']} steps, checkpoints at {t['checkpoints_a']}; loss {t['loss_first10']:.3f} "
             f"(first 10 steps) -> {t['loss_last10']:.3f} (last 10): "
             f"{'falls' if t['loss_falls'] else 'DOES NOT FALL'}; {t['tokens_per_s']:,.0f} tokens/s",
-            f"- resumed from step {t['resumed_from']}: {t['resume_steps_compared']} steps compared, "
+            f"- killed (SIGKILL) after its step-{t['resumed_from']} checkpoint, at step {t.get('killed_at')}, and "
+            f"resumed from step {t['resumed_from']}: {t['resume_steps_compared']} steps compared, "
             f"{'bit-identical' if t['resume_bit_identical'] else 'NOT identical'} (max |diff| "
             f"{t['resume_max_abs_diff']:.3g}); XLA_FLAGS={t['xla_flags'] or '(none)'}",
         ]
+        for row in t.get("round_trip", []):
+            lines.append(
+                f"- evaluate.py on the step-{row['step']} checkpoint, in a fresh process: "
+                + (
+                    f"loss {row['evaluated']:.4f} where training logged {row['logged']:.4f} (|diff| "
+                    f"{row['diff']:.2g}: {'equal' if row['diff'] <= 1e-3 else 'NOT EQUAL'})"
+                    if row["status"] == "ok"
+                    else row["status"]
+                )
+            )
     else:
         lines.append(f"- {t.get('status')}")
     return lines

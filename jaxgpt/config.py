@@ -51,9 +51,13 @@ class ModelConfig:
     # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
     # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (jaxgpt/ops/select.py).
     compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
-    # "auto": cuDNN flash attention on GPU with bfloat16, XLA's on other accelerators, per_head on CPU.
-    attention: Literal["auto", "xla", "cudnn", "per_head"] = "auto"
-    remat: bool = False  # recompute each block's activations in the backward pass (jax.checkpoint)
+    # "auto": cuDNN flash attention on GPU with bfloat16, Pallas splash attention on one TPU chip,
+    # XLA's on other accelerators, per_head on CPU.
+    attention: Literal["auto", "xla", "cudnn", "splash", "per_head"] = "auto"
+    # Recompute in the backward pass (jax.checkpoint) what the forward pass does not keep: false keeps
+    # everything; "dots" keeps each block's dense-layer and attention outputs and recomputes the rest
+    # (norms, activations); true (or "full") keeps only each block's input.
+    remat: bool | Literal["full", "dots"] = False
     scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
     loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
     # The modern recipe's options (layers.py; docs/recipes.md), each on its own; the defaults are
@@ -340,6 +344,11 @@ class TrainConfig:
     seed: int = 0  # parameters, dropout and batch order all derive from it
     charts_log_y: bool = False  # draw loss.png with a log-scale y axis
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh for data/tensor parallelism
+    # The memory plan (jaxgpt/training/memory.py): "auto" fits the step to each device's memory (remat,
+    # loss chunks, smaller microbatches: the same global batch); "off" runs it as configured.
+    memory_plan: Literal["auto", "off"] = "auto"
+    # The device memory a plan may use, in GiB; None = what the device reports (a CPU reports none: no plan).
+    device_memory_gib: float | None = None
     muon: MuonConfig | None = None  # optimizer "muon" only; None there = every default of MuonConfig
     # Stop at the first validation whose loss is at or below this (saving a checkpoint there): tokens
     # to target. None: train every step.
@@ -391,7 +400,7 @@ class TrainConfig:
             optional=True,
         )
         _positive(self, TRAIN_FILE, "learning_rate", "clipping_max_norm", "adam_eps", "lr_init_factor")
-        _positive(self, TRAIN_FILE, "target_val_loss", optional=True)
+        _positive(self, TRAIN_FILE, "target_val_loss", "device_memory_gib", optional=True)
 
     def _check_length(self) -> None:
         """Exactly one training length, and a batch_size that says what the microbatches make."""

@@ -75,11 +75,12 @@ def weights_to_numpy(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
-    """x on the host in row-major order: a device may hand its host copy over in its own layout
-    (a TPU's 2-D parameters come back column-major), which a writer of raw bytes would scramble."""
+    """x as a host array of its own, in row-major order: a device's host copy may be laid out its
+    own way, which a writer of raw bytes (safetensors) would scramble, or be a view of memory the
+    runtime reuses, which the Orbax save that follows would overwrite."""
     if getattr(x, "is_fully_addressable", True):
-        return np.ascontiguousarray(jax.device_get(x))
-    return np.ascontiguousarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.array(jax.device_get(x), order="C", copy=True)
+    return np.array(multihost_utils.process_allgather(x, tiled=True), order="C", copy=True)
 
 
 def save_weights(model: nnx.Module, path: Path) -> None:

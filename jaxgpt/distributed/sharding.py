@@ -96,14 +96,19 @@ def check_divisible(state: Any, shardings: Any, where: str) -> None:
 
 
 def create_sharded(build: Any, mesh: Mesh, fsdp: bool, where: str) -> Any:
-    """Run `build()` (returning modules) so that every array is born on its shard.
+    """Run `build()` (returning modules) and place every array on its shard.
 
-    Building inside jit with sharding constraints means no device ever holds a full unsharded
-    copy, and the optimiser state inherits each parameter's sharding.
+    On CPU devices, and across processes, it is built inside jit with sharding constraints, so no
+    device ever holds a full unsharded copy and the optimiser state inherits each parameter's
+    sharding. One process on an accelerator builds on the host's CPU and then places the arrays:
+    XLA:CPU compiles the initialisers in a few seconds where a TPU's compiler took 40 s for GPT-2
+    124M, and the values are the CPU's, bit for bit, whatever the accelerator.
     """
     abstract = nnx.eval_shape(build)
     shardings = state_shardings(nnx.state(abstract), mesh, fsdp)
     check_divisible(nnx.state(abstract), shardings, where)
+    if jax.default_backend() != "cpu" and jax.process_count() == 1:
+        return build_on_host(build, shardings)
 
     @nnx.jit
     def create() -> Any:
@@ -113,6 +118,21 @@ def create_sharded(build: Any, mesh: Mesh, fsdp: bool, where: str) -> Any:
         return objs
 
     return create()
+
+
+def build_on_host(build: Any, shardings: Any) -> Any:
+    """`build()` run by XLA:CPU on this host, its arrays then placed by `shardings` (create_sharded's
+    way on one accelerator process)."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        objs = nnx.jit(build)()
+    nnx.update(objs, jax.device_put(nnx.state(objs), shardings))
+    return objs
+
+
+def device_memory() -> int | None:
+    """Bytes of memory one local device has for arrays (an accelerator's), or None where it reports none (a CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    return None if not stats else stats.get("bytes_limit")
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.connections import Connections, mix_values, unet_pairs
@@ -31,6 +32,13 @@ from jaxgpt.ops import Ops
 from jaxgpt.ops import select as select_ops
 
 _STD = 0.02  # GPT-2's init: N(0, 0.02) for every matrix ...
+# model.json remat -> what jax.checkpoint keeps of a block: "dots" the values ops.linear and the attention
+# name (checkpoint_name), the others nothing but the block's input.
+REMAT_POLICIES = {
+    True: None,
+    "full": None,
+    "dots": jax.checkpoint_policies.save_only_these_names("dense", "attention"),
+}
 
 # Every parameter carries logical axis names (layers.normal/zeros/ones); jaxgpt/distributed/sharding.py maps them onto
 # the device mesh ("heads", "qkv", "mlp", "vocab" -> tensor parallel; "embed" -> FSDP when asked), so
@@ -203,6 +211,7 @@ class CausalSelfAttention(nnx.Module):
         if rngs is not None and self.drop_rate > 0.0:
             dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
         y = self.ops.attention(q, k, v, dropout, window, None if packed is None else packed[0])  # (B, T, C)
+        y = checkpoint_name(y, "attention")  # kept by model.json remat "dots"
         if cache is not None:
             cache = cache.prefill(k, v)
         return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)
@@ -332,12 +341,15 @@ class GPT(nnx.Module):
                 x, None if key is None else nnx.Rngs(dropout=key), cache, values, window, packed
             )
 
-        if self.cfg.remat:  # keep only each block's input; recompute its inside in the backward pass
+        if self.cfg.remat:  # keep each block's input (and with "dots" its products); recompute the rest
             # Inside a scan the loop itself keeps XLA from merging the recomputation back into
             # the forward pass; unrolled, jax.checkpoint's optimization barriers must. An unrolled
             # layer's window is static (a kernel may need it so).
             run = jax.checkpoint(
-                run, prevent_cse=not self.cfg.scan_layers, static_argnums=() if self.cfg.scan_layers else (5,)
+                run,
+                prevent_cse=not self.cfg.scan_layers,
+                static_argnums=() if self.cfg.scan_layers else (5,),
+                policy=REMAT_POLICIES[self.cfg.remat],
             )
 
         def layer(

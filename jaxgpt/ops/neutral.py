@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 Product = Callable[[str, jax.Array, jax.Array], jax.Array]  # (spec, x, y) -> float32 einsum
 
@@ -158,7 +159,8 @@ class Ops:
         Weights already in the compute dtype (a decoder's copies) are not cast again: XLA drops
         the pair of converts of nnx.Linear's promotion to float32 and back."""
         idx = "nopqrs"[: x.ndim - 1]
-        return self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
+        y = self.einsum(f"{idx}k,{'mk' if transposed else 'km'}->{idx}m", x, w)
+        return checkpoint_name(y, "dense")  # kept by model.json remat "dots" (gpt.REMAT_POLICIES)
 
     def dense(self, x: jax.Array, w: jax.Array) -> jax.Array:
         """A dense layer: x (..., K) and its kernel, (K, M) or, where `kernels_out_in`, (M, K)."""

@@ -3,9 +3,10 @@
 - compute_dtype "auto" resolves here (`resolve_compute_dtype`): bfloat16 on GPU / TPU and on a CPU
   with native bfloat16 dot products (AVX512_BF16 or AMX-BF16), float32 on other CPUs.
 - model.json's `attention` resolves here too (`attention_kernel`): cuDNN's flash attention on a GPU
-  where it can run the model's shapes, XLA's elsewhere, one head at a time on the CPU.
-- the CPU gets cpu.py's `CpuOps`, every other backend neutral.py's `Ops`; cpu.py and jaxgpt/cpu/
-  are imported here, for the CPU only.
+  where it can run the model's shapes, Pallas splash attention on one TPU chip, XLA's elsewhere,
+  one head at a time on the CPU.
+- the CPU gets cpu.py's `CpuOps`, a TPU tpu.py's `TpuOps`, every other backend neutral.py's `Ops`;
+  cpu.py and jaxgpt/cpu/ are imported here for the CPU only, tpu.py for the TPU only.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def attention_kernel(cfg: ModelConfig, backend: str) -> str:
             f"{MODEL_FILE}: attention='per_head' is the CPU kernel (JAX's backend here: "
             f"{backend}); use 'auto', 'xla' or 'cudnn'"
         )
+    if cfg.attention == "splash" and backend != "tpu":
+        raise ConfigError(
+            f"{MODEL_FILE}: attention='splash' is the TPU's Pallas kernel (JAX's backend here: {backend}); use 'auto'"
+        )
     if cfg.attention == "cudnn":
         if backend != "gpu":
             raise ConfigError(
@@ -53,6 +58,9 @@ def attention_kernel(cfg: ModelConfig, backend: str) -> str:
         return cfg.attention
     if backend == "cpu":
         return "per_head"
+    if backend == "tpu":
+        # The kernel runs per chip: a mesh of several chips keeps XLA's, which the partitioner shards.
+        return "splash" if jax.device_count() == 1 and cfg.context_length % 128 == 0 else "xla"
     if backend == "gpu" and resolve_compute_dtype(cfg.compute_dtype, backend) == "bfloat16":
         reason = _cudnn_unavailable(cfg)
         if not reason:
@@ -106,4 +114,8 @@ def select(cfg: ModelConfig, backend: str | None = None) -> Ops:
         from jaxgpt.ops.cpu import CpuOps  # the CPU is chosen here: nothing of it, or of jaxgpt/cpu/, loads elsewhere
 
         return CpuOps(backend, dtype, kernel, windows=windows)
+    if backend == "tpu":
+        from jaxgpt.ops.tpu import TpuOps  # Pallas's TPU kernels load on a TPU only
+
+        return TpuOps(backend, dtype, kernel, windows=windows)
     return Ops(backend, dtype, kernel, windows=windows)

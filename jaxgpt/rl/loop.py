@@ -85,7 +85,9 @@ class Session:
     def __init__(self, run: RLRun, stop: StopFlag) -> None:
         self.run, self.cfg, self.rl, self.stop = run, run.train_cfg, run.train_cfg.rl, stop
         u = self.rl.updates_per_batch
-        self.state, meta = build_state(run, print, optimizer_steps=run.total_steps * u, clip=self.rl.clip_ratio)
+        self.state, meta = build_state(
+            run, print, optimizer_steps=run.total_steps * u, clip=self.rl.clip_ratio, max_split=1
+        )
         self.start = meta.get("step", 0)
         self.best = meta.get("best_score")
         self.started = time.perf_counter()

@@ -25,6 +25,7 @@ from jaxgpt.distributed import sharding
 from jaxgpt.distributed.peers import StopVotes
 from jaxgpt.tracking import charts
 from jaxgpt.tracking.metrics import RunLog
+from jaxgpt.training import memory
 from jaxgpt.training.evaluators import Core, HellaSwag, Validation
 from jaxgpt.training.jobs import Job, any_due, run_jobs
 from jaxgpt.training.progress import Limits, Progress
@@ -191,7 +192,12 @@ class Session:
     def fetch(self, step: int) -> Batch:
         """This process's rows of step `step` as global (k, B, T) arrays on the mesh."""
         batch = self.run.train_batches.batch(step, self.cfg.gradient_accumulation_steps, rows=self.state.rows)
-        return batch.map(lambda a: sharding.put_batch(a, self.state.mesh, self.cfg.microbatch_size))
+        split = self.state.plan.split  # the memory plan's smaller microbatches: the same rows
+        return batch.map(
+            lambda a: sharding.put_batch(
+                memory.split_rows(a, split), self.state.mesh, self.cfg.microbatch_size // split
+            )
+        )
 
     def dispatch(self, batch: Batch, step: int) -> tuple[int, Any, Any]:
         """Start step `step` on the device (asynchronously); (its number done, results, stop vote)."""

@@ -8,6 +8,7 @@ the figures MFU needs. loop.py trains it; checkpoint_meta says what a checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -20,9 +21,9 @@ from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError
 from jaxgpt.distributed import sharding
 from jaxgpt.model.gpt import build_model
-from jaxgpt.training import mfu, muon
+from jaxgpt.training import memory, mfu, muon
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
-from jaxgpt.training.train_step import StepRunner
+from jaxgpt.training.train_step import StepRunner, compile_step
 
 if TYPE_CHECKING:
     from jaxgpt.training.progress import Progress, Window
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrainState:
+    plan: memory.Plan  # how the step fits the device (memory.py): remat, loss chunks, microbatches
     model: Any
     optimizer: Any
     step: StepRunner  # the one step program; model/optimizer are stale until step.sync()
@@ -67,11 +69,60 @@ def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
     return dtype
 
 
+def step_bytes(run: Run, mesh: Any, steps: int, clip: float | None, plan: memory.Plan) -> int | None:
+    """What the run's train step needs on a device of `mesh` under `plan`, from XLA's compiled program
+    (no array is made); None, or the figure of its refusal, where the compiler refused it for want of memory."""
+    cfg = run.train_cfg
+    sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)  # the fields, their dtypes and lengths
+    batch = sample.map(
+        lambda a: jax.ShapeDtypeStruct(
+            memory.split_rows(a, plan.split).shape, a.dtype, sharding=sharding.batch_sharding(mesh, a.ndim)
+        )
+    )
+    try:
+        return memory.compiled_bytes(
+            compile_step(plan.model_cfg(run.model_cfg), plan.train_cfg(cfg), steps, mesh, batch, clip)
+        )
+    except Exception as e:  # XLA's refusal for want of memory (a TPU's compiler says so); others raise
+        if not memory.is_out_of_memory(e):
+            raise
+        return memory.refused_bytes(str(e))
+
+
+def _memory_plan(
+    run: Run, mesh: Any, steps: int, clip: float | None, log: Callable[[str], None], max_split: int | None
+) -> memory.Plan:
+    """The run as configured, or on a device whose memory is known (train.json memory_plan "auto")
+    the first plan whose compiled step fits it (memory.py), said in one line."""
+    cfg, mcfg = run.train_cfg, run.model_cfg
+    configured = memory.Plan(mcfg.remat, mcfg.loss_chunk)
+    limit = sharding.device_memory() if cfg.device_memory_gib is None else int(cfg.device_memory_gib * memory.GIB)
+    if cfg.memory_plan == "off" or limit is None:
+        return configured
+    plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split)
+    plan, needed = memory.choose(
+        plans,
+        lambda p: step_bytes(run, mesh, steps, clip, p),
+        limit,
+        f"{run.run_dir}/train.json",
+        lambda p: p.describe(cfg),
+    )
+    changed = "as configured" if plan == configured else f"configured: {configured.describe(cfg)}"
+    log(f"memory plan: {plan.describe(cfg)}; the step needs {memory.size(needed)} of {memory.size(limit)} ({changed})")
+    return plan
+
+
 def build_state(
-    run: Run, log: Callable[[str], None], *, optimizer_steps: int | None = None, clip: float | None = None
+    run: Run,
+    log: Callable[[str], None],
+    *,
+    optimizer_steps: int | None = None,
+    clip: float | None = None,
+    max_split: int | None = None,
 ) -> tuple[TrainState, dict[str, Any]]:
     """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run).
-    optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio."""
+    optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio;
+    max_split: the most smaller microbatches the memory plan may run a configured one as."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     steps = optimizer_steps or run.total_steps
     compute_dtype = _compute_dtype(run, log)
@@ -80,9 +131,12 @@ def build_state(
     except ConfigError as e:  # "train.json: ...": which run's
         raise ConfigError(f"{run.run_dir}/{e}") from None
 
+    plan = _memory_plan(run, mesh, steps, clip, log, max_split)
+    run_mcfg, run_cfg = plan.model_cfg(mcfg), plan.train_cfg(cfg)  # what the step computes with
+
     def build() -> tuple[Any, Any]:
-        model = build_model(mcfg, seed=cfg.seed)
-        return model, make_optimizer(model, cfg, steps)
+        model = build_model(run_mcfg, seed=cfg.seed)
+        return model, make_optimizer(model, run_cfg, steps)
 
     model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, where=f"{run.run_dir}/model.json")
     routing = None
@@ -98,6 +152,7 @@ def build_state(
         log(f"Initialised {run.run_dir} from {run.init_from} (step 0, fresh optimizer)")
     peak, source = mfu.peak_flops(compute_dtype)  # the dtype as run
     state = TrainState(
+        plan,
         model,
         optimizer,
         StepRunner(model, optimizer, clip),
@@ -185,6 +240,7 @@ def checkpoint_meta(
         else progress.target.record(done, tokens, progress.training_seconds()),
         "mesh": dict(state.mesh.shape) | {"processes": jax.process_count()},
         "compute_dtype": state.compute_dtype,  # the matmuls' dtype, model.json's "auto" resolved
+        "memory_plan": dataclasses.asdict(state.plan),  # how the step ran (memory.py); the configs say what it computes
         **position.at(done),
     }
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxgpt.config import ModelConfig, TrainConfig
 from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.loss import loss_fn, loss_sum, policy_loss_sum
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
@@ -125,6 +126,30 @@ def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], clip: floa
         return new_leaves, losses, stats
 
     return jax.jit(pure, donate_argnums=0, out_shardings=(list(shardings), None, None))
+
+
+def compile_step(
+    model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, mesh: Any, batch: Batch, clip: float | None = None
+) -> Any:
+    """The StepRunner program for a model and optimiser of these configs on `mesh`, compiled from
+    shapes alone (no array is made): what the memory plan asks XLA to fit. batch: (k, B, T) fields
+    as jax.ShapeDtypeStruct with their shardings."""
+    from jaxgpt.distributed import sharding
+    from jaxgpt.model.gpt import build_model
+    from jaxgpt.training.optimizer import make_optimizer
+
+    def build() -> tuple[nnx.Module, nnx.Optimizer]:
+        model = build_model(model_cfg, seed=train_cfg.seed)
+        return model, make_optimizer(model, train_cfg, steps)
+
+    graphdef, state = nnx.split(nnx.eval_shape(build))
+    leaves, treedef = jax.tree.flatten(state)
+    shardings = tuple(jax.tree.leaves(sharding.state_shardings(state, mesh, train_cfg.mesh.fsdp)))
+    args = [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type) for x, s in zip(leaves, shardings)
+    ]
+    key = jax.eval_shape(lambda: step_key(0, 0))
+    return _program(graphdef, treedef, shardings, clip).lower(args, batch, key).compile()
 
 
 def train_step(

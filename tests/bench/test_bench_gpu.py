@@ -54,6 +54,10 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert t["checkpoints_a"] == [10, 20, 30] and t["checkpoints_b"] == [10, 20, 30] and t["resumed_from"] == 10
     assert t["loss_falls"] and t["loss_last10"] < t["loss_first10"]
     assert t["resume_steps_compared"] == 20 and t["resume_bit_identical"] and t["resume_max_abs_diff"] == 0
+    assert t["killed_at"] is not None and t["killed_at"] >= 10  # SIGKILL'd once its step-10 checkpoint was written
+    # evaluate.py in fresh processes on the first and last checkpoints: the validation loss training logged
+    assert [row["step"] for row in t["round_trip"]] == [10, 30]
+    assert all(row["status"] == "ok" and row["diff"] <= 1e-3 for row in t["round_trip"]), t["round_trip"]
     # (c) cached generation at two batch sizes
     assert [g["batch_size"] for g in r["generation"]] == [1, 8]
     assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 for g in r["generation"])
@@ -61,6 +65,8 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         md.count("Where the time goes (") == 3 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
     )
     assert "| variant | tokens/s |" in md and "bit-identical" in md and "| batch | tokens/s |" in md
+    assert md.count("in a fresh process: loss") == 2 and "(|diff|" in md and "NOT EQUAL" not in md
+    assert r["chip"]["platform"] == "cpu" and r["chip"]["devices"] >= 1
     assert Path(f"{out}.logs/train-b.log").is_file() and not Path(f"{out}.logs/work").exists()
 
 
