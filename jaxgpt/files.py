@@ -32,6 +32,6 @@ def write_tensors(tensors: dict[str, np.ndarray], path: Path, metadata: dict[str
     """A safetensors file of `tensors`, each in row-major (C) order.
 
     safetensors writes an array's memory as it lies and records only its shape, so a column-major
-    array (the host copy of a TPU array laid out so, a transposed view) would be read back scrambled.
+    array (the host copy of a device array laid out so, a transposed view) would be read back scrambled.
     Every safetensors file this project writes goes through here."""
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)

@@ -120,10 +120,10 @@ def test_round_trip_is_bit_exact_and_training_continues_identically(tmp_path: Pa
 
 
 def test_round_trip_of_parameters_laid_out_column_major(tmp_path: Path, trained) -> None:
-    """A TPU keeps 2-D parameters in its own device layout and hands their host copies back
-    column-major (NumPy's Fortran order); safetensors writes an array's memory as it lies, so those
-    weights came back scrambled (a trained model loaded as an untrained one). The CPU does the same
-    for an array placed in that layout, so this is the chip's round trip, run on a CPU."""
+    """A device array laid out column-major comes to the host column-major (NumPy's Fortran order), and
+    safetensors writes an array's memory as it lies: such weights came back scrambled, a trained model
+    loaded as an untrained one (on a TPU the file differed from the weights it was written from). The
+    CPU lays an array out so when asked: the round trip of such parameters, run on a CPU."""
     model = deep_clone(trained[0])
     columns = lambda a: jax.device_put(a, Format(Layout(tuple(reversed(range(a.ndim)))), a.sharding))  # noqa: E731
     nnx.update(model, jax.tree.map(lambda a: columns(a) if a.ndim >= 2 else a, nnx.state(model, nnx.Param)))
