@@ -1,7 +1,7 @@
 """Serve a checkpoint over the OpenAI API: completions, chat completions, streaming, logprobs.
 
     uv run serve.py runs/tiny                                   # http://127.0.0.1:8000/v1, model name "tiny"
-    uv run serve.py runs/tiny-instruct --port 8001 --model-name instruct
+    uv run serve.py runs/tiny-instruct --port 8001 --model-name instruct   # chat in a browser: http://127.0.0.1:8001/
     uv run serve.py runs/gpt2 --host 0.0.0.0 --api-key "$KEY"   # beyond this machine: a key is required
     uv run serve.py runs/tiny --max-batch 16 --max-queue 64     # rows decoded together; requests that may wait
 
@@ -159,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     host, port = sock.getsockname()[:2]
     chat = f"chat template {served.template.name!r}" if served.template else "a base model: no chat"
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     line = (
         f"Serving {served.name!r} from {served.where} ({chat}; context {served.context}, {args.max_batch} rows, "
-        f"compiled in {warm_s:.1f} s) at http://{host if ':' not in host else f'[{host}]'}:{port}/v1"
+        f"compiled in {warm_s:.1f} s) at {url}/v1 (in a browser: {url}/)"
     )
     signal.signal(signal.SIGINT, stop._handle)  # from here a Ctrl-C stops the server as SIGTERM does
     if stop.requested:

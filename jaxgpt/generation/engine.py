@@ -105,7 +105,8 @@ class Engine:
         self._work = threading.Condition()
         self._ids = itertools.count()
         self.stats = GenerationStats()
-        self.counts = collections.Counter(requests=0, prefills=0, copies=0, steps=0, tokens=0)
+        # cancelled: answers a cancel ended before they finished (a client gone, a chat page's stop button)
+        self.counts = collections.Counter(requests=0, prefills=0, copies=0, steps=0, tokens=0, cancelled=0)
 
     # ------------------------------------------------------------------ any thread
 
@@ -165,6 +166,7 @@ class Engine:
         for row, request in enumerate(self.rows):
             if request is not None and request.cancelled:
                 request.finish_reason, self.rows[row] = "cancelled", None
+                self.counts["cancelled"] += 1
         self._admit(out)
         self._sample(out)
         self._advance()
@@ -232,6 +234,7 @@ class Engine:
                 request = self._waiting[0]
                 if request.cancelled:
                     self._waiting.popleft().finish_reason = "cancelled"
+                    self.counts["cancelled"] += 1
                     continue
                 needs_row = self._needs_row(request)
                 if needs_row and not free:

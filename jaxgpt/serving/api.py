@@ -4,6 +4,7 @@
     run(served, sock, api_key=None)                                                   # until SIGTERM / Ctrl-C
 
 Endpoints (docs/serving.md has the parameters):
+    GET  /                          no key needed: the chat page (chat_page.html)
     GET  /health, /healthz          no key needed: {"status": "ok", the engine's queue and counters}
     GET  /v1/models, /v1/models/ID  the one model served
     POST /v1/completions            text completion, OpenAI's legacy API (echo + logprobs: lm-eval)
@@ -11,7 +12,7 @@ Endpoints (docs/serving.md has the parameters):
     POST /tokenize, /detokenize, GET /tokenizer_info   vLLM's tokenizer endpoints (lm-eval's
                                     tokenizer_backend=remote tokenizes with the server's own tokenizer)
 
-With an API key every endpoint but /health needs `Authorization: Bearer KEY`. Every error is
+With an API key every endpoint but / and /health needs `Authorization: Bearer KEY`. Every error is
 OpenAI's error object. The handlers only check, tokenize (off the event loop), submit and format: the
 model runs on the engine's thread (worker.py).
 """
@@ -32,7 +33,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -60,7 +61,10 @@ from jaxgpt.serving.worker import Job, Piece, QueueFull, ShuttingDown, Worker
 
 log = logging.getLogger("jaxgpt.serving")
 UNION_TAGS = frozenset({"str", "int", "float", "bool"})  # pydantic's names of a union's members in an error's loc
-OPEN_PATHS = frozenset({"/health", "/healthz"})  # answered without the API key (load balancers, tests)
+# Answered without the API key: /health (load balancers, tests) and the page, which holds no secret (the model's
+# name, as /health gives it; chat or not, its context, whether a key is needed): its requests carry the key typed.
+OPEN_PATHS = frozenset({"/", "/health", "/healthz"})
+PAGE = Path(__file__).with_name("chat_page.html")
 RETRY_AFTER_S = 1  # what a 503 tells a client to wait
 GRACE_S = 30  # on SIGTERM / Ctrl-C, how long requests in flight may run on before they are ended (--shutdown-grace)
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # the largest request body (--max-request-bytes): lm-eval's batches are far smaller
@@ -413,6 +417,17 @@ def _install_tokenizer(app: FastAPI, served: Served) -> None:
         }
 
 
+def _install_page(app: FastAPI, served: Served, needs_key: bool) -> None:
+    """GET /: the chat page (a completion page for a base model), the served model's facts written into it."""
+    facts = {"model": served.name, "chat": served.template is not None, "context": served.context, "key": needs_key}
+    # Inside <script>, "</script>" in a model name would end the JSON early: "<" is written as \u003c.
+    page = PAGE.read_text(encoding="utf-8").replace("__CONFIG__", json.dumps(facts).replace("<", "\\u003c"))
+
+    @app.get("/")
+    async def chat_page() -> HTMLResponse:
+        return HTMLResponse(page)
+
+
 def create_app(served: Served, api_key: str | None = None, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The app over a started engine; it stops the engine when uvicorn shuts down."""
 
@@ -449,6 +464,7 @@ def create_app(served: Served, api_key: str | None = None, max_request_bytes: in
         check_model(name, served.name)
         return model
 
+    _install_page(app, served, api_key is not None)
     _install_completions(app, served)
     _install_chat(app, served)
     _install_tokenizer(app, served)

@@ -124,6 +124,7 @@ def test_n_samples_of_a_prompt_share_one_prefill_and_draw_with_seed_plus_index(e
 
 
 def test_a_cancelled_request_frees_its_row_at_the_next_turn(engine: Engine) -> None:
+    before = engine.counts["cancelled"]
     keep, gone = engine.submit(PROMPT, SamplingParams(40, temperature=1.0, seed=1), n=2)
     engine.step()
     engine.step()
@@ -136,6 +137,7 @@ def test_a_cancelled_request_frees_its_row_at_the_next_turn(engine: Engine) -> N
     engine.cancel([waiting])
     engine.run([keep])
     assert waiting.finish_reason == "cancelled" and not waiting.sampled and not engine.has_work()
+    assert engine.counts["cancelled"] - before == 2  # the row freed and the waiting one; keep finished
     assert [a.shape for a in engine.decoder._cache] == [(1, 16, 2, 16, 64), (1, 16, 2, 64, 16)]  # 16 rows, as made
 
 

@@ -3,15 +3,16 @@ driven through FastAPI's TestClient (no socket) by the openai client and plain H
 string, strings, ids, lists of ids), greedy text equal to test_generation.py's, echo + logprobs equal to
 the model's own per-token losses (evaluate.py's scoring program), streaming equal to whole answers, stop
 strings, seeds, 16 clients at once equal to one at a time, chat through a fine-tuned checkpoint's
-template (a base model refused), every error in OpenAI's shape, the API key and the Bearer scheme in any
-case, the answer limit named, the request-size limit, tokenizing off the event loop (/health answers
-while a long prompt is tokenized), a client that goes away, the full queue's 503. serve.py as a process
-(start-up, SIGTERM): test_serve.py."""
+template (a base model refused), the chat page served (in a browser: test_chat_page.py), every error in
+OpenAI's shape, the API key and the Bearer scheme in any case, the answer limit named, the request-size
+limit, tokenizing off the event loop (/health answers while a long prompt is tokenized), a client that
+goes away, the full queue's 503. serve.py as a process (start-up, SIGTERM): test_serve.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -268,6 +269,25 @@ def test_a_base_model_refuses_chat(small: App) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         small.client().chat.completions.create(model="base", messages=[{"role": "user", "content": "hi"}])
     assert "base is a base model (no chat template" in str(e.value) and "/v1/completions" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the chat page
+
+
+def page_facts(html: str) -> dict:
+    """What the server wrote into the page: the model's name, chat or not, its context, whether a key is needed."""
+    return json.loads(re.search(r'<script id="config" type="application/json">(.*?)</script>', html).group(1))
+
+
+def test_the_chat_page_is_open_self_contained_and_names_the_model(server: App, small: App) -> None:
+    """GET / needs no key (its requests carry the key typed in it) and fetches nothing from elsewhere: no
+    URL, no src or href, no @import; a base model's page is the completion page. In a browser: test_chat_page.py."""
+    r = server.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert not re.search(r"https?:|//[\w.-]+\.\w|\b(src|href)\s*=|@import|url\(", r.text, re.I)
+    assert page_facts(r.text) == {"model": "run", "chat": True, "context": 64, "key": True}
+    assert "/v1/chat/completions" in r.text and "/v1/completions" in r.text and "Bearer" in r.text
+    assert page_facts(small.get("/").text) == {"model": "base", "chat": False, "context": 512, "key": False}
 
 
 # ----------------------------------------------------------------------------- errors and auth
