@@ -214,7 +214,7 @@ class KVDecoder:
 
     def reset(self) -> None:
         """An empty cache (allocated once here; every program then updates it in place)."""
-        cache = KVCache.zeros(self.cfg, self.batch_size)
+        cache = KVCache.zeros(self.cfg, self.batch_size, self._cache_dtype)
         self._cache = [self._put(cache.k, 1), self._put(cache.v, 1)]  # rows over the data axis
         self.lengths = np.zeros(self.batch_size, np.int64)  # tokens held in each row's cache
 
@@ -223,6 +223,7 @@ class KVDecoder:
         step_model = decoding_model(model, self.batch_size)
         self.step_graphdef, self.step_state = nnx.split(step_model)
         self._compiler_options = step_model.ops.decode_compiler_options()
+        self._cache_dtype = step_model.ops.kv_dtype()
         leaves, self._step_treedef = jax.tree.flatten(self.step_state)
         self._step_leaves = [self._put(leaf) for leaf in leaves]
         # On the CPU prefills run the decoding copy too: its weights are in the compute dtype already

@@ -78,13 +78,12 @@ class KVCache:
     span: int = struct.field(pytree_node=False, default=0)
 
     @classmethod
-    def zeros(cls, cfg: ModelConfig, batch_size: int) -> KVCache:
+    def zeros(cls, cfg: ModelConfig, batch_size: int, dtype: str = "float32") -> KVCache:
+        """An empty cache; `dtype`: ops.cache_dtype (the attention products round keys and values to
+        the compute dtype whatever the cache holds, so a compute-dtype cache computes the same)."""
         L = cfg.n_layers if cfg.architecture == "gpt2" else 0
         H, D, S = cfg.kv_heads, cfg.head_dim, cfg.context_length
-        # float32 like every activation: the attention products round keys and values to the
-        # compute dtype as they do in training, so a bfloat16 cache would compute the same and
-        # only halve its memory, but XLA:CPU does not scatter into a bfloat16 buffer in place.
-        return cls(jnp.zeros((L, batch_size, H, D, S)), jnp.zeros((L, batch_size, H, S, D)))
+        return cls(jnp.zeros((L, batch_size, H, D, S), dtype), jnp.zeros((L, batch_size, H, S, D), dtype))
 
     def positions(self, T: int) -> jax.Array:
         """The positions of the (B, T) tokens being fed: (T,) for a prefill, (B, 1) for a step."""

@@ -34,6 +34,7 @@ class CpuOps(Ops):
     """`Ops` on the CPU backend (see the module docstring); frozen and hashable like it."""
 
     product: Product = kernels.bf16_product
+    cache_dtype: str | None = "float32"  # XLA:CPU does not scatter into a bfloat16 buffer in place
 
     def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
         return kernels.vecmat(a, b, self.compute_dtype)

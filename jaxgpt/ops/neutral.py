@@ -131,6 +131,12 @@ class Ops:
     # The attention windows the model's layers have (model.json window_pattern): what a scanned
     # model's traced per-layer window can be, for a kernel that needs it static (cuDNN's).
     windows: tuple[int, ...] = ()
+    # The KV cache's dtype; None: the compute dtype, which every attention product rounds keys and values
+    # to anyway (a bfloat16 cache computes the same as a float32 one, in half the memory).
+    cache_dtype: str | None = None
+
+    def kv_dtype(self) -> str:
+        return self.cache_dtype or self.compute_dtype
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """A two-operand einsum in the compute dtype, float32 accumulation and result."""

@@ -3,6 +3,7 @@ batching, stopping, compile counts, and top-k / top-p / seeds on hand-made distr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -24,7 +25,7 @@ from jaxgpt.generation import decoder as g
 from jaxgpt.generation.engine import Engine, GenerationStats
 from jaxgpt.generation.sampling import SamplingParams, filter_logits, sample_next
 from jaxgpt.model.gpt import build_model, stack_layer_weights
-from jaxgpt.ops import neutral
+from jaxgpt.ops import neutral, select
 
 V, CTX, C, H, L = 61, 16, 32, 4, 2
 # Cached and full-forward logits are the same float32 function summed in other orders (one
@@ -601,3 +602,23 @@ def test_generate_holds_no_copy_of_the_model() -> None:
     assert "cached_features" in source
     for part in ("ln1", "ln2", ".qkv", ".proj", ".mlp", "pos_emb", "blocks", "ln_f"):
         assert part not in source, part
+
+
+def test_a_compute_dtype_cache_decodes_as_a_float32_one() -> None:
+    """On an accelerator the KV cache holds the compute dtype (ops.kv_dtype: half the memory in bfloat16):
+    the attention products round keys and values to it anyway, so the logits are the float32 cache's,
+    bit for bit (the neutral operations on this CPU stand for a TPU's; the CPU's own keep float32)."""
+    source = tiny(21, compute_dtype="bfloat16")
+    ops = neutral.Ops("cpu", "bfloat16", "xla")
+    logits = {}
+    for cache in ("bfloat16", "float32"):
+        model = build_model(source.cfg, ops=dataclasses.replace(ops, cache_dtype=cache))
+        nnx.update(model, nnx.state(source, nnx.Param))
+        dec = g.KVDecoder(model, 2)
+        assert dec._cache[0].dtype == jnp.dtype(cache)
+        out = [dec.prefill([[1, 2, 3], [4, 5]])]
+        for t in range(4):
+            out.append(dec.step([6 + t, 7 + t]))
+        logits[cache] = np.stack(out)
+    np.testing.assert_array_equal(logits["bfloat16"], logits["float32"])
+    assert ops.kv_dtype() == "bfloat16" and select(source.cfg, "cpu").kv_dtype() == "float32"
