@@ -12,13 +12,14 @@
     uv run -m bench tokenize --rounds 3                   # download_dataset.py text vs tiktoken's batch, 100 MB
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
+    python3 -m bench pipeline --out pipeline                  # the README's workflow once on this device, shortened
     uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
     uv run -m bench serve --memory                            # serve.py's resident memory after 100 and 2,000 requests
     uv run -m bench engine                                    # the engine at the RL sampling shape: 1 row vs 16
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py, tokenizing.py: tokenize, serve.py, engine.py); this file
-is their command line:
+train_step.py: train, compare.py, decode.py: generate, gpu.py, pipeline.py, tokenizing.py: tokenize,
+serve.py, engine.py); this file is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
 that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
@@ -405,6 +406,23 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     return gpu.bench_gpu(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
 
 
+# ----------------------------------------------------------------------------- pipeline
+
+
+def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", type=Path, default=Path("pipeline"), help="writes OUT.json, OUT.md, logs under OUT.logs/"
+    )
+    parser.add_argument("--cpu-smoke", action="store_true", help="shorter runs: the same stages on any CPU")
+
+
+def _run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.pipeline: the README's workflow once, a row per stage."""
+    from bench import pipeline
+
+    return pipeline.pipeline(args.out, cpu_smoke=args.cpu_smoke)
+
+
 # ----------------------------------------------------------------------------- gemv
 
 
@@ -531,6 +549,7 @@ SUBCOMMANDS: dict[
         _run_tokenize,
     ),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args, _run_gpu),
+    "pipeline": ("the README's workflow once on this device, a row per stage", _add_pipeline_args, _run_pipeline),
     "serve": (
         "serve.py's tokens/s and time to first token with 1, 4 and 16 streaming clients at once",
         _add_serve_args,

@@ -1,0 +1,135 @@
+"""`python3 -m bench pipeline`: the README's whole workflow once on this machine's device, shortened, a row per stage.
+
+    python3 -m bench pipeline --out pipeline        # on an accelerator machine: its python3, no uv, no network
+    uv run -m bench pipeline --cpu-smoke --out /tmp/p   # the same stages, shorter still, on any CPU (a test runs it)
+
+Each stage is the command a user types, in a fresh process of this interpreter (one program holds a
+TPU at a time), on copies of the shipped runs in a work folder with fewer steps: runs/a-to-a and
+test_a_to_a.py; runs/tiny, test_generation.py; runs/tiny-instruct from it, evaluate.py --exact-match,
+chat.py's one answer; runs/tiny-rl from that, evaluate.py --tasks builtin; serve.py's API in-process
+(the app over the engine, FastAPI's test client: no socket); the export to transformers' layout. A
+failing stage is one row, and the stages after it that need its checkpoint are skipped. Writes
+<out>.json and <out>.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# train.json changes per run: (full check, --cpu-smoke)
+SHORTER = {
+    "a-to-a": ({}, {}),  # as shipped: it must learn to reproduce the stanza
+    "tiny": ({"train_steps": 600}, {"train_steps": 60, "checkpoint_interval": 30, "validation_interval": 30}),
+    "tiny-instruct": ({"train_epochs": 1}, {"train_epochs": None, "train_steps": 20}),
+    "tiny-rl": ({"train_steps": 30, "checkpoint_interval": 15, "validation_interval": 15}, {"train_steps": 4}),
+}
+SMOKE_RL = {"prompts_per_step": 2, "samples_per_prompt": 4, "validation_samples": 2}
+SERVE = """
+import json, sys
+from pathlib import Path
+from fastapi.testclient import TestClient
+from jaxgpt.serving import api
+served = api.load(Path(sys.argv[1]), model_name=None, max_batch=4, max_queue=8)
+served.worker.start()
+with TestClient(api.create_app(served)) as http:
+    body = {"model": served.name, "messages": [{"role": "user", "content": "Add 2 and 3."}], "max_tokens": 8,
+            "temperature": 0}
+    r = http.post("/v1/chat/completions", json=body)
+    r.raise_for_status()
+    print(json.dumps({"status": r.status_code, "answer": r.json()["choices"][0]["message"]["content"]}))
+"""
+
+
+def _copy_run(name: str, work: Path, smoke: bool) -> Path:
+    """runs/<name> into the work folder, its train.json shortened (init_from keeps pointing at the sibling)."""
+    run = work / name
+    run.mkdir(parents=True)
+    shutil.copy(ROOT / "runs" / name / "model.json", run / "model.json")
+    train = json.loads((ROOT / "runs" / name / "train.json").read_text())
+    for key, value in SHORTER[name][1 if smoke else 0].items():
+        if value is None:
+            train.pop(key, None)
+        else:
+            train[key] = value
+    if smoke and "rl" in train:
+        train["rl"] |= SMOKE_RL
+        train |= {"microbatch_size": 8, "gradient_accumulation_steps": 1}
+    (run / "train.json").write_text(json.dumps(train, indent=2))
+    return run
+
+
+def _stage(name: str, args: list[str], logs: Path, timeout: float) -> dict[str, Any]:
+    """One command in a fresh process; its row (exit status, last line, seconds)."""
+    log = logs / f"{name}.log"
+    started = time.monotonic()
+    with log.open("w") as f:
+        f.write(" ".join(args) + "\n")
+        f.flush()
+        try:
+            rc = subprocess.run(
+                [sys.executable, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    status = "ok" if rc == 0 else f"failed (exit {rc}): {last[-200:]}"
+    return {"stage": name, "command": " ".join(args), "status": status, "last": last, "s": time.monotonic() - started}
+
+
+def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[str, Any]:
+    """Every stage in turn (module docstring); writes <out>.json and <out>.md; returns the rows."""
+    out = Path(out)
+    logs = Path(f"{out}.logs")
+    shutil.rmtree(logs, ignore_errors=True)
+    work, data = logs / "work", logs / "work" / "data"
+    work.mkdir(parents=True)
+    runs = {name: _copy_run(name, work, cpu_smoke) for name in SHORTER}
+    d = ["--data-dir", str(data)]
+    stages = [  # (name, needs the run of, command)
+        ("train a-to-a", None, ["train.py", str(runs["a-to-a"]), *d]),
+        ("test_a_to_a.py", "a-to-a", ["test_a_to_a.py", str(runs["a-to-a"])]),
+        ("train tiny", None, ["train.py", str(runs["tiny"]), *d]),
+        ("test_generation.py", "tiny", ["test_generation.py", str(runs["tiny"])]),
+        ("train tiny-instruct", "tiny", ["train.py", str(runs["tiny-instruct"]), *d]),
+        ("evaluate --exact-match", "tiny-instruct", ["evaluate.py", str(runs["tiny-instruct"]), "--exact-match", *d]),
+        (
+            "chat.py one answer",
+            "tiny-instruct",
+            ["chat.py", str(runs["tiny-instruct"]), "--temperature", "0", "-p", "Add 2 and 3."],
+        ),
+        ("train tiny-rl", "tiny-instruct", ["train.py", str(runs["tiny-rl"]), *d]),
+        ("evaluate --tasks builtin", "tiny-rl", ["evaluate.py", str(runs["tiny-rl"]), "--tasks", "builtin", *d]),
+        ("serve.py API in-process", "tiny-instruct", ["-c", SERVE, str(runs["tiny-instruct"])]),
+        (
+            "export to transformers",
+            "tiny-instruct",
+            ["import_gpt2.py", "export", str(runs["tiny-instruct"]), str(work / "exported")],
+        ),
+    ]
+    rows, trained = [], set()
+    for name, needs, args in stages:
+        if needs is not None and needs not in trained:
+            rows.append({"stage": name, "status": f"skipped: {needs} did not train"})
+            continue
+        row = _stage(name.replace(" ", "-").replace("/", "-"), args, logs, timeout=600) | {"stage": name}
+        rows.append(row)
+        if name.startswith("train ") and row["status"] == "ok":
+            trained.add(name.removeprefix("train "))
+        log(f"{name}: {row['status']} ({row['s']:.0f} s) {row['last'][:120]}")
+    result = {"mode": "cpu-smoke" if cpu_smoke else "full", "stages": rows}
+    shutil.rmtree(work, ignore_errors=True)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = ["| stage | status | s | last line |", "|---|---|---|---|"] + [
+        f"| {r['stage']} | {r['status'][:80]} | {r.get('s', 0):.0f} | {r.get('last', '')[:100]} |" for r in rows
+    ]
+    Path(f"{out}.md").write_text("\n".join(table) + "\n")
+    return result

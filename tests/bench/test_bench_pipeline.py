@@ -1,0 +1,40 @@
+"""bench pipeline (bench/pipeline.py): the README's workflow once, shortened, every stage a fresh process of the
+command a user types; on CPU here, on an accelerator machine as the check of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import cli
+
+pytestmark = pytest.mark.slow  # eleven processes, four trainings
+
+
+def test_every_stage_of_the_workflow_runs(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    assert cli.main(["pipeline", "--cpu-smoke", "--out", str(out)]) == 0
+    rows = {r["stage"]: r for r in json.loads(Path(f"{out}.json").read_text())["stages"]}
+    assert list(rows) == [
+        "train a-to-a",
+        "test_a_to_a.py",
+        "train tiny",
+        "test_generation.py",
+        "train tiny-instruct",
+        "evaluate --exact-match",
+        "chat.py one answer",
+        "train tiny-rl",
+        "evaluate --tasks builtin",
+        "serve.py API in-process",
+        "export to transformers",
+    ]
+    assert all(r["status"] == "ok" for r in rows.values()), [r for r in rows.values() if r["status"] != "ok"]
+    assert rows["test_a_to_a.py"]["last"].startswith("Reproduced")
+    assert json.loads(rows["serve.py API in-process"]["last"])["status"] == 200
+    assert (
+        "exact match" in rows["evaluate --exact-match"]["last"]
+        and "ChatCORE" in rows["evaluate --tasks builtin"]["last"]
+    )
+    assert "| stage | status |" in Path(f"{out}.md").read_text() and not Path(f"{out}.logs/work").exists()
