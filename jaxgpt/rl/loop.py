@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from jaxgpt import ops
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import to_dict
 from jaxgpt.conversations.assistant import Assistant
@@ -37,9 +38,10 @@ from jaxgpt.rl.samples import group_advantages, sample_rows
 from jaxgpt.tasks.report import pass_at_k
 from jaxgpt.tracking import charts
 from jaxgpt.tracking.metrics import RunLog
+from jaxgpt.training import memory
 from jaxgpt.training.jobs import Job, run_jobs
 from jaxgpt.training.optimizer import part_rates
-from jaxgpt.training.state import build_state
+from jaxgpt.training.state import build_state, memory_limit
 from jaxgpt.training.train_step import step_key
 
 if TYPE_CHECKING:
@@ -85,17 +87,21 @@ class Session:
     def __init__(self, run: RLRun, stop: StopFlag) -> None:
         self.run, self.cfg, self.rl, self.stop = run, run.train_cfg, run.train_cfg.rl, stop
         u = self.rl.updates_per_batch
+        rows, row_bytes = self._engine_rows()
         self.state, meta = build_state(
-            run, print, optimizer_steps=run.total_steps * u, clip=self.rl.clip_ratio, max_split=1
+            run,
+            print,
+            optimizer_steps=run.total_steps * u,
+            clip=self.rl.clip_ratio,
+            max_split=1,
+            reserve=rows * row_bytes,
         )
         self.start = meta.get("step", 0)
         self.best = meta.get("best_score")
         self.started = time.perf_counter()
         self.elapsed = meta.get("elapsed_s", 0.0)
         mesh = self.state.mesh if self.state.mesh.size > 1 else None
-        self.bot = Assistant(
-            self.state.model, run.tok, run.template, str(run.run_dir), rows=self.rl.samples_per_step, mesh=mesh
-        )
+        self.bot = Assistant(self.state.model, run.tok, run.template, str(run.run_dir), rows=rows, mesh=mesh)
         self.records = RunLog(run.run_dir, self.start, enabled=True, wandb=self.cfg.wandb)
         self.sampling = SamplingParams(self.rl.max_new_tokens, self.rl.temperature, self.rl.top_k)
         self.scalars: dict[str, float] = {}  # the last step's row of the record
@@ -105,6 +111,19 @@ class Session:
             Job("val", lambda done, _: self.validate(done), every=(self.cfg.validation_interval, *checkpoints)),
             Job("checkpoint", lambda done, r: self.save(done, self.scalars, r["val"]), every=checkpoints),
         ]
+
+    def _engine_rows(self) -> tuple[int, int]:
+        """The sampling engine's rows and each one's KV-cache bytes: every sample of a step at once, or
+        on a device whose memory is known as many prompts' samples as a share of it holds (memory.py)."""
+        m = self.run.model_cfg
+        row_bytes = 2 * m.n_layers * m.kv_heads * m.head_dim * m.context_length
+        row_bytes *= np.dtype(ops.select(m).kv_dtype()).itemsize
+        wanted = self.rl.samples_per_step
+        rows = memory.engine_rows(wanted, self.rl.samples_per_prompt, row_bytes, memory_limit(self.run))
+        if rows < wanted:
+            cache = memory.size(rows * row_bytes)
+            print(f"sampling engine: {rows} rows for the {wanted} samples a step (their KV cache: {cache})")
+        return rows, row_bytes
 
     def _weights(self) -> None:
         """The engine draws from the weights the last step left."""

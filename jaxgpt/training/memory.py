@@ -135,3 +135,15 @@ def split_rows(a: np.ndarray, split: int) -> np.ndarray:
         return a
     k, B, *rest = a.shape
     return a.reshape(k, B // split, split, *rest).swapaxes(1, 2).reshape(k * split, B // split, *rest)
+
+
+ENGINE_SHARE = 0.25  # of the device's memory an RL run's sampling engine may hold as its KV cache
+
+
+def engine_rows(wanted: int, group: int, row_bytes: int, limit: int | None) -> int:
+    """Rows for an engine that draws `wanted` samples at once in groups of `group` (a prompt's samples
+    share its prefill), each row's KV cache `row_bytes`: all of them, or on a device of `limit` bytes
+    as many whole groups as ENGINE_SHARE of it holds (at least one); the engine draws the rest in turns."""
+    if limit is None or wanted * row_bytes <= ENGINE_SHARE * limit:
+        return wanted
+    return max(group, int(ENGINE_SHARE * limit // row_bytes) // group * group)

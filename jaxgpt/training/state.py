@@ -89,16 +89,30 @@ def step_bytes(run: Run, mesh: Any, steps: int, clip: float | None, plan: memory
         return memory.refused_bytes(str(e))
 
 
+def memory_limit(run: Run) -> int | None:
+    """Bytes of one device's memory the run may fill: train.json device_memory_gib, else what the device
+    reports (None: a CPU)."""
+    gib = run.train_cfg.device_memory_gib
+    return sharding.device_memory() if gib is None else int(gib * memory.GIB)
+
+
 def _memory_plan(
-    run: Run, mesh: Any, steps: int, clip: float | None, log: Callable[[str], None], max_split: int | None
+    run: Run,
+    mesh: Any,
+    steps: int,
+    clip: float | None,
+    log: Callable[[str], None],
+    max_split: int | None,
+    reserve: int,
 ) -> memory.Plan:
     """The run as configured, or on a device whose memory is known (train.json memory_plan "auto")
-    the first plan whose compiled step fits it (memory.py), said in one line."""
+    the first plan whose compiled step fits it, less `reserve` bytes (memory.py), said in one line."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     configured = memory.Plan(mcfg.remat, mcfg.loss_chunk)
-    limit = sharding.device_memory() if cfg.device_memory_gib is None else int(cfg.device_memory_gib * memory.GIB)
+    limit = memory_limit(run)
     if cfg.memory_plan == "off" or limit is None:
         return configured
+    limit -= reserve
     plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split)
     plan, needed = memory.choose(
         plans,
@@ -119,10 +133,12 @@ def build_state(
     optimizer_steps: int | None = None,
     clip: float | None = None,
     max_split: int | None = None,
+    reserve: int = 0,
 ) -> tuple[TrainState, dict[str, Any]]:
     """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run).
     optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio;
-    max_split: the most smaller microbatches the memory plan may run a configured one as."""
+    max_split: the most smaller microbatches the memory plan may run a configured one as; reserve:
+    device bytes the step must leave free (RL's sampling engine)."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     steps = optimizer_steps or run.total_steps
     compute_dtype = _compute_dtype(run, log)
@@ -131,7 +147,7 @@ def build_state(
     except ConfigError as e:  # "train.json: ...": which run's
         raise ConfigError(f"{run.run_dir}/{e}") from None
 
-    plan = _memory_plan(run, mesh, steps, clip, log, max_split)
+    plan = _memory_plan(run, mesh, steps, clip, log, max_split, reserve)
     run_mcfg, run_cfg = plan.model_cfg(mcfg), plan.train_cfg(cfg)  # what the step computes with
 
     def build() -> tuple[Any, Any]:

@@ -74,6 +74,14 @@ def test_refusals_are_read_in_both_forms_a_tpu_words_them() -> None:
     assert not memory.is_out_of_memory(ValueError("shapes do not match"))
 
 
+def test_an_rl_engine_holds_whole_groups_within_its_share() -> None:
+    row = 38 * 2**20  # GPT-2 124M's KV cache row in bfloat16, 1024 tokens
+    assert memory.engine_rows(256, 16, row, None) == 256  # a CPU: every sample at once
+    assert memory.engine_rows(256, 16, row, 64 * memory.GIB) == 256  # 9.5 GiB within a quarter of 64
+    assert memory.engine_rows(256, 16, row, int(15.75 * memory.GIB)) == 96  # a v5e: 6 prompts' 16 at a time
+    assert memory.engine_rows(256, 16, row, memory.GIB) == 16  # never less than one prompt's samples
+
+
 def test_split_rows_keeps_each_steps_rows_and_each_row_on_its_device() -> None:
     k, B, T, split, devices = 2, 8, 3, 4, 2
     a = np.arange(k * B * T).reshape(k, B, T)
