@@ -158,7 +158,7 @@ class Clock:
         return min(self.left(), plan.part_cap_s)
 
 
-def _run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, float]:
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """Run `cmd` in the repository, output to `log`; (exit status, last line of output, seconds)."""
     t0 = time.monotonic()
     with log.open("w") as f:
@@ -185,7 +185,7 @@ def _bench(args: list[str], logs: Path, name: str, timeout: float) -> dict[str, 
     """`python -m bench <args> --json` in a fresh process: its figures, or {"status": why not}."""
     json_path = logs / f"{name}.json"
     cmd = [sys.executable, "-m", "bench", *args, "--json", str(json_path)]
-    rc, last, seconds = _run(cmd, logs / f"{name}.log", timeout=timeout)
+    rc, last, seconds = run_logged(cmd, logs / f"{name}.log", timeout=timeout)
     row: dict[str, Any] = {"command": " ".join(cmd[1:]), "wall_s": seconds}
     if rc == 0 and json_path.is_file():
         return row | {"status": "ok", **json.loads(json_path.read_text())}
@@ -202,7 +202,7 @@ def probe_chip(logs: Path, clock: Clock) -> dict[str, Any]:
         "d.platform, 'device_kind': d.device_kind, 'devices': jax.device_count(), 'memory_bytes': "
         "s.get('bytes_limit'), 'jax': jax.__version__}))"
     )
-    rc, last, _ = _run([sys.executable, "-c", code], logs / "chip.log", timeout=min(clock.left(), 120))
+    rc, last, _ = run_logged([sys.executable, "-c", code], logs / "chip.log", timeout=min(clock.left(), 120))
     if rc != 0:
         return {"probe": f"failed (exit {rc}): {last[-200:]}"}
     chip = json.loads(last)
@@ -305,7 +305,7 @@ def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
         "import json; from bench import train_step; "
         f"print(json.dumps(train_step.matmul_flops({size}, repeats=10, dtype='bfloat16')))"
     )
-    rc, last, _ = _run([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
+    rc, last, _ = run_logged([sys.executable, "-c", code], logs / "matmul-peak.log", timeout=min(clock.left(), 120))
     if rc != 0:
         return {"peak_flops": None, "peak_source": f"measuring failed: {last[-200:]}"}
     return {"peak_flops": float(last), "peak_source": f"measured: best {size}^3 bf16 matmul (x 2 {size}^3 FLOPs)"}
@@ -328,11 +328,15 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         (run / "model.json").write_text(json.dumps(plan.small_model, indent=2))
         (run / "train.json").write_text(json.dumps(plan.small_train, indent=2))
     train = [sys.executable, str(ROOT / "train.py")]
-    rc, last, a_s = _run([*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env)
+    rc, last, a_s = run_logged(
+        [*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env
+    )
     if rc != 0 and on_gpu and "nknown flag" in (logs / "train-a.log").read_text():  # an XLA without that flag
         env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DETERMINISTIC, "").strip()
         shutil.rmtree(a / "checkpoints", ignore_errors=True)
-        rc, last, a_s = _run([*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env)
+        rc, last, a_s = run_logged(
+            [*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env
+        )
     result: dict[str, Any] = {"xla_flags": env.get("XLA_FLAGS", ""), "run_a_s": a_s}
     if rc != 0:
         return result | {"status": f"run A failed (exit {rc}): {last[-300:]}"}
@@ -343,7 +347,9 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
     killed = _kill_after_checkpoint(
         [*train, str(b), "--data-dir", str(data)], b, first, logs / "train-b-killed.log", env
     )
-    rc, last, b_s = _run([*train, str(b), "--data-dir", str(data)], logs / "train-b.log", clock.timeout(plan), env)
+    rc, last, b_s = run_logged(
+        [*train, str(b), "--data-dir", str(data)], logs / "train-b.log", clock.timeout(plan), env
+    )
     result |= {"run_b_s": b_s, "killed_at": killed}
     if rc != 0:
         return result | {"status": f"run B (resume) failed (exit {rc}): {last[-300:]}"}
@@ -381,7 +387,7 @@ def round_trip(metas: dict[int, dict[str, Any]], data: Path, logs: Path, clock: 
         if meta["_pruned"]:
             continue
         cmd = [sys.executable, str(ROOT / "evaluate.py"), meta["_dir"], "--data-dir", str(data)]
-        rc, last, seconds = _run(cmd, logs / f"evaluate-{step}.log", min(clock.left(), plan.part_cap_s))
+        rc, last, seconds = run_logged(cmd, logs / f"evaluate-{step}.log", min(clock.left(), plan.part_cap_s))
         found = re.search(r"loss ([\d.]+) \|", (logs / f"evaluate-{step}.log").read_text())
         if rc != 0 or found is None:
             rows.append({"step": step, "status": f"failed (exit {rc}): {last[-200:]}"})

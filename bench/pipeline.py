@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from bench.gpu import run_logged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,21 +68,9 @@ def _copy_run(name: str, work: Path, smoke: bool) -> Path:
 
 def _stage(name: str, args: list[str], logs: Path, timeout: float) -> dict[str, Any]:
     """One command in a fresh process; its row (exit status, last line, seconds)."""
-    log = logs / f"{name}.log"
-    started = time.monotonic()
-    with log.open("w") as f:
-        f.write(" ".join(args) + "\n")
-        f.flush()
-        try:
-            rc = subprocess.run(
-                [sys.executable, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, check=False
-            ).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    lines = [line for line in log.read_text().splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else ""
+    rc, last, seconds = run_logged([sys.executable, *args], logs / f"{name}.log", timeout)
     status = "ok" if rc == 0 else f"failed (exit {rc}): {last[-200:]}"
-    return {"stage": name, "command": " ".join(args), "status": status, "last": last, "s": time.monotonic() - started}
+    return {"stage": name, "command": " ".join(args), "status": status, "last": last, "s": seconds}
 
 
 def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[str, Any]:

@@ -4,12 +4,11 @@
     plan.model_cfg(model_cfg), plan.train_cfg(train_cfg)    # what the model and the optimiser are built with
     split_rows(array, plan.split)                           # each step's (k, B, T) batch -> (k*s, B/s, T)
 
-Where the device reports its memory (a GPU, a TPU: `device_memory`), each candidate step is compiled
-in turn, from the run as configured to the most frugal, and the first whose compiled program XLA
-fits in the device's memory is taken: model.json's loss_chunk, then remat "dots" and "full", then the
-configured microbatch run as 2, 4, ... smaller ones with as many more accumulation steps. The global
-batch, the rows of each step and the order of the data stay the same: only how the step computes
-them changes. A CPU compiles nothing ahead: the run as configured.
+Where the device reports its memory (a GPU, a TPU), each candidate step is compiled in turn, from
+the run as configured to the most frugal, and the first whose program XLA fits in the memory is
+taken: loss_chunk, then remat "dots" and "full", then each configured microbatch run as 2, 4, ...
+smaller ones with as many more accumulation steps. The global batch, each step's rows and the data
+order stay: only how the step computes them changes. A CPU compiles nothing ahead.
 """
 
 from __future__ import annotations
