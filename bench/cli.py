@@ -13,13 +13,14 @@
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
     python3 -m bench pipeline --out pipeline                  # the README's workflow once on this device, shortened
+    python3 -m bench reference runs/gpt2-small --batch 4      # our step against a plain JAX + optax one
     uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
     uv run -m bench serve --memory                            # serve.py's resident memory after 100 and 2,000 requests
     uv run -m bench engine                                    # the engine at the RL sampling shape: 1 row vs 16
 
 Each benchmark is a module of this folder with a `bench_<name>(...) -> dict` (loader.py: data, gemv.py,
-train_step.py: train, compare.py, decode.py: generate, gpu.py, pipeline.py, tokenizing.py: tokenize,
-serve.py, engine.py); this file is their command line:
+train_step.py: train, compare.py, decode.py: generate, gpu.py, pipeline.py, jax_reference.py: reference,
+tokenizing.py: tokenize, serve.py, engine.py); this file is their command line:
 a parser hook `_add_<name>_args` and a runner `_run_<name>` per entry of SUBCOMMANDS. The PyTorch
 sides of compare and generate (torch_step.py, torch_generate.py) run in the reference interpreter
 that --torch-python or $JAXGPT_TORCH_PYTHON names; with neither, their torch side is skipped.
@@ -406,6 +407,35 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     return gpu.bench_gpu(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
 
 
+# ----------------------------------------------------------------------------- reference
+
+SMOKE_REFERENCE = ["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=64", "vocab_size=257"]
+
+
+def _add_reference_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, nargs="?", default=Path("runs/gpt2-small"), help="default: %(default)s")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step, both sides (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window (default: %(default)s)")
+    parser.add_argument("--windows", type=int, default=3, help="timed windows (default: %(default)s)")
+    parser.add_argument(
+        "--model", action="append", default=[], metavar="KEY=VALUE", help="override a model.json key on our side"
+    )
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code on any CPU")
+
+
+def _run_reference(args: argparse.Namespace) -> dict[str, Any]:
+    """bench.jax_reference: our step against a plain JAX + optax one, in one process."""
+    from bench.jax_reference import bench_reference
+
+    model_cfg, train_cfg = load_run_configs(args.run)
+    items = (SMOKE_REFERENCE if args.cpu_smoke else []) + args.model
+    if items:
+        model_cfg = with_overrides(model_cfg, items, "--model")
+    return bench_reference(
+        model_cfg, train_cfg, batch=2 if args.cpu_smoke else args.batch, steps=args.steps, windows=args.windows
+    )
+
+
 # ----------------------------------------------------------------------------- pipeline
 
 
@@ -550,6 +580,7 @@ SUBCOMMANDS: dict[
     ),
     "gpu": ("the one-shot accelerator check: 124M train step, training + resume, generation", _add_gpu_args, _run_gpu),
     "pipeline": ("the README's workflow once on this device, a row per stage", _add_pipeline_args, _run_pipeline),
+    "reference": ("our train step against a plain JAX + optax step of GPT-2", _add_reference_args, _run_reference),
     "serve": (
         "serve.py's tokens/s and time to first token with 1, 4 and 16 streaming clients at once",
         _add_serve_args,
