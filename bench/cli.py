@@ -12,8 +12,6 @@
     uv run -m bench tokenize --rounds 3                   # download_dataset.py text vs tiktoken's batch, 100 MB
     uv run -m bench generate --single --batch-size 4          # one process: KV-cache sampling vs full forward (124M)
     python3 -m bench gpu --out gpu-check                      # on an accelerator machine; --cpu-smoke anywhere
-    python3 -m bench pipeline --out pipeline                  # the README's workflow once on this device, shortened
-    python3 -m bench reference runs/gpt2-small --batch 4      # our step against a plain JAX + optax one
     uv run -m bench serve                                     # serve.py, 1 / 4 / 16 streaming clients: tokens/s, TTFT
     uv run -m bench serve --memory                            # serve.py's resident memory after 100 and 2,000 requests
     uv run -m bench engine                                    # the engine at the RL sampling shape: 1 row vs 16
@@ -387,14 +385,14 @@ def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- gpu
 
 
-def _add_gpu_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("gpu-check"),
-        help="writes OUT.json, OUT.md and the logs under OUT.logs/ (default: %(default)s)",
-    )
+def _add_out_and_smoke(parser: argparse.ArgumentParser, out: str) -> None:
+    """The one-shot checks' (gpu, pipeline) --out and --cpu-smoke."""
+    parser.add_argument("--out", type=Path, default=Path(out), help="writes OUT.json, OUT.md, logs in OUT.logs/")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code paths on any CPU")
+
+
+def _add_gpu_args(parser: argparse.ArgumentParser) -> None:
+    _add_out_and_smoke(parser, "gpu-check")
     parser.add_argument(
         "--budget", type=float, default=480.0, help="seconds for the whole check (default: %(default)s)"
     )
@@ -409,41 +407,31 @@ def _run_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- reference
 
-SMOKE_REFERENCE = ["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=64", "vocab_size=257"]
-
 
 def _add_reference_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, nargs="?", default=Path("runs/gpt2-small"), help="default: %(default)s")
     parser.add_argument("--batch", type=int, default=4, help="sequences per step, both sides (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window (default: %(default)s)")
     parser.add_argument("--windows", type=int, default=3, help="timed windows (default: %(default)s)")
-    parser.add_argument(
-        "--model", action="append", default=[], metavar="KEY=VALUE", help="override a model.json key on our side"
-    )
+    parser.add_argument("--model", action="append", default=[], metavar="KEY=VALUE", help="a model.json key, ours")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes: the same code on any CPU")
 
 
 def _run_reference(args: argparse.Namespace) -> dict[str, Any]:
     """bench.jax_reference: our step against a plain JAX + optax one, in one process."""
-    from bench.jax_reference import bench_reference
+    from bench.jax_reference import SMOKE_MODEL, bench_reference
 
     model_cfg, train_cfg = load_run_configs(args.run)
-    items = (SMOKE_REFERENCE if args.cpu_smoke else []) + args.model
-    if items:
-        model_cfg = with_overrides(model_cfg, items, "--model")
-    return bench_reference(
-        model_cfg, train_cfg, batch=2 if args.cpu_smoke else args.batch, steps=args.steps, windows=args.windows
-    )
+    model_cfg = with_overrides(model_cfg, (SMOKE_MODEL if args.cpu_smoke else []) + args.model, "--model")
+    batch = 2 if args.cpu_smoke else args.batch
+    return bench_reference(model_cfg, train_cfg, batch=batch, steps=args.steps, windows=args.windows)
 
 
 # ----------------------------------------------------------------------------- pipeline
 
 
 def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", type=Path, default=Path("pipeline"), help="writes OUT.json, OUT.md, logs under OUT.logs/"
-    )
-    parser.add_argument("--cpu-smoke", action="store_true", help="shorter runs: the same stages on any CPU")
+    _add_out_and_smoke(parser, "pipeline")
 
 
 def _run_pipeline(args: argparse.Namespace) -> dict[str, Any]:

@@ -315,7 +315,8 @@ def _measured_peak(size: int, logs: Path, clock: Clock) -> dict[str, Any]:
 
 
 def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> dict[str, Any]:
-    """Train run A to the end; resume run B from A's first checkpoint; compare their losses."""
+    """Train run A to the end, its checkpoints evaluated; run B killed after its first checkpoint and
+    resumed; their losses compared."""
     if clock.left() < plan.part_seconds["train"]:
         return {"status": "skipped: time budget spent"}
     env = os.environ.copy()
@@ -328,15 +329,12 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
         (run / "model.json").write_text(json.dumps(plan.small_model, indent=2))
         (run / "train.json").write_text(json.dumps(plan.small_train, indent=2))
     train = [sys.executable, str(ROOT / "train.py")]
-    rc, last, a_s = run_logged(
-        [*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env
-    )
+    cmd_a, cmd_b = [*train, str(a), "--data-dir", str(data)], [*train, str(b), "--data-dir", str(data)]
+    rc, last, a_s = run_logged(cmd_a, logs / "train-a.log", clock.timeout(plan), env)
     if rc != 0 and on_gpu and "nknown flag" in (logs / "train-a.log").read_text():  # an XLA without that flag
         env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(DETERMINISTIC, "").strip()
         shutil.rmtree(a / "checkpoints", ignore_errors=True)
-        rc, last, a_s = run_logged(
-            [*train, str(a), "--data-dir", str(data)], logs / "train-a.log", clock.timeout(plan), env
-        )
+        rc, last, a_s = run_logged(cmd_a, logs / "train-a.log", clock.timeout(plan), env)
     result: dict[str, Any] = {"xla_flags": env.get("XLA_FLAGS", ""), "run_a_s": a_s}
     if rc != 0:
         return result | {"status": f"run A failed (exit {rc}): {last[-300:]}"}
@@ -344,27 +342,26 @@ def training(plan: Plan, work: Path, logs: Path, clock: Clock, on_gpu: bool) -> 
     first = min(s for s, m in metas_a.items() if not m["_pruned"])
     result["round_trip"] = round_trip(metas_a, data, logs, clock, plan)
     # Run B: the same run, killed (SIGKILL) once its first checkpoint is written, then resumed.
-    killed = _kill_after_checkpoint(
-        [*train, str(b), "--data-dir", str(data)], b, first, logs / "train-b-killed.log", env
-    )
-    rc, last, b_s = run_logged(
-        [*train, str(b), "--data-dir", str(data)], logs / "train-b.log", clock.timeout(plan), env
-    )
+    killed = _kill_after_checkpoint(cmd_b, b, first, logs / "train-b-killed.log", env)
+    rc, last, b_s = run_logged(cmd_b, logs / "train-b.log", clock.timeout(plan), env)
     result |= {"run_b_s": b_s, "killed_at": killed}
     if rc != 0:
         return result | {"status": f"run B (resume) failed (exit {rc}): {last[-300:]}"}
-    metas_b = _metas(b)
-    # the per-step losses come from each run's record (metrics.jsonl); B's starts after `first`
+    return result | _compared(a, b, first, metas_a)
+
+
+def _compared(a: Path, b: Path, first: int, metas_a: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Run A's losses and checkpoints, and B's per-step losses after `first` against A's (metrics.jsonl)."""
     loss_a = dict(zip(*read_record(a).series("train/loss")))
     loss_b = dict(zip(*read_record(b).series("train/loss")))
     pairs = [(loss_a[s], loss_b[s]) for s in sorted(loss_b) if s > first and s in loss_a]
     diff = max((abs(x - y) for x, y in pairs), default=float("nan"))
     losses = [loss_a[s] for s in sorted(loss_a)]
     head, tail = losses[:10], losses[-10:]
-    return result | {
+    return {
         "status": "ok",
         "checkpoints_a": sorted(metas_a),
-        "checkpoints_b": sorted(metas_b),
+        "checkpoints_b": sorted(_metas(b)),
         "resumed_from": first,
         "steps": len(losses),
         "loss_first10": sum(head) / len(head),

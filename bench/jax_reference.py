@@ -22,6 +22,8 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig, TrainConfig
 
+SMOKE_MODEL = ["n_layers=2", "emb_dim=32", "n_heads=2", "context_length=64", "vocab_size=257"]  # --cpu-smoke
+
 
 def init_params(cfg: ModelConfig, seed: int = 0) -> dict[str, Any]:
     """GPT-2's parameters, layers stacked (L, ...), N(0, 0.02) matrices (projections / sqrt(2L))."""
