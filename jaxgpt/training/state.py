@@ -22,7 +22,7 @@ from jaxgpt.distributed import sharding
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training import mfu, muon
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
-from jaxgpt.training.train_step import StepRunner
+from jaxgpt.training.train_step import PolicyLoss, StepRunner
 
 if TYPE_CHECKING:
     from jaxgpt.training.progress import Progress, Window
@@ -68,10 +68,10 @@ def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
 
 
 def build_state(
-    run: Run, log: Callable[[str], None], *, optimizer_steps: int | None = None, clip: float | None = None
+    run: Run, log: Callable[[str], None], *, optimizer_steps: int | None = None, policy: PolicyLoss | None = None
 ) -> tuple[TrainState, dict[str, Any]]:
     """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run).
-    optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio."""
+    optimizer_steps: the schedule's length (default run.total_steps); policy: RL's loss terms."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     steps = optimizer_steps or run.total_steps
     compute_dtype = _compute_dtype(run, log)
@@ -100,7 +100,7 @@ def build_state(
     state = TrainState(
         model,
         optimizer,
-        StepRunner(model, optimizer, clip),
+        StepRunner(model, optimizer, policy),
         mesh,
         sharding.local_rows(mesh, cfg.microbatch_size),
         make_schedule(cfg, steps),
