@@ -8,6 +8,7 @@ a ConfigError of one line naming train.json, the key and the value.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,7 +53,9 @@ class PromptSet:
 class RLConfig:
     """Per step: prompts_per_step prompts, samples_per_prompt answers each from the current weights,
     each rewarded; advantage = reward minus its group's mean (option: over its standard deviation);
-    loss = minus the mean over the sampled tokens of log-probability times advantage."""
+    loss = minus the mean over the sampled tokens of log-probability times advantage, plus kl_coef times
+    the mean over them of the k3 KL estimate to init_from's weights, plus sft_coef times the mean
+    cross-entropy of sft_rows rows of init_from's fine-tuning data."""
 
     prompts: PromptSet  # what is trained on
     validation: PromptSet | None = None  # held out, scored at each validation; null: builtin's held-out questions
@@ -67,6 +70,14 @@ class RLConfig:
     updates_per_batch: int = 1
     clip_ratio: float = 0.2
     validation_samples: int = 8  # k of pass@k at each validation (pass@1 is the mean over the k)
+    # The leashes to the starting policy (docs/fine-tuning.md "Holding on to what the model knew"), each
+    # off at 0. kl_coef: weight of the per-sampled-token k3 estimate of KL(policy || init_from's weights),
+    # exp(ref - logp) - (ref - logp) - 1, the reference log-probs a forward of the frozen weights per batch.
+    kl_coef: float = 0.0
+    # sft_rows: rows of init_from's own fine-tuning data (its train.json's dataset, packed as it trained
+    # on them) trained on beside each step's samples, their mean cross-entropy weighted by sft_coef.
+    sft_rows: int = 0
+    sft_coef: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"{TRAIN_FILE}: rl"
@@ -88,6 +99,12 @@ class RLConfig:
             raise ConfigError(f"{where}.clip_ratio={self.clip_ratio} must be in (0, 1)")
         if self.validation_samples < 1:
             raise ConfigError(f"{where}.validation_samples={self.validation_samples} must be >= 1")
+        if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):
+            raise ConfigError(f"{where}.kl_coef={self.kl_coef} must be a finite number >= 0 (0: no KL term)")
+        if self.sft_rows < 0:
+            raise ConfigError(f"{where}.sft_rows={self.sft_rows} must be >= 0 (0: no fine-tuning rows)")
+        if not (self.sft_coef > 0 and math.isfinite(self.sft_coef)):
+            raise ConfigError(f"{where}.sft_coef={self.sft_coef} must be a finite number > 0")
         if self.validation is None and self.prompts.task != "builtin":
             raise ConfigError(f"{where}.validation: give held-out prompts for task {self.prompts.task!r}")
 
@@ -116,6 +133,11 @@ class RLConfig:
             raise ConfigError(
                 f"{where}: {', '.join(given)}: no meaning in an rl run (its prompts are rl.prompts, its "
                 f"length train_steps); leave them out"
+            )
+        if self.sft_rows % train.gradient_accumulation_steps:
+            raise ConfigError(
+                f"{where}: rl.sft_rows={self.sft_rows} must divide by gradient_accumulation_steps="
+                f"{train.gradient_accumulation_steps} (each microbatch takes as many fine-tuning rows)"
             )
         if train.sequences_per_step != self.samples_per_step:
             raise ConfigError(

@@ -52,7 +52,7 @@ def loss_sum(
     return -(token_logprobs(model, inputs, targets, rngs, segments) * weights).sum()
 
 
-def policy_loss_sum(
+def policy_loss_sums(
     model: nnx.Module,
     inputs: jax.Array,
     targets: jax.Array,
@@ -60,18 +60,31 @@ def policy_loss_sum(
     advantages: jax.Array,
     old_logprobs: jax.Array | None = None,
     clip: float | None = None,
+    ref_logprobs: jax.Array | None = None,
     rngs: nnx.Rngs | None = None,
-) -> jax.Array:
-    """RL's loss, summed: minus sum over the sampled tokens (weights 1) of logprob x advantage (REINFORCE
-    with the group's baseline). With old_logprobs (the weights that drew the samples): PPO's clipped
-    surrogate, minus the sum of min(r A, clip(r, 1 - clip, 1 + clip) A), r = exp(logprob - old). All (B, T)."""
+) -> dict[str, jax.Array]:
+    """RL's loss terms, each summed over the sampled tokens (weights 1), from one forward pass. "policy":
+    minus the sum of logprob x advantage (REINFORCE with the group's baseline); with old_logprobs (the
+    weights that drew the samples) PPO's clipped surrogate, minus the sum of min(r A, clip(r, 1 - clip,
+    1 + clip) A), r = exp(logprob - old). "kl", with ref_logprobs: the sum of kl_k3. All (B, T)."""
     logp = token_logprobs(model, inputs, targets, rngs)
     if old_logprobs is None:
         objective = logp * advantages
     else:
         ratio = jnp.exp(logp - old_logprobs)
         objective = jnp.minimum(ratio * advantages, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * advantages)
-    return -(objective * weights).sum()
+    sums = {"policy": -(objective * weights).sum()}
+    if ref_logprobs is not None:
+        sums["kl"] = (kl_k3(logp, ref_logprobs) * weights).sum()
+    return sums
+
+
+def kl_k3(logp: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """Per sampled token, Schulman's k3 estimate of KL(policy || reference): exp(d) - d - 1 with
+    d = ref - logp. Unbiased for tokens drawn from the policy, never negative (unlike k1 = -d), and of
+    low variance where the two are close; its gradient is (1 - exp(d)) times logp's (GRPO's KL term)."""
+    d = ref_logprobs - logp
+    return jnp.exp(d) - d - 1.0
 
 
 def token_logprobs(

@@ -7,8 +7,11 @@ Step s takes the prompts pool.for_step(s) and draws rl.samples_per_prompt answer
 seeds of (seed, s) (prompts.sample_seed): a resumed run draws exactly the samples the uninterrupted one
 did. The update is the train step's (train_step.py) on a Batch whose advantages make its loss minus the
 mean over the sampled tokens of logprob x advantage; rl.updates_per_batch > 1 takes that many optimiser
-steps on one batch with PPO's clipped ratio against the sampling weights. Validation scores the held-out
-prompts greedily (exact: the run's `best`) and with rl.validation_samples samples (pass@1, pass@k).
+steps on one batch with PPO's clipped ratio against the sampling weights. rl.kl_coef adds the k3 KL to
+init_from's frozen weights (their logprobs computed once per batch, riding in it as the samplers' do);
+rl.sft_rows adds rows of init_from's fine-tuning data (row s: a pure function of (seed, s), as the
+samples). Validation scores the held-out prompts greedily (exact: the run's `best`) and with
+rl.validation_samples samples (pass@1, pass@k).
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from tqdm import tqdm
 
 from jaxgpt import ops
 from jaxgpt.checkpoints import store as ckpt
-from jaxgpt.config import to_dict
+from jaxgpt.config import ConfigError, to_dict
 from jaxgpt.conversations.assistant import Assistant
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.distributed import sharding
 from jaxgpt.evaluation.chat_eval import score_task
 from jaxgpt.generation.engine import Request
 from jaxgpt.generation.sampling import SamplingParams
+from jaxgpt.model.gpt import build_model
 from jaxgpt.model.loss import token_logprobs
 from jaxgpt.rl.prompts import sample_seed
 from jaxgpt.rl.samples import group_advantages, sample_rows
@@ -42,7 +47,7 @@ from jaxgpt.training import memory
 from jaxgpt.training.jobs import Job, run_jobs
 from jaxgpt.training.optimizer import part_rates
 from jaxgpt.training.state import build_state, memory_limit
-from jaxgpt.training.train_step import step_key
+from jaxgpt.training.train_step import PolicyLoss, step_key
 
 if TYPE_CHECKING:
     from jaxgpt.rl.run import RLRun
@@ -86,16 +91,25 @@ class Session:
 
     def __init__(self, run: RLRun, stop: StopFlag) -> None:
         self.run, self.cfg, self.rl, self.stop = run, run.train_cfg, run.train_cfg.rl, stop
-        u = self.rl.updates_per_batch
+        u, rl = self.rl.updates_per_batch, self.rl
+        policy = PolicyLoss(clip=rl.clip_ratio, kl=rl.kl_coef, sft=rl.sft_coef)
         rows, row_bytes = self._engine_rows()
         self.state, meta = build_state(
             run,
             print,
             optimizer_steps=run.total_steps * u,
-            clip=self.rl.clip_ratio,
+            policy=policy,
             max_split=1,
             reserve=rows * row_bytes,
+            sample=self._planning_batch(),
         )
+        data = self.state.mesh.shape[sharding.DATA]
+        if run.mix is not None and run.mix.microbatch_size % data:
+            raise ConfigError(
+                f"{run.run_dir}/train.json: rl.sft_rows={rl.sft_rows} gives {run.mix.microbatch_size} fine-tuning rows "
+                f"a microbatch, which do not divide by the mesh data axis ({data} devices)"
+            )
+        self.reference = _reference(run, self.state.mesh) if rl.kl_coef > 0 else None
         self.start = meta.get("step", 0)
         self.best = meta.get("best_score")
         self.started = time.perf_counter()
@@ -125,6 +139,17 @@ class Session:
             print(f"sampling engine: {rows} rows for the {wanted} samples a step (their KV cache: {cache})")
         return rows, row_bytes
 
+    def _planning_batch(self) -> Batch:
+        """A step's batch as _update gives the step, its fields and shapes (what the memory plan compiles)."""
+        cfg, n, k = self.cfg, self.rl.samples_per_step, self.cfg.gradient_accumulation_steps
+        batch = sample_rows([[0]] * n, [[0]] * n, np.zeros(n), cfg.seq_len(self.run.model_cfg), k)
+        zeros = np.zeros(batch.inputs.shape, np.float32)
+        return batch._replace(
+            mix=None if self.run.mix is None else self.run.mix.batch(0, k),
+            ref_logprobs=zeros if self.rl.kl_coef > 0 else None,
+            old_logprobs=zeros if self.rl.updates_per_batch > 1 else None,
+        )
+
     def _weights(self) -> None:
         """The engine draws from the weights the last step left."""
         self.state.step.sync()
@@ -144,6 +169,8 @@ class Session:
             "rl/answer_tokens": tokens / len(drawn),
             "rl/sampling_tokens_per_s": tokens / max(sampled_s, 1e-9),
             "train/loss": float(stats["loss"]),
+            **({"rl/kl": float(stats["kl"])} if "kl" in stats else {}),
+            **({"rl/sft_loss": float(stats["sft_loss"])} if "sft_loss" in stats else {}),
             "optim/lr": float(stats["learning_rate"]),
             "optim/grad_norm": float(stats["grad_norm"]),
             "optim/skipped": float(stats["skipped_step"]),
@@ -180,7 +207,11 @@ class Session:
             cfg.seq_len(self.run.model_cfg),
             cfg.gradient_accumulation_steps,
         )
+        if self.run.mix is not None:
+            batch = batch._replace(mix=self.run.mix.batch(step, cfg.gradient_accumulation_steps))
         batch = batch.map(lambda a: sharding.put_batch(a, self.state.mesh, cfg.microbatch_size))
+        if self.reference is not None:  # once per batch, from the frozen starting weights
+            batch = batch._replace(ref_logprobs=_logprobs(*self.reference, batch.inputs, batch.targets))
         u = self.rl.updates_per_batch
         if u > 1:  # the ratio's denominator: the weights that drew the samples
             batch = batch._replace(old_logprobs=_logprobs(*nnx.split(self.state.model), batch.inputs, batch.targets))
@@ -254,8 +285,20 @@ class Session:
             "mesh": dict(self.state.mesh.shape),
             "compute_dtype": self.state.compute_dtype,
             "data_position": {"next_step": done, "prompts": len(self.run.prompts.ids)},
+            "reference": None if self.run.reference is None else str(self.run.reference),
             "rng": {"seed": self.cfg.seed, "next_step": done, "scheme": "samples: SeedSequence([seed, step, prompt])"},
         }
+
+
+def _reference(run: RLRun, mesh: Any) -> tuple[nnx.GraphDef, nnx.State]:
+    """init_from's weights, frozen, on the mesh as the model's are: no optimiser state, no gradients."""
+    cfg = run.train_cfg
+    model = sharding.create_sharded(
+        lambda: build_model(run.model_cfg, seed=cfg.seed), mesh, cfg.mesh.fsdp, where=f"{run.run_dir}/model.json"
+    )
+    ckpt.load_weights(model, run.reference / ckpt.WEIGHTS)
+    print(f"KL reference: {run.reference} (rl.kl_coef {cfg.rl.kl_coef})")
+    return nnx.split(model)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -1,5 +1,6 @@
-"""An RL run's set-up: train.json's rl section, the fine-tuned checkpoint it starts from, its chat template
-and tokenizer, the prompts and the resume point, all checked before JAX starts (one line per problem).
+"""An RL run's set-up: train.json's rl section, the fine-tuned checkpoint it starts from (and holds on to:
+the KL's reference weights, the fine-tuning rows mixed in), its chat template and tokenizer, the prompts
+and the resume point, all checked before JAX starts (one line per problem).
 
     run = prepare_rl_run(Path("runs/tiny-rl"), data_root=Path("data"), restart=False)
 """
@@ -12,8 +13,12 @@ from pathlib import Path
 
 from jaxgpt.checkpoints import layout as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_run_configs, to_dict
+from jaxgpt.conversations.rows import ConversationRows
 from jaxgpt.conversations.template import TEMPLATE_FILE, ChatTemplate, TemplateError, read_template
+from jaxgpt.data.errors import DataError
+from jaxgpt.data.storage.shards import open_dataset
 from jaxgpt.data.tokenizer import TOKENIZER_FILE, Tokenizer, TrainedTokenizer
+from jaxgpt.preparation.prepare import prepare_dataset
 from jaxgpt.rl.prompts import PromptPool, read_prompt_set
 from jaxgpt.tasks.base import Task
 from jaxgpt.training.run import RUNTIME_KEYS, check_writable, init_checkpoint, lock_run, resume_point
@@ -37,6 +42,10 @@ class RLRun:
     prompts: PromptPool
     validation: list[Task]  # held out: scored at each validation
     tokenizer: TrainedTokenizer | None = None  # a trained tokenizer: each checkpoint keeps its file
+    # init_from's checkpoint, resumed or not, where rl.kl_coef or rl.sft_rows hold on to it: the KL's
+    # reference weights and the fine-tuning data's source
+    reference: Path | None = None
+    mix: ConversationRows | None = None  # rl.sft_rows: init_from's fine-tuning rows, rl.sft_rows per step
 
     def checkpoint_files(self) -> dict[str, bytes]:
         """What every checkpoint holds besides weights: the chat template (and a trained tokenizer's file)."""
@@ -65,6 +74,12 @@ def prepare_rl_run(run_dir: Path, *, data_root: Path, restart: bool, processes: 
     init_from = init_checkpoint(run_dir, model_cfg, train_cfg) if resume_from is None else None
     if resume_from is not None:
         _check_resume(run_dir, resume_from, model_cfg, train_cfg)
+    rl = train_cfg.rl
+    reference = None
+    if rl.kl_coef > 0 or rl.sft_rows > 0:
+        reference = init_from or init_checkpoint(run_dir, model_cfg, train_cfg)
+        if resume_from is not None:
+            _check_reference(run_dir, resume_from, reference)
     source = resume_from or init_from
     template = read_template(source)
     if template is None:
@@ -86,7 +101,51 @@ def prepare_rl_run(run_dir: Path, *, data_root: Path, restart: bool, processes: 
         _pool(run_dir, model_cfg, train_cfg, template, tok),
         read_prompt_set(train_cfg.rl.validation or train_cfg.rl.prompts, run_dir, "validation"),
         tok if isinstance(tok, TrainedTokenizer) else None,
+        reference,
+        _mix(run_dir, model_cfg, train_cfg, reference, data_root) if rl.sft_rows else None,
     )
+
+
+def _check_reference(run_dir: Path, resumed: Path, reference: Path) -> None:
+    """A resumed run holds on to the weights it started from: init_from must still name them."""
+    was = ckpt.read_meta(resumed).get("reference")
+    if was is not None and Path(was) != reference:
+        raise ConfigError(
+            f"{run_dir}/train.json: init_from={reference} is not the checkpoint {resumed.name} started from "
+            f"({was}), whose weights its KL term and fine-tuning rows hold on to; restore it or use --restart"
+        )
+
+
+def _mix(run_dir: Path, model: ModelConfig, train: TrainConfig, reference: Path, data_root: Path) -> ConversationRows:
+    """rl.sft_rows: the rows init_from was fine-tuned on (its train.json's dataset, packed as it packed
+    them), rl.sft_rows / gradient_accumulation_steps a microbatch, shuffled by the run's seed."""
+    where = f"{run_dir}/train.json: rl.sft_rows={train.rl.sft_rows}"
+    saved = ckpt.read_configs(reference).get("train.json")
+    if saved is None:
+        raise ConfigError(f"{where}: init_from {reference} holds no train.json to take its fine-tuning data from")
+    tuned = from_dict(TrainConfig, saved, f"{reference}/train.json")
+    if tuned.packing != "conversations":
+        raise ConfigError(
+            f"{where}: init_from {reference} was not fine-tuned on conversations (dataset "
+            f"{tuned.dataset.source!r}, packing {tuned.packing!r}): there are no fine-tuning rows to mix in"
+        )
+    if tuned.tokenizer != train.tokenizer:
+        raise ConfigError(f"{where}: init_from's data is {tuned.tokenizer!r} tokens, this run's {train.tokenizer!r}")
+    try:
+        dataset = open_dataset(
+            prepare_dataset(tuned.dataset.source, tuned.tokenizer, data_root, options=tuned.dataset.options)
+        )
+        options = dataset.manifest["options"]
+        return ConversationRows(
+            dataset.train,
+            microbatch_size=train.rl.sft_rows // train.gradient_accumulation_steps,
+            seq_len=tuned.seq_len(model),
+            seed=train.seed,
+            too_long=options["too_long"],
+            pack=options["pack"],
+        )
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
 
 
 def _pool(run_dir: Path, model: ModelConfig, train: TrainConfig, template: ChatTemplate, tok: Tokenizer) -> PromptPool:
@@ -122,6 +181,10 @@ def _check_resume(run_dir: Path, found: Path, model: ModelConfig, train: TrainCo
                     f"use --restart to train a new model"
                 )
     old_train, now = saved.get("train.json") or {}, to_dict(train)
+    try:  # through today's loader: keys added since (rl.kl_coef, ...) take their defaults
+        old_train = to_dict(from_dict(TrainConfig, old_train, f"{found}/train.json"))
+    except ConfigError:
+        pass  # a key since removed: compare what is there
     for key in _SAMPLES_KEYS:
         if key in old_train and old_train[key] != now[key]:
             raise ConfigError(

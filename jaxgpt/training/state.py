@@ -19,11 +19,12 @@ import numpy as np
 from jaxgpt import ops
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError
+from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.distributed import sharding
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training import memory, mfu, muon
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
-from jaxgpt.training.train_step import StepRunner, compile_step
+from jaxgpt.training.train_step import PolicyLoss, StepRunner, compile_step
 
 if TYPE_CHECKING:
     from jaxgpt.training.progress import Progress, Window
@@ -69,11 +70,13 @@ def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
     return dtype
 
 
-def step_bytes(run: Run, mesh: Any, steps: int, clip: float | None, plan: memory.Plan) -> int | None:
+def step_bytes(
+    run: Run, mesh: Any, steps: int, policy: PolicyLoss | None, plan: memory.Plan, sample: Batch
+) -> int | None:
     """What the run's train step needs on a device of `mesh` under `plan`, from XLA's compiled program
-    (no array is made); None, or the figure of its refusal, where the compiler refused it for want of memory."""
+    (no array is made; `sample`: a step's batch, its fields, dtypes and lengths); None, or the figure
+    of its refusal, where the compiler refused it for want of memory."""
     cfg = run.train_cfg
-    sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)  # the fields, their dtypes and lengths
     batch = sample.map(
         lambda a: jax.ShapeDtypeStruct(
             memory.split_rows(a, plan.split).shape, a.dtype, sharding=sharding.batch_sharding(mesh, a.ndim)
@@ -81,7 +84,7 @@ def step_bytes(run: Run, mesh: Any, steps: int, clip: float | None, plan: memory
     )
     try:
         return memory.compiled_bytes(
-            compile_step(plan.model_cfg(run.model_cfg), plan.train_cfg(cfg), steps, mesh, batch, clip)
+            compile_step(plan.model_cfg(run.model_cfg), plan.train_cfg(cfg), steps, mesh, batch, policy)
         )
     except Exception as e:  # XLA's refusal for want of memory (a TPU's compiler says so); others raise
         if not memory.is_out_of_memory(e):
@@ -100,10 +103,11 @@ def _memory_plan(
     run: Run,
     mesh: Any,
     steps: int,
-    clip: float | None,
+    policy: PolicyLoss | None,
     log: Callable[[str], None],
     max_split: int | None,
     reserve: int,
+    sample: Batch | None,
 ) -> memory.Plan:
     """The run as configured, or on a device whose memory is known (train.json memory_plan "auto")
     the first plan whose compiled step fits it, less `reserve` bytes (memory.py), said in one line."""
@@ -113,10 +117,12 @@ def _memory_plan(
     if cfg.memory_plan == "off" or limit is None:
         return configured
     limit -= reserve
+    if sample is None:
+        sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)
     plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split)
     plan, needed = memory.choose(
         plans,
-        lambda p: step_bytes(run, mesh, steps, clip, p),
+        lambda p: step_bytes(run, mesh, steps, policy, p, sample),
         limit,
         f"{run.run_dir}/train.json",
         lambda p: p.describe(cfg),
@@ -131,14 +137,16 @@ def build_state(
     log: Callable[[str], None],
     *,
     optimizer_steps: int | None = None,
-    clip: float | None = None,
+    policy: PolicyLoss | None = None,
     max_split: int | None = None,
     reserve: int = 0,
+    sample: Batch | None = None,
 ) -> tuple[TrainState, dict[str, Any]]:
     """The session's state, and the meta.json of the checkpoint it resumed from ({}: a new run).
-    optimizer_steps: the schedule's length (default run.total_steps); clip: RL's clipped ratio;
+    optimizer_steps: the schedule's length (default run.total_steps); policy: RL's loss terms;
     max_split: the most smaller microbatches the memory plan may run a configured one as; reserve:
-    device bytes the step must leave free (RL's sampling engine)."""
+    device bytes the step must leave free (RL's sampling engine); sample: a step's (k, B, T) batch as
+    the step takes it, for the plan (default: the run's first)."""
     cfg, mcfg = run.train_cfg, run.model_cfg
     steps = optimizer_steps or run.total_steps
     compute_dtype = _compute_dtype(run, log)
@@ -147,7 +155,7 @@ def build_state(
     except ConfigError as e:  # "train.json: ...": which run's
         raise ConfigError(f"{run.run_dir}/{e}") from None
 
-    plan = _memory_plan(run, mesh, steps, clip, log, max_split, reserve)
+    plan = _memory_plan(run, mesh, steps, policy, log, max_split, reserve, sample)
     run_mcfg, run_cfg = plan.model_cfg(mcfg), plan.train_cfg(cfg)  # what the step computes with
 
     def build() -> tuple[Any, Any]:
@@ -171,7 +179,7 @@ def build_state(
         plan,
         model,
         optimizer,
-        StepRunner(model, optimizer, clip),
+        StepRunner(model, optimizer, policy),
         mesh,
         sharding.local_rows(mesh, cfg.microbatch_size),
         make_schedule(cfg, steps),

@@ -4,6 +4,7 @@
     losses, stats = runner(Batch(inputs, targets), step_key(seed, step))
     runner.sync()                                   # before reading model or optimizer
     losses, stats = train_step(model, optimizer, Batch(inputs, targets), key)   # the same, once
+    StepRunner(model, optimizer, PolicyLoss(clip=0.2, kl=0.05, sft=1.0))      # RL's terms' coefficients
 
 A step is a pure function of (model, optimiser, batch, key). The loss is jaxgpt/model/loss.py's.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -20,20 +22,36 @@ from flax import nnx
 
 from jaxgpt.config import ModelConfig, TrainConfig
 from jaxgpt.data.samplers.batch import Batch
-from jaxgpt.model.loss import loss_fn, loss_sum, policy_loss_sum
+from jaxgpt.model.loss import loss_fn, loss_sum, policy_loss_sums
 from jaxgpt.training.optimizer import close_skipped_window, optimizer_stats
 
 
+@dataclass(frozen=True)
+class PolicyLoss:
+    """RL's coefficients, fixed for a run (part of the compiled program): the step's loss is the policy
+    term, + kl x the mean k3 KL over the sampled tokens (with batch.ref_logprobs), + sft x the mean
+    cross-entropy of the fine-tuning rows (with batch.mix)."""
+
+    clip: float | None = None  # PPO's clipped ratio, with batch.old_logprobs
+    kl: float = 0.0
+    sft: float = 1.0
+
+
 def _train_step(
-    model: nnx.Module, optimizer: nnx.Optimizer, batch: Batch, step_key: jax.Array, clip: float | None = None
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    batch: Batch,
+    step_key: jax.Array,
+    policy: PolicyLoss | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step in one compiled call: k microbatches through the MultiSteps optimiser.
 
-    batch: (k, B, T) fields (data/batch.py); step_key: the step's dropout key; clip: RL's clipped
-    ratio (with batch.old_logprobs). The loss (_objective): mean cross-entropy; with weights, the mean
-    over the step's weighted targets; with advantages (RL), minus the mean over sampled tokens of
-    logprob x advantage. Returns the (k,) microbatch losses (with weights each its own mean, and
-    stats["loss"] the step's) and the optimiser statistics after the step.
+    batch: (k, B, T) fields (data/batch.py); step_key: the step's dropout key; policy: RL's terms. The
+    loss (_objective): mean cross-entropy; with weights, the mean over the step's weighted targets; with
+    advantages (RL), minus the mean over sampled tokens of logprob x advantage, and PolicyLoss's terms.
+    Returns the (k,) microbatch losses (with weights each its own mean, and stats["loss"] the step's)
+    and the optimiser statistics after the step (RL: "kl", the mean k3 over the sampled tokens, and
+    "sft_loss", the fine-tuning rows' mean cross-entropy, where there).
     """
     k = batch.inputs.shape[0]
     dropout = model.cfg.drop_rate > 0.0  # static: no RNG work at all for dropout-free models
@@ -41,38 +59,56 @@ def _train_step(
     graphdef, state = nnx.split((model, optimizer))
     # Weighted: microbatch i's objective is its weighted sum times k / (the step's weight), so
     # MultiSteps' mean of the k gradients is the gradient of the step's mean over weighted targets.
-    scale = None if batch.weights is None else k / jnp.maximum(batch.weights.sum(), 1.0)
+    scales = {
+        "policy": None if batch.weights is None else k / jnp.maximum(batch.weights.sum(), 1.0),
+        "sft": None if batch.mix is None else k / jnp.maximum(batch.mix.weights.sum(), 1.0),
+    }
 
-    def microstep(state: nnx.State, xs: tuple[Batch, jax.Array]) -> tuple[nnx.State, jax.Array]:
+    def microstep(state: nnx.State, xs: tuple[Batch, jax.Array]) -> tuple[nnx.State, tuple[jax.Array, dict]]:
         model, optimizer = nnx.merge(graphdef, state)
         micro, key = xs
         rngs = nnx.Rngs(dropout=key) if dropout else None
-        loss, grads = nnx.value_and_grad(_objective)(model, micro, rngs, scale, clip)
+        (loss, sums), grads = nnx.value_and_grad(_objective, has_aux=True)(model, micro, rngs, scales, policy)
         optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), loss
+        return nnx.state((model, optimizer)), (loss, sums)
 
     applied_before = optimizer_stats(optimizer)["gradient_step"]
-    state, losses = jax.lax.scan(microstep, state, (batch, keys))
+    state, (losses, sums) = jax.lax.scan(microstep, state, (batch, keys))
     nnx.update((model, optimizer), state)
     close_skipped_window(optimizer)
     stats = optimizer_stats(optimizer)
+    scale = scales["policy"]
     if scale is not None:  # the step's mean over its weighted targets; each microbatch's own mean to show
         stats["loss"] = losses.sum() / k
         losses = losses / scale / jnp.maximum(batch.weights.sum(axis=(1, 2)), 1.0)
+    if "kl" in sums:
+        stats["kl"] = sums["kl"].sum() / jnp.maximum(batch.weights.sum(), 1.0)
+    if "sft" in sums:
+        stats["sft_loss"] = sums["sft"].sum() / jnp.maximum(batch.mix.weights.sum(), 1.0)
     # Dropped: no optimiser step applied, whether some of the k microbatches were skipped (an
     # open window closed) or all of them (a window that never opened).
     return losses, stats | {"skipped_step": stats["gradient_step"] == applied_before}
 
 
 def _objective(
-    model: nnx.Module, b: Batch, rngs: nnx.Rngs | None, scale: jax.Array | None, clip: float | None
-) -> jax.Array:
-    """One microbatch's loss (B, T fields): RL's policy loss, a weighted sum, or the plain mean."""
+    model: nnx.Module, b: Batch, rngs: nnx.Rngs | None, scales: dict[str, jax.Array | None], policy: PolicyLoss | None
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One microbatch's loss (B, T fields) and its terms' sums: RL's policy loss (with its KL and
+    fine-tuning terms), a weighted sum, or the plain mean."""
     if b.advantages is not None:
-        return policy_loss_sum(model, b.inputs, b.targets, b.weights, b.advantages, b.old_logprobs, clip, rngs) * scale
+        policy = policy or PolicyLoss()
+        sums = policy_loss_sums(
+            model, b.inputs, b.targets, b.weights, b.advantages, b.old_logprobs, policy.clip, b.ref_logprobs, rngs
+        )
+        loss = (sums["policy"] + policy.kl * sums.get("kl", 0.0)) * scales["policy"]
+        if b.mix is not None:  # the fine-tuning rows: their own forward (their own rows and width)
+            m = b.mix
+            sums["sft"] = loss_sum(model, m.inputs, m.targets, m.weights, m.segments, rngs)
+            loss = loss + policy.sft * sums["sft"] * scales["sft"]
+        return loss, sums
     if b.weights is None:
-        return loss_fn(model, b.inputs, b.targets, rngs)
-    return loss_sum(model, b.inputs, b.targets, b.weights, b.segments, rngs) * scale
+        return loss_fn(model, b.inputs, b.targets, rngs), {}
+    return loss_sum(model, b.inputs, b.targets, b.weights, b.segments, rngs) * scales["policy"], {}
 
 
 class StepRunner:
@@ -85,11 +121,11 @@ class StepRunner:
     docs/performance.md "The CPU code, lever by lever".
     """
 
-    def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer, clip: float | None = None) -> None:
+    def __init__(self, model: nnx.Module, optimizer: nnx.Optimizer, policy: PolicyLoss | None = None) -> None:
         self.model, self.optimizer = model, optimizer
         graphdef, state = nnx.split((model, optimizer))
         self.leaves, self.treedef = jax.tree.flatten(state)
-        self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves), clip)
+        self._step = _program(graphdef, self.treedef, tuple(leaf.sharding for leaf in self.leaves), policy)
 
     def __call__(self, batch: Batch, step_key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """One optimiser step, dispatched asynchronously: see _train_step."""
@@ -113,14 +149,14 @@ class StepRunner:
 
 
 @functools.lru_cache(maxsize=16)
-def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], clip: float | None) -> Any:
+def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], policy: PolicyLoss | None) -> Any:
     """_train_step over the flat arrays of a model and optimiser of this structure, jitted."""
 
     def pure(
         leaves: list[jax.Array], batch: Batch, key: jax.Array
     ) -> tuple[list[jax.Array], jax.Array, dict[str, jax.Array]]:
         model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-        losses, stats = _train_step(model, optimizer, batch, key, clip)
+        losses, stats = _train_step(model, optimizer, batch, key, policy)
         new_leaves, new_treedef = jax.tree.flatten(nnx.state((model, optimizer)))
         assert new_treedef == treedef, "the train step changed the model/optimiser structure"
         return new_leaves, losses, stats
@@ -129,7 +165,12 @@ def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], clip: floa
 
 
 def compile_step(
-    model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, mesh: Any, batch: Batch, clip: float | None = None
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    steps: int,
+    mesh: Any,
+    batch: Batch,
+    policy: PolicyLoss | None = None,
 ) -> Any:
     """The StepRunner program for a model and optimiser of these configs on `mesh`, compiled from
     shapes alone (no array is made): what the memory plan asks XLA to fit. batch: (k, B, T) fields
@@ -149,14 +190,14 @@ def compile_step(
         jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type) for x, s in zip(leaves, shardings)
     ]
     key = jax.eval_shape(lambda: step_key(0, 0))
-    return _program(graphdef, treedef, shardings, clip).lower(args, batch, key).compile()
+    return _program(graphdef, treedef, shardings, policy).lower(args, batch, key).compile()
 
 
 def train_step(
-    model: nnx.Module, optimizer: nnx.Optimizer, batch: Batch, step_key: jax.Array, clip: float | None = None
+    model: nnx.Module, optimizer: nnx.Optimizer, batch: Batch, step_key: jax.Array, policy: PolicyLoss | None = None
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """One optimiser step of the StepRunner program on these objects, which then hold its result."""
-    runner = StepRunner(model, optimizer, clip)
+    runner = StepRunner(model, optimizer, policy)
     out = runner(batch, step_key)
     runner.sync()
     return out

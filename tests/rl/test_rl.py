@@ -1,6 +1,6 @@
 """Reinforcement learning from checkable rewards: the group advantage, the rows of samples, the policy loss
-against numpy, the rl section's one-line errors, and an RL run that learns, resumes exactly after kill -9 and
-runs on a mesh of CPU devices."""
+(with its KL and fine-tuning terms) against numpy, the rl section's one-line errors, and an RL run that
+learns, resumes exactly after kill -9 and runs on a mesh of CPU devices."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from flax import nnx
 
 import train
 from jaxgpt.checkpoints import layout as cf
-from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict
+from jaxgpt.config import ConfigError, ModelConfig, TrainConfig, from_dict, to_dict
 from jaxgpt.data.samplers.batch import Batch
 from jaxgpt.model.gpt import build_model
-from jaxgpt.model.loss import policy_loss_sum
+from jaxgpt.model.loss import policy_loss_sums
 from jaxgpt.rl.prompts import PromptPool, sample_seed
 from jaxgpt.rl.samples import STD_EPS, group_advantages, sample_rows
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training.optimizer import make_optimizer
-from jaxgpt.training.train_step import step_key, train_step
+from jaxgpt.training.train_step import PolicyLoss, step_key, train_step
 
 # ----------------------------------------------------------------------------- advantages and rows
 
@@ -101,7 +101,46 @@ def test_the_rl_step_loss_is_minus_the_mean_over_sampled_tokens_of_logprob_times
     assert batch.weights[0].sum() != batch.weights[1].sum()
 
 
-@SLOW  # gradients taken op by op, unjitted (policy_loss_sum runs in the fast tier through the step above)
+def _mix_rows() -> Batch:
+    """Two microbatches of fine-tuning rows (5 wide, two conversations packed in one row), answers weighted."""
+    inputs = np.array([[[3, 4, 5, 6, 0]], [[7, 8, 9, 10, 11]]], np.int32)
+    targets = np.array([[[4, 5, 6, 0, 0]], [[8, 9, 10, 11, 12]]], np.int32)
+    weights = np.array([[[0, 1, 1, 0, 0]], [[0, 1, 0, 1, 1]]], np.float32)
+    segments = np.array([[[1, 1, 1, 1, 0]], [[1, 1, 2, 2, 2]]], np.int32)
+    return Batch(inputs, targets, weights, segments)
+
+
+def test_the_kl_and_fine_tuning_terms_are_numpys_k3_and_cross_entropy_each_over_its_own_tokens() -> None:
+    """loss = policy + kl x mean over sampled tokens of exp(ref - logp) - (ref - logp) - 1 + sft x mean over
+    the fine-tuning rows' answer tokens of their cross-entropy, from the model's logits in numpy."""
+    model, batch = _hand_batch()
+    logp = np.stack([_logprobs_numpy(model, batch.inputs[i], batch.targets[i]) for i in range(2)])
+    ref = (logp + np.random.default_rng(1).normal(0, 0.5, logp.shape)).astype(np.float32)  # other weights'
+    mix = _mix_rows()
+    segs = [np.asarray(mix.segments[i]) for i in range(2)]
+    # Packed rows: each conversation attends to itself only, as numpy sees it one conversation at a time.
+    mix_logp = np.zeros(mix.inputs.shape)
+    for i in range(2):
+        for seg in (1, 2):
+            cols = np.flatnonzero(segs[i][0] == seg)
+            if len(cols):
+                x, y = mix.inputs[i][:, cols], mix.targets[i][:, cols]
+                mix_logp[i][:, cols] = _logprobs_numpy(model, x, y)
+    w, n = batch.weights, batch.weights.sum()
+    d = ref - logp
+    k3 = np.exp(d) - d - 1
+    policy = -(logp * batch.advantages * w).sum() / n
+    kl, sft = (k3 * w).sum() / n, -(mix_logp * mix.weights).sum() / mix.weights.sum()
+    assert kl > 0.01 and sft > 0.1
+    optimizer = make_optimizer(model, TrainConfig(microbatch_size=2, gradient_accumulation_steps=2, train_steps=5), 5)
+    both = batch._replace(ref_logprobs=ref, mix=mix).map(jnp.asarray)
+    _losses, stats = train_step(model, optimizer, both, step_key(0, 0), PolicyLoss(kl=0.3, sft=2.0))
+    assert float(stats["kl"]) == pytest.approx(kl, rel=1e-4)
+    assert float(stats["sft_loss"]) == pytest.approx(sft, rel=1e-5)
+    assert float(stats["loss"]) == pytest.approx(policy + 0.3 * kl + 2.0 * sft, rel=1e-5)
+
+
+@SLOW  # gradients taken op by op, unjitted (policy_loss_sums runs in the fast tier through the step above)
 def test_the_clipped_ratio_is_numpys_and_at_the_sampling_weights_the_on_policy_gradient() -> None:
     model, batch = _hand_batch()
     x, y, w, a = (jnp.asarray(batch[i][0]) for i in (0, 1, 2, 4))
@@ -110,12 +149,12 @@ def test_the_clipped_ratio_is_numpys_and_at_the_sampling_weights_the_on_policy_g
     ratio = np.exp(logp - old)
     a_np, w_np = batch.advantages[0], batch.weights[0]
     want = -(np.minimum(ratio * a_np, np.clip(ratio, 0.8, 1.2) * a_np) * w_np).sum()
-    got = policy_loss_sum(model, x, y, w, a, jnp.asarray(old, jnp.float32), 0.2)
+    got = policy_loss_sums(model, x, y, w, a, jnp.asarray(old, jnp.float32), 0.2)["policy"]
     assert float(got) == pytest.approx(want, rel=1e-5)
     graphdef, state = nnx.split(model)
 
     def grad(old_logprobs: jax.Array | None) -> list[np.ndarray]:
-        loss = lambda s: policy_loss_sum(nnx.merge(graphdef, s), x, y, w, a, old_logprobs, 0.2)  # noqa: E731
+        loss = lambda s: policy_loss_sums(nnx.merge(graphdef, s), x, y, w, a, old_logprobs, 0.2)["policy"]  # noqa: E731
         return [np.asarray(g) for g in jax.tree.leaves(jax.grad(loss)(state))]
 
     on_policy, clipped = grad(None), grad(jnp.asarray(logp, jnp.float32))  # ratio 1: inside the clip
@@ -143,6 +182,9 @@ RL_TRAIN = {"init_from": "../tuned", "tokenizer": "bytes", "microbatch_size": 4,
         ({"rl": {**RL, "prompts": {"task": "gsm8k", "path": "g.jsonl"}}}, "rl.validation: give held-out prompts"),
         ({"rl": {**RL, "clip_ratio": 1.5}}, "clip_ratio=1.5 must be in (0, 1)"),
         ({"rl": {**RL, "typo": 1}}, "unknown key 'typo'"),
+        ({"rl": {**RL, "kl_coef": -0.1}}, "rl.kl_coef=-0.1 must be a finite number >= 0"),
+        ({"rl": {**RL, "sft_rows": 3}}, "rl.sft_rows=3 must divide by gradient_accumulation_steps=2"),
+        ({"rl": {**RL, "sft_coef": 0}}, "rl.sft_coef=0.0 must be a finite number > 0"),
     ],
 )
 def test_a_bad_rl_section_is_one_line_naming_train_json(changes: dict, needle: str) -> None:
@@ -210,18 +252,25 @@ def _series(run: Path, key: str) -> dict[int, float]:
     return dict(zip(*read_record(run).series(key)))
 
 
+LEASHES = {"kl_coef": 0.1, "sft_rows": 8}  # the KL term and 4 fine-tuning rows a microbatch
+
+
 @SLOW  # a fine-tuning run, then rl runs
 def test_an_rl_run_trains_on_its_rewards_and_resumes_exactly_after_kill_9(tuned: Path, tmp_path: Path) -> None:
-    straight = rl_run(tmp_path / "straight", tuned)
+    straight = rl_run(tmp_path / "straight", tuned, **LEASHES)
     assert train.main([str(straight)]) == 0
     rewards, signal_ = _series(straight, "rl/reward"), _series(straight, "rl/groups_with_signal")
     assert sorted(rewards) == list(range(1, 7)) and max(signal_.values()) > 0  # some groups had something to learn
+    kl, sft = _series(straight, "rl/kl"), _series(straight, "rl/sft_loss")
+    assert sorted(kl) == sorted(sft) == list(range(1, 7)) and kl[1] < 1e-3 < max(kl.values())  # drifts from 0
+    assert 0 < min(sft.values())
     meta = cf.read_meta(cf.latest_checkpoint(straight))
     assert meta["kind"] == "rl" and meta["step"] == 6 and 0.0 <= meta["rl"]["greedy"] <= 1.0
+    assert meta["reference"] == str(cf.resolve_checkpoint(tuned))
     assert (cf.latest_checkpoint(straight) / "chat_template.json").is_file()
     assert set(_series(straight, "val/greedy")) == {2, 4, 6} and _series(straight, "val/pass@4")
 
-    run = rl_run(tmp_path / "run", tuned)
+    run = rl_run(tmp_path / "run", tuned, **LEASHES)
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), str(run)],
         cwd=ROOT,
@@ -236,7 +285,7 @@ def test_an_rl_run_trains_on_its_rewards_and_resumes_exactly_after_kill_9(tuned:
     proc.communicate()
     assert 2 <= cf.step_of(cf.latest_checkpoint(run)) < 6
     assert train.main([str(run)]) == 0
-    for key in ("rl/reward", "train/loss", "rl/answer_tokens"):
+    for key in ("rl/reward", "train/loss", "rl/answer_tokens", "rl/kl", "rl/sft_loss"):
         a, b = _series(run, key), _series(straight, key)
         assert [a[s] for s in sorted(b)] == [b[s] for s in sorted(b)], key
     from safetensors.numpy import load_file
@@ -260,6 +309,43 @@ def test_an_rl_run_samples_and_updates_over_a_mesh_of_two_cpu_devices(tuned: Pat
     assert _series(two, "rl/reward") == _series(one, "rl/reward")
     a, b = _series(two, "train/loss"), _series(one, "train/loss")
     np.testing.assert_allclose([a[s] for s in sorted(b)], [b[s] for s in sorted(b)], rtol=1e-4, atol=1e-6)
+
+
+def _fake_tuned(folder: Path, train_json: dict) -> Path:
+    """A checkpoint folder as fine-tuning writes one, without weights: what an rl run's set-up reads."""
+    folder.mkdir(parents=True)
+    (folder / "model.json").write_text(json.dumps(to_dict(ModelConfig(**MODEL))))  # resolved, as saved
+    (folder / "train.json").write_text(json.dumps(train_json))
+    (folder / "chat_template.json").write_text(json.dumps(SHORT))
+    (folder / cf.META).write_text(json.dumps({"step": 60}))
+    return folder
+
+
+def test_the_fine_tuning_rows_are_init_froms_data_as_it_packed_them_a_pure_function_of_the_step(
+    tmp_path: Path,
+) -> None:
+    """The fast sibling of the kill -9 test's leashes: set-up only, no JAX."""
+    from jaxgpt.rl.run import prepare_rl_run
+
+    tuned = _fake_tuned(tmp_path / "tuned", SFT)
+    run = rl_run(tmp_path / "run", tuned, **LEASHES)
+    prepared = prepare_rl_run(run, data_root=tmp_path / "data", restart=False)
+    assert prepared.reference == tuned.resolve() and prepared.mix is not None
+    rows = prepared.mix.batch(3, 2)
+    assert rows.inputs.shape == (2, 4, 64) and rows.segments is not None  # packed to the context, as SFT did
+    assert 0 < rows.weights.sum() < rows.weights.size  # the answers only
+    np.testing.assert_array_equal(rows.inputs, prepared.mix.batch(3, 2).inputs)
+    assert not np.array_equal(rows.inputs, prepared.mix.batch(4, 2).inputs)
+    assert prepare_rl_run(rl_run(tmp_path / "plain", tuned), data_root=tmp_path / "data", restart=False).mix is None
+
+    pretrained = _fake_tuned(tmp_path / "base", {k: v for k, v in SFT.items() if k != "dataset"})
+    with pytest.raises(ConfigError) as e:
+        prepare_rl_run(
+            rl_run(tmp_path / "from-base", pretrained, sft_rows=8), data_root=tmp_path / "data", restart=False
+        )
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'from-base'}/train.json: rl.sft_rows=8: init_from") and "\n" not in msg
+    assert "was not fine-tuned on conversations" in msg
 
 
 @SLOW  # a fine-tuning run first

@@ -107,7 +107,8 @@ def test_train_py_picks_the_plan_that_fits_and_trains_the_same_steps(tmp_path: P
     run = prepare_run(as_configured, data_root=data_root, restart=False, lock=False)
     mesh = sharding.make_mesh(run.train_cfg.mesh, run.train_cfg.microbatch_size)
     plans = memory.candidates(run.model_cfg, run.train_cfg, 1)
-    needs = [step_bytes(run, mesh, run.total_steps, None, p) for p in plans]
+    sample = run.train_batches.batch(0, run.train_cfg.gradient_accumulation_steps)
+    needs = [step_bytes(run, mesh, run.total_steps, None, p, sample) for p in plans]
     # The first plan that needs less than every plan before it: a device just big enough for it.
     i = next(i for i in range(1, len(plans)) if needs[i] < min(needs[:i]))
     limit_gib = (needs[i] / memory.HEADROOM + 1) / memory.GIB

@@ -4,6 +4,7 @@ interface every sampler implements.
     batch = Batch(inputs, targets)                           # (k, B, T) int32 each: pre-training
     batch = Batch(inputs, targets, weights, segments)        # packed conversations: their answers only
     batch = Batch(inputs, targets, weights, advantages=adv)  # RL: the sampled tokens, each its advantage
+    batch = batch._replace(ref_logprobs=ref, mix=rows)       # RL's leashes: KL to a reference, fine-tuning rows
 
 A NamedTuple, so a JAX pytree as it is (an absent field, None, is an empty subtree): numpy arrays on the
 host, placed on the mesh field by field (sharding.put_batch), scanned over its leading k axis by the step.
@@ -23,10 +24,14 @@ class Batch(NamedTuple):
     segments: Any = None  # (k, B, T) int32: packed conversations' ids; attention stays within one
     advantages: Any = None  # (k, B, T) float32, RL: each sampled token's advantage (weights mark them)
     old_logprobs: Any = None  # (k, B, T) float32, RL with several updates per batch: the samplers' logprobs
+    ref_logprobs: Any = None  # (k, B, T) float32, RL with a KL term: the reference weights' logprobs
+    # RL with fine-tuning rows: a Batch of (k, B', T') inputs, targets, weights, segments trained beside the
+    # samples (its own row count and width: the rows as the fine-tuning run packed them)
+    mix: Any = None
 
     def map(self, fn: Any) -> Batch:
-        """fn applied to every field that is there."""
-        return Batch(*(None if a is None else fn(a) for a in self))
+        """fn applied to every array that is there (a mix's too)."""
+        return Batch(*(None if a is None else a.map(fn) if isinstance(a, Batch) else fn(a) for a in self))
 
 
 def stack(parts: list[Batch]) -> Batch:
