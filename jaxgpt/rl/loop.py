@@ -284,6 +284,7 @@ class Session:
             "elapsed_s": self.elapsed + time.perf_counter() - self.started,
             "mesh": dict(self.state.mesh.shape),
             "compute_dtype": self.state.compute_dtype,
+            "memory_plan": dataclasses.asdict(self.state.plan),
             "data_position": {"next_step": done, "prompts": len(self.run.prompts.ids)},
             "reference": None if self.run.reference is None else str(self.run.reference),
             "rng": {"seed": self.cfg.seed, "next_step": done, "scheme": "samples: SeedSequence([seed, step, prompt])"},

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import TINY_MODEL, TINY_TRAIN, write_run
+from test_rl import MODEL as RL_MODEL
+from test_rl import SFT, rl_run
 
 import train
 from jaxgpt.checkpoints import store as ckpt
@@ -133,3 +135,21 @@ def test_a_step_that_fits_nowhere_is_one_line_before_training(tmp_path: Path, da
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {run}/train.json: the train step does not fit"), err
     assert "lower microbatch_size" in err[0] and not (run / "checkpoints").exists()
+
+
+@pytest.mark.slow  # a fine-tuning run first (test_rl's), then an rl run
+def test_an_rl_run_plans_its_step_with_its_leash(tmp_path: Path, capsys) -> None:
+    """RL's step (its KL and fine-tuning terms, the batch as its update builds it) goes through the plan too."""
+    tuned = write_run(tmp_path / "sft", RL_MODEL, SFT)
+    assert train.main([str(tuned), "--data-dir", str(tmp_path / "data")]) == 0
+    run = rl_run(tmp_path / "rl", tuned, steps=2, kl_coef=0.1, sft_rows=2)
+    raw = json.loads((run / "train.json").read_text())
+    (run / "train.json").write_text(json.dumps(raw | {"device_memory_gib": 1.0}))
+    assert train.main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan: remat off, loss_chunk off, 2 microbatch(es) of 8 per step" in out and "(as configured)" in out
+    assert ckpt.read_meta(ckpt.latest_checkpoint(run))["memory_plan"] == {
+        "remat": False,
+        "loss_chunk": None,
+        "split": 1,
+    }
