@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = ("add", "larger", "reverse", "sort", "spell", "upper")
 
@@ -71,8 +73,8 @@ COLUMNS = (
     *(f"{t} (%)" for t in TASKS),
     "worst other task vs start (points)",
     "held-out add greedy by validation (%)",
-    "last rl/kl",
-    "last rl/sft_loss",
+    "rl/kl, last 100 steps",
+    "rl/sft_loss, last 100 steps",
 )
 
 
@@ -119,7 +121,7 @@ def run_setting(name: str, args: argparse.Namespace, start: dict[str, float]) ->
     seconds = time.perf_counter() - started
     got = scores(run, prefix)
     others = [start[t] - got[t] for t in TASKS if t != "add"]
-    last = lambda key: round(series(run, key)[-1], 4) if series(run, key) else ""  # noqa: E731
+    tail = lambda key: round(float(np.mean(series(run, key)[-100:])), 4) if series(run, key) else ""  # noqa: E731
     return {
         "setting": name,
         "learning_rate": cfg["learning_rate"],
@@ -132,8 +134,8 @@ def run_setting(name: str, args: argparse.Namespace, start: dict[str, float]) ->
         **{f"{t} (%)": got[t] for t in TASKS},
         "worst other task vs start (points)": round(-max(others), 1) + 0.0,  # + 0.0: no "-0.0"
         "held-out add greedy by validation (%)": " ".join(f"{100 * v:.0f}" for v in series(run, "val/greedy")),
-        "last rl/kl": last("rl/kl"),
-        "last rl/sft_loss": last("rl/sft_loss"),
+        "rl/kl, last 100 steps": tail("rl/kl"),
+        "rl/sft_loss, last 100 steps": tail("rl/sft_loss"),
     }
 
 
