@@ -349,7 +349,9 @@ def test_the_fine_tuning_rows_are_init_froms_data_as_it_packed_them_a_pure_funct
 
 
 @SLOW  # a fine-tuning run first
-def test_an_rl_run_refuses_a_base_model_and_a_changed_section_on_resume(tuned: Path, tmp_path: Path, capsys) -> None:
+def test_an_rl_run_refuses_a_base_model_a_changed_section_and_other_reference_weights_on_resume(
+    tuned: Path, tmp_path: Path, capsys
+) -> None:
     base = write_run(tmp_path / "base", MODEL, {**{k: v for k, v in SFT.items() if k != "dataset"}, "train_steps": 2})
     assert train.main([str(base), "--data-dir", str(tmp_path / "data")]) == 0
     capsys.readouterr()
@@ -362,6 +364,13 @@ def test_an_rl_run_refuses_a_base_model_and_a_changed_section_on_resume(tuned: P
     capsys.readouterr()
     assert train.main([str(run)]) == 2
     assert "train.json: rl differs from checkpoint" in capsys.readouterr().err
+    leashed = rl_run(tmp_path / "leashed", tuned, steps=2, kl_coef=0.1)
+    assert train.main([str(leashed)]) == 0
+    rl_run(tmp_path / "leashed", base, steps=2, kl_coef=0.1)  # init_from now names other weights
+    capsys.readouterr()
+    assert train.main([str(leashed)]) == 2
+    err = capsys.readouterr().err
+    assert f"init_from={cf.resolve_checkpoint(base)} is not the checkpoint" in err and "use --restart" in err
 
 
 @SLOW  # a fine-tuning run first
