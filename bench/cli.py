@@ -288,33 +288,19 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens to generate (default: %(default)s)")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
+    d = " (default: %(default)s)"
     parser.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="timed generate calls per process after an untimed one (default: %(default)s)",
+        "--repeats", type=int, default=3, help="timed generate calls per process after an untimed one" + d
     )
     parser.add_argument(
-        "--dtypes",
-        default=",".join(decode_bench.DTYPES),
-        help="compare: our compute_dtype and torch's weights (default: %(default)s)",
+        "--dtypes", default=",".join(decode_bench.DTYPES), help="compare: our compute_dtype, torch's" + d
     )
-    parser.add_argument(
-        "--batch-sizes",
-        default=",".join(map(str, decode_bench.BATCH_SIZES)),
-        help="compare: prompts decoded together (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--layouts",
-        default=",".join(decode_bench.LAYOUTS),
-        help="compare: our scan_layers false (unrolled) / true (scanned) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="compare: alternate every side this many times; medians of the rounds (default: %(default)s)",
-    )
+    batches = ",".join(map(str, decode_bench.BATCH_SIZES))
+    parser.add_argument("--batch-sizes", default=batches, help="compare: prompts decoded together" + d)
+    layouts = "compare: our scan_layers false (unrolled) / true (scanned)" + d
+    parser.add_argument("--layouts", default=",".join(decode_bench.LAYOUTS), help=layouts)
+    rounds = "compare: alternate every side this many times; medians of the rounds" + d
+    parser.add_argument("--rounds", type=int, default=1, help=rounds)
     parser.add_argument("--no-torch", action="store_true", help="compare: ours only")
     _add_torch_python_arg(parser, "compare: a python with torch and transformers")
     parser.add_argument(
@@ -326,6 +312,8 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size", type=int, default=1, help="--single: prompts decoded together (default: %(default)s)"
     )
+    burst = "--single: greedy decode steps per dispatch in the engine, 1 = one per token (default: %(default)s)"
+    parser.add_argument("--burst", type=int, default=decode_bench.BURST, help=burst)
     parser.add_argument("--cached-only", action="store_true", help="--single: skip the full-forward baseline")
 
 
@@ -351,8 +339,8 @@ def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.model:
         model_cfg = with_overrides(model_cfg, args.model, "--model")
-    if min(args.new_tokens, args.prompt_tokens, args.batch_size, args.repeats, args.rounds) < 1:
-        raise BenchError("--new-tokens, --prompt-tokens, --batch-size, --repeats and --rounds must be >= 1")
+    if min(args.new_tokens, args.prompt_tokens, args.batch_size, args.repeats, args.rounds, args.burst) < 1:
+        raise BenchError("--new-tokens, --prompt-tokens, --batch-size, --repeats, --rounds and --burst must be >= 1")
     if args.prompt_tokens + args.new_tokens > model_cfg.context_length:
         raise BenchError(
             f"--prompt-tokens + --new-tokens = {args.prompt_tokens + args.new_tokens} exceeds "
@@ -366,6 +354,7 @@ def _run_generate(args: argparse.Namespace) -> dict[str, Any]:
             cfg=model_cfg,
             uncached=not args.cached_only,
             repeats=args.repeats,
+            burst=args.burst,
         )
     batch_sizes = [int(b) for b in _csv(args.batch_sizes, "--batch-sizes", None)]
     return decode_bench.bench_generate_compare(

@@ -38,7 +38,9 @@ from bench.compare import cpu_line, torch_python_checked
 from bench.train_step import BenchError
 from jaxgpt.config import ModelConfig, to_dict
 from jaxgpt.cpu import kernels as cpu_kernels
-from jaxgpt.generation.decoder import BUCKET, KVDecoder, full_forward_logits
+from jaxgpt.generation.decoder import BUCKET, full_forward_logits
+from jaxgpt.generation.engine import BURST, Engine
+from jaxgpt.generation.sampling import SamplingParams
 from jaxgpt.model.gpt import build_model
 
 GPT2_124M = ModelConfig(
@@ -68,10 +70,11 @@ def bench_generate(
     cfg: ModelConfig = GPT2_124M,
     uncached: bool = True,
     repeats: int = 3,
+    burst: int = BURST,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Greedy decoding speed in this process: the KV cache, and (uncached) the full forward pass
-    for every token.
+    """Greedy decoding speed in this process: the generation engine (its KV cache, `burst` greedy
+    steps per program; 1: one step per dispatch), and (uncached) the full forward pass for every token.
 
     Compilation is excluded from both: the cached path (prefill + new_tokens - 1 decode steps)
     runs once untimed, then `repeats` timed times; the uncached baseline runs one program over a
@@ -84,9 +87,10 @@ def bench_generate(
     log(_model_line(model, cfg, batch_size, prompt_tokens, new_tokens))
 
     t0 = time.perf_counter()
-    dec = KVDecoder(model, batch_size)
+    engine = Engine(model, None, rows=batch_size, burst=burst)
+    dec = engine.decoder
     build_s = time.perf_counter() - t0
-    times, cached_tokens = _time_cached(dec, prompts, new_tokens, repeats)
+    times, cached_tokens = _time_cached(engine, prompts, new_tokens, repeats)
     cached_s = float(np.median(times))
     ms = [1e3 * t / new_tokens for t in times]
     result = {
@@ -102,12 +106,13 @@ def bench_generate(
         "ms_per_token": ms,
         "decoder_build_s": build_s,
         "compile_step_s": dec.compile_s,
+        "burst": burst,
     }
     log(
         f"cached:   {cached_s:7.2f} s  {result['cached_tok_s']:8.1f} tok/s  "
         f"({result['ms_per_token_median']:.1f} ms/token, median of {repeats}: {', '.join(f'{m:.1f}' for m in ms)}; "
-        f"decoder built in {build_s:.1f} s, {sum(k == 'step' for k, _ in dec._programs)} decode step program(s) "
-        f"compiled in {dec.compile_s:.1f} s)"
+        f"engine built in {build_s:.1f} s, {sum(k in ('step', 'steps') for k, _ in dec._programs)} decode program(s) "
+        f"compiled in {dec.compile_s:.1f} s; {burst} greedy step(s) per dispatch)"
     )
     if not uncached:
         return result
@@ -125,15 +130,14 @@ def _model_line(model: Any, cfg: ModelConfig, batch_size: int, prompt_tokens: in
 
 
 def _time_cached(
-    dec: KVDecoder, prompts: list[list[int]], new_tokens: int, repeats: int
+    engine: Engine, prompts: list[list[int]], new_tokens: int, repeats: int
 ) -> tuple[list[float], list[np.ndarray]]:
-    """The cached path's wall times over `repeats` runs after an untimed one, and the greedy tokens."""
+    """The engine's wall times over `repeats` runs after an untimed one, and the greedy tokens (one
+    (B,) array per step). No stop id: every answer is new_tokens long."""
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0)
 
     def cached() -> list[np.ndarray]:
-        tokens = [dec.prefill(prompts).argmax(-1)]
-        for _ in range(new_tokens - 1):
-            tokens.append(dec.step(tokens[-1]).argmax(-1))
-        return tokens
+        return list(np.array([r.sampled for r in engine.generate(prompts, params)]).T)
 
     cached_tokens = cached()  # compiles the prefill bucket and every attention span the run needs
     times = []

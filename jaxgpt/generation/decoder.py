@@ -4,6 +4,7 @@
     logits = dec.prefill_row(3, prompt_ids)       # (V,): row 3 restarts from this prompt, alone
     dec.copy_row(3, 4)                            # row 4 becomes row 3 (n samples of a prompt: one prefill)
     logits = dec.step(tokens, advance=busy)       # (rows, V): one token per advancing row
+    ids, logits = dec.steps(tokens, 16, busy)     # 16 greedy steps in one program: (rows, 16) ids
     logits = dec.prefill(windows)                 # (rows, V): every row at once
     scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob, the top 5 (echo)
     dec.set_weights(model)                        # new weights, the same programs (RL)
@@ -109,6 +110,45 @@ def _step(
     return cache.k, cache.v, model.logits(x[:, 0])
 
 
+def _steps(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    span: int,
+    n: int,
+    n_vocab: int,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    pos: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """n greedy steps in one program (a burst): _step's step n times, each feeding the argmax (over
+    ids < n_vocab) of the last one's logits. Returns the caches, the (B, n) tokens drawn (column i:
+    after feeding i tokens of the burst) and the (B, V) logits of the last step. Positions past the
+    context are clipped: only rows the caller does not advance reach them."""
+    TRACES["steps"] += 1
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    last_slot = model.cfg.context_length - 1
+
+    def one(i: jax.Array, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array) -> tuple[jax.Array, ...]:
+        cache = KVCache(cache_k, cache_v, pos=jnp.minimum(pos + i, last_slot), span=span)
+        x, cache = model.cached_features(tokens[:, None], cache)  # (B, 1, C)
+        logits = model.logits(x[:, 0])  # (B, V)
+        ids = jnp.arange(logits.shape[-1])
+        drawn = jnp.argmax(jnp.where(ids < n_vocab, logits, -jnp.inf), axis=-1).astype(jnp.int32)
+        return cache.k, cache.v, drawn, logits
+
+    def body(i: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        cache_k, cache_v, tokens, drawn, _ = carry
+        cache_k, cache_v, nxt, logits = one(i, cache_k, cache_v, tokens)
+        return cache_k, cache_v, nxt, drawn.at[:, i].set(nxt), logits
+
+    cache_k, cache_v, nxt, logits = one(jnp.int32(0), cache_k, cache_v, tokens)
+    drawn = jnp.zeros((tokens.shape[0], n), jnp.int32).at[:, 0].set(nxt)
+    cache_k, cache_v, _, drawn, logits = jax.lax.fori_loop(1, n, body, (cache_k, cache_v, nxt, drawn, logits))
+    return cache_k, cache_v, drawn, logits
+
+
 def _score(
     graphdef: nnx.GraphDef, treedef: Any, n_vocab: int, leaves: list[jax.Array], tokens: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -209,7 +249,7 @@ class KVDecoder:
             raise ValueError(f"{rows} rows do not divide by the mesh's data axis ({mesh.shape['data']} devices)")
         self.set_weights(model)
         self.reset()
-        self._programs: dict[tuple[str, int], Any] = {}  # (kind, span or padded length) -> compiled
+        self._programs: dict[tuple[str, Any], Any] = {}  # (kind, span, (span, n) or padded length) -> compiled
         self.compile_s = 0.0
 
     def reset(self) -> None:
@@ -246,17 +286,31 @@ class KVDecoder:
             spec[rows_axis] = "data"
         return jax.device_put(array, NamedSharding(self.mesh, P(*spec)))
 
-    def _compiled(self, kind: str, size: int) -> Any:
+    def _compiled(self, kind: str, size: Any) -> Any:
         """A program compiled ahead of time, once: a call then hashes no graph and flattens no state,
         and refuses other shapes rather than recompile."""
         if (kind, size) not in self._programs:
             started = time.perf_counter()
             # Example arguments placed as the calls place theirs (a compiled program takes no other).
             ids, one = self._put(np.zeros(self.batch_size, np.int32), 0), self._put(np.zeros(1, np.int32))
-            scalar, tokens = self._put(np.int32(0)), self._put(np.zeros((1, size), np.int32))
+            scalar = self._put(np.int32(0))
+            tokens = self._put(np.zeros((1, size if isinstance(size, int) else 1), np.int32))
             if kind == "step":
                 lowered = jax.jit(_step, static_argnums=(0, 1, 2), donate_argnums=(4, 5)).lower(
                     self.step_graphdef, self._step_treedef, size, self._step_leaves, *self._cache, ids, ids
+                )
+            elif kind == "steps":
+                span, n = size
+                lowered = jax.jit(_steps, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
+                    self.step_graphdef,
+                    self._step_treedef,
+                    span,
+                    n,
+                    self.n_vocab,
+                    self._step_leaves,
+                    *self._cache,
+                    ids,
+                    ids,
                 )
             elif kind == "prefill":
                 lowered = jax.jit(_prefill_row, static_argnums=(0, 1), donate_argnums=(3, 4)).lower(
@@ -268,7 +322,7 @@ class KVDecoder:
                 lowered = jax.jit(_score, static_argnums=(0, 1, 2)).lower(
                     self._scoring_graphdef, self._scoring_treedef, self.n_vocab, self._scoring_leaves, tokens
                 )
-            options = self._compiler_options if kind == "step" else None
+            options = self._compiler_options if kind in ("step", "steps") else None
             self._programs[kind, size] = lowered.compile(compiler_options=options)
             self.compile_s += time.perf_counter() - started
         return self._programs[kind, size]
@@ -320,6 +374,21 @@ class KVDecoder:
         *self._cache, logits = program(self._step_leaves, *self._cache, tokens, self._put(pos, 0))
         self.lengths = self.lengths + advance
         return np.asarray(logits)
+
+    def steps(self, tokens: Sequence[int], n: int, advance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """n greedy steps in one program: the same as n calls of step(), each fed the argmax over ids
+        < n_vocab of the last one's logits. Returns the (B, n) ids drawn and the last step's (B, V)
+        logits; advancing rows' lengths grow by n (each must have room for n more)."""
+        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
+        if (self.lengths[advance] + n > self.cfg.context_length).any():
+            raise ValueError(f"steps: a row's cache has no room for {n} more tokens ({self.cfg.context_length} slots)")
+        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
+        program = self._compiled("steps", (self.span_for(int(pos[advance].max(initial=0)) + n), n))
+        tokens = self._put(np.asarray(tokens, np.int32), 0)
+        *self._cache, drawn, logits = program(self._step_leaves, *self._cache, tokens, self._put(pos, 0))
+        self.lengths = self.lengths + n * advance
+        drawn, logits = jax.device_get((drawn, logits))
+        return np.asarray(drawn), np.asarray(logits)
 
     def prefill(self, windows: Sequence[Sequence[int]]) -> np.ndarray:
         """Restart every row from its window (1..context_length tokens) in one program; (B, V) logits."""

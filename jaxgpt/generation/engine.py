@@ -92,12 +92,22 @@ class Output:
     prompt_logprobs: list[TokenLogprob] | None = None
 
 
+# Greedy steps per dispatch: when every busy row decodes greedily, a turn runs this many decode steps
+# in one compiled program and hands back only the ids (a step's time on an accelerator is mostly the
+# dispatch and the logits' trip to the host). The text is the same as one step per turn; a cancel or
+# a new request waits for the burst to end.
+BURST = 16
+
+
 class Engine:
     """The cache's rows, the waiting requests and the turn that advances them (see the module's docstring)."""
 
-    def __init__(self, model: nnx.Module, tok: Tokenizer | None, *, rows: int = 16, mesh: object = None) -> None:
-        """tok None: token ids only (no text, no stop strings), every id of the model's vocab_size drawn."""
-        self.tok, self.context = tok, model.cfg.context_length
+    def __init__(
+        self, model: nnx.Module, tok: Tokenizer | None, *, rows: int = 16, mesh: object = None, burst: int = BURST
+    ) -> None:
+        """tok None: token ids only (no text, no stop strings), every id of the model's vocab_size drawn.
+        burst: greedy decode steps per program when every busy row decodes greedily (1: one per turn)."""
+        self.tok, self.context, self.burst = tok, model.cfg.context_length, burst
         self.n_vocab = tok.n_vocab if tok is not None else model.cfg.vocab_size
         self.decoder = KVDecoder(model, rows, self.n_vocab, mesh=mesh)
         self.rows: list[Request | None] = [None] * rows
@@ -106,7 +116,7 @@ class Engine:
         self._ids = itertools.count()
         self.stats = GenerationStats()
         # cancelled: answers a cancel ended before they finished (a client gone, a chat page's stop button)
-        self.counts = collections.Counter(requests=0, prefills=0, copies=0, steps=0, tokens=0, cancelled=0)
+        self.counts = collections.Counter(requests=0, prefills=0, copies=0, steps=0, bursts=0, tokens=0, cancelled=0)
 
     # ------------------------------------------------------------------ any thread
 
@@ -169,7 +179,7 @@ class Engine:
                 self.counts["cancelled"] += 1
         self._admit(out)
         self._sample(out)
-        self._advance()
+        self._advance(out)
         return out
 
     def run(self, requests: Sequence[Request]) -> list[Request]:
@@ -305,25 +315,34 @@ class Engine:
                 continue
             p, logits = request.params, request._logits[:n_vocab]
             token = sample_next(logits, request._rng, p)
-            request.sampled.append(token)
             entry = None if p.logprobs is None else logprob_entry(logits, token, p.logprobs, len(request.text.text))
-            if token in p.stop_ids:  # drawn, so counted as vLLM counts it, but not text
-                self._finish(row, "stop", out, stop_entry=entry)
-                continue
-            piece = request.text.push(token)
-            self.counts["tokens"] += 1
-            self.stats.new_tokens += 1
-            if entry is not None:
-                request._pending.append(entry)
-            full = p.on_full == "stop" and len(request.prompt) + len(request.sampled) >= self.context
-            if request.text.stopped:
-                self._finish(row, "stop", out, piece)
-            elif len(request.sampled) >= p.max_tokens or full:
-                self._finish(row, "length", out, piece)
-            elif piece:
+            self._take(row, token, entry, out)
+
+    def _take(self, row: int, token: int, entry: TokenLogprob | None, out: list[Output]) -> bool:
+        """Row `row` drew `token`: its text out, the row freed if that ended it; whether it did."""
+        request = self.rows[row]
+        p = request.params
+        request.sampled.append(token)
+        if token in p.stop_ids:  # drawn, so counted as vLLM counts it, but not text
+            self._finish(row, "stop", out, stop_entry=entry)
+            return True
+        piece = request.text.push(token)
+        self.counts["tokens"] += 1
+        self.stats.new_tokens += 1
+        if entry is not None:
+            request._pending.append(entry)
+        full = p.on_full == "stop" and len(request.prompt) + len(request.sampled) >= self.context
+        if request.text.stopped:
+            self._finish(row, "stop", out, piece)
+        elif len(request.sampled) >= p.max_tokens or full:
+            self._finish(row, "length", out, piece)
+        else:
+            if piece:
                 out.append(Output(request, piece, request._pending))
                 request.logprobs.extend(request._pending)
                 request._pending = []
+            return False
+        return True
 
     def _finish(
         self, row: int, reason: str, out: list[Output], text: str = "", stop_entry: TokenLogprob | None = None
@@ -340,9 +359,9 @@ class Engine:
         request._pending, request.finish_reason, self.rows[row] = [], reason, None
         out.append(Output(request, rest, entries, reason))
 
-    def _advance(self) -> None:
-        """Feed every busy row its last token: one decode step; a full row of a sliding answer restarts
-        from the last half of its context instead."""
+    def _advance(self, out: list[Output]) -> None:
+        """Feed every busy row its last token: one decode step, or a burst of greedy ones; a full row
+        of a sliding answer restarts from the last half of its context instead."""
         busy = np.array([r is not None for r in self.rows])
         if not busy.any():
             return
@@ -355,6 +374,9 @@ class Engine:
         if not advance.any():
             return
         tokens = np.array([r.sampled[-1] if r is not None else 0 for r in self.rows], np.int32)
+        if not full.any() and self._can_burst(advance):
+            self._burst(tokens, advance, out)
+            return
         started, compiled = time.perf_counter(), self.decoder.compile_s
         logits = self.decoder.step(tokens, advance)
         self._timed(started, compiled, "decode_s")
@@ -362,3 +384,27 @@ class Engine:
         self.counts["steps"] += 1
         for row in np.flatnonzero(advance):
             self.rows[row]._logits = logits[row]
+
+    def _can_burst(self, advance: np.ndarray) -> bool:
+        """A burst draws what single steps would: every advancing row greedy, without logprobs or an
+        allowed set, with room for the whole burst, and one of them wanting at least that many tokens."""
+        n, rows = self.burst, [self.rows[row] for row in np.flatnonzero(advance)]
+        if n < 2 or (self.decoder.lengths[advance] + n > self.context).any():
+            return False
+        plain = all(
+            r.params.temperature <= 0 and r.params.logprobs is None and r.params.allowed_ids is None for r in rows
+        )
+        return plain and max(r.params.max_tokens - len(r.sampled) for r in rows) >= n
+
+    def _burst(self, tokens: np.ndarray, advance: np.ndarray, out: list[Output]) -> None:
+        """burst greedy steps in one program; each row takes the ids drawn until one ends it, and the
+        last step's logits for its next draw."""
+        started, compiled = time.perf_counter(), self.decoder.compile_s
+        drawn, logits = self.decoder.steps(tokens, self.burst, advance)
+        self._timed(started, compiled, "decode_s")
+        self.stats.steps += self.burst
+        self.counts["steps"] += self.burst
+        self.counts["bursts"] += 1
+        for row in np.flatnonzero(advance):
+            if not any(self._take(row, int(token), None, out) for token in drawn[row, :-1]):
+                self.rows[row]._logits = logits[row]

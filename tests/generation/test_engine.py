@@ -157,6 +157,37 @@ def test_a_full_context_stops_an_answer_or_slides_its_window(engine: Engine) -> 
     assert len(slid.sampled) == 30 and slid.sampled[:4] == stopped.sampled
 
 
+def test_greedy_bursts_draw_what_one_step_per_turn_draws(engine: Engine) -> None:
+    """Several greedy decode steps per program (the accelerator's dispatch-free path) against one step
+    per turn: the same ids, text, ends and logprob-free outputs, for rows of different lengths that end
+    mid-burst (max_tokens, a stop string, a stop id), a row near the context's end, and a greedy row
+    beside a sampled one (which makes the turn single-step)."""
+    model = build_model(CFG, seed=7)
+    single, bursting = Engine(model, TOK, rows=4, burst=1), Engine(model, TOK, rows=4, burst=8)
+    long = list(np.random.default_rng(1).integers(0, 256, 50))
+    free = draw(single, max_tokens=40).sampled
+    jobs = [
+        (PROMPT, SamplingParams(40, temperature=0.0)),
+        (TOK.encode("abc"), SamplingParams(21, temperature=0.0)),
+        (PROMPT, SamplingParams(40, temperature=0.0, stop=(TOK.decode(free[11:13]),))),
+        (PROMPT, SamplingParams(40, temperature=0.0, stop_ids=(free[18],))),
+        (long, SamplingParams(30, temperature=0.0)),
+        (long, SamplingParams(30, temperature=0.0, on_full="slide")),
+    ]
+    prompts, params = [j[0] for j in jobs], [j[1] for j in jobs]
+    want, got = single.generate(prompts, params), bursting.generate(prompts, params)
+    assert [r.sampled for r in got] == [r.sampled for r in want]
+    assert [(r.text.text, r.finish_reason) for r in got] == [(r.text.text, r.finish_reason) for r in want]
+    assert [len(r.sampled) for r in got][:2] == [40, 21] and got[2].finish_reason == got[3].finish_reason == "stop"
+    assert bursting.counts["bursts"] >= 4 and single.counts["bursts"] == 0
+    streamed = "".join(bursting.stream(PROMPT, SamplingParams(40, temperature=0.0)))
+    assert streamed == want[0].text.text
+    mixed = [SamplingParams(24, temperature=0.0), SamplingParams(24, temperature=1.0, seed=3)]
+    assert [r.sampled for r in bursting.generate([PROMPT, PROMPT], mixed)] == [
+        r.sampled for r in single.generate([PROMPT, PROMPT], mixed)
+    ]
+
+
 def test_bad_requests_are_refused_in_one_line(engine: Engine) -> None:
     for prompt, needle in (([], "at least one token"), ([300], "token id 300 is out of range")):
         with pytest.raises(ValueError, match=needle):

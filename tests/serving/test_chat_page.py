@@ -249,6 +249,7 @@ def test_two_turns_stream_the_servers_answers_and_stop_cancels_the_request(page:
         page.say("Tell me more.")
         page.wait(gate.held.is_set, "the engine held mid-answer")
         (request,) = [r for r in engine.rows if r is not None]
+        held = len(request.sampled)  # a greedy answer draws a burst of tokens a turn (Engine.burst)
         drawn = page.site.served.tok.decode(request.sampled)
         page.wait(lambda: page.answers() == [first, second, drawn], "what was drawn, shown")
         page.screenshot(Path(os.environ.get("JAXGPT_SCREENSHOTS", tmp_path)), "chat-page")
@@ -258,8 +259,8 @@ def test_two_turns_stream_the_servers_answers_and_stop_cancels_the_request(page:
         gate.release()
     page.wait(lambda: page.site.health()["busy_rows"] == 0, "the row freed")
     after = page.site.health()
-    assert request.finish_reason == "cancelled" and len(request.sampled) == GATE_STEPS and drawn
-    assert after["cancelled"] - before["cancelled"] == 1 and after["tokens"] - before["tokens"] == GATE_STEPS
+    assert request.finish_reason == "cancelled" and len(request.sampled) == held >= GATE_STEPS and drawn
+    assert after["cancelled"] - before["cancelled"] == 1 and after["tokens"] - before["tokens"] == held
     assert page.answers()[-1] == drawn and page.notes()[-1] == "(stopped)" and page.idle()
 
     # The conversation goes on from what was drawn.
