@@ -17,16 +17,22 @@ MODEL = ModelConfig(architecture="gpt2", vocab_size=64, context_length=16, emb_d
 TRAIN = TrainConfig(microbatch_size=2, train_steps=4, seed=3)
 
 
-def build() -> tuple[nnx.Module, nnx.Optimizer]:
-    model = build_model(MODEL, seed=TRAIN.seed)
-    return model, make_optimizer(model, TRAIN, 4)
+def build() -> nnx.Module:
+    return build_model(MODEL, seed=TRAIN.seed)
+
+
+def then(model: nnx.Module) -> nnx.Optimizer:
+    return make_optimizer(model, TRAIN, 4)
 
 
 def test_built_on_the_host_and_placed_equals_built_on_the_device() -> None:
+    """The model from the host, the optimiser made on the device from it (build_on_host), against both
+    made in one jit (create_sharded on CPU devices): the same arrays, bit for bit, the same shardings."""
     mesh = sharding.make_mesh(MeshConfig(), TRAIN.microbatch_size)
-    on_device = nnx.state(sharding.create_sharded(build, mesh, False, where="model.json"))
-    shardings = sharding.state_shardings(nnx.state(nnx.eval_shape(build)), mesh, False)
-    on_host = nnx.state(sharding.build_on_host(build, shardings))
+    on_device = nnx.state(sharding.create_sharded(build, mesh, False, where="model.json", then=then))
+    whole = nnx.eval_shape(lambda: (lambda m: (m, then(m)))(build()))
+    shardings = sharding.state_shardings(nnx.state(whole), mesh, False)
+    on_host = nnx.state(sharding.build_on_host(build, shardings, then))
     a, b = jax.tree.leaves(on_device), jax.tree.leaves(on_host)
     assert len(a) == len(b) > 10
     for x, y in zip(a, b):
