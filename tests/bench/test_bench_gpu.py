@@ -60,11 +60,15 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert all(row["status"] == "ok" and row["diff"] <= 1e-3 for row in t["round_trip"]), t["round_trip"]
     # (c) cached generation at two batch sizes
     assert [g["batch_size"] for g in r["generation"]] == [1, 8]
-    assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 for g in r["generation"])
+    assert all(g["status"] == "ok" and g["cached_tok_s"] > 0 and g["burst"] == 16 for g in r["generation"])
     assert (
         md.count("Where the time goes (") == 3 and "gpt2-small-modern attention=auto scan_layers=true k=1, muon" in md
     )
-    assert "| variant | tokens/s |" in md and "bit-identical" in md and "| batch | tokens/s |" in md
+    assert (
+        "| variant | tokens/s |" in md
+        and "bit-identical" in md
+        and "| batch | dtype | steps per dispatch | tokens/s |" in md
+    )
     assert md.count("in a fresh process: loss") == 2 and "(|diff|" in md and "NOT EQUAL" not in md
     assert r["chip"]["platform"] == "cpu" and r["chip"]["devices"] >= 1
     assert Path(f"{out}.logs/train-b.log").is_file() and not Path(f"{out}.logs/work").exists()
