@@ -370,8 +370,8 @@ def _compared(a: Path, b: Path, first: int, metas_a: dict[int, dict[str, Any]]) 
         "loss_first10": sum(head) / len(head),
         "loss_last10": sum(tail) / len(tail),
         "loss_falls": sum(tail) < sum(head),
-        "val_loss": {s: metas_a[s]["val_loss"] for s in sorted(metas_a)},
-        "tokens_per_s": metas_a[max(metas_a)]["throughput_tokens_per_s"],
+        "val_loss": {s: metas_a[s].get("val_loss") for s in sorted(metas_a)},  # None: an RL run's
+        "tokens_per_s": metas_a[max(metas_a)].get("throughput_tokens_per_s"),
         "resume_steps_compared": len(pairs),
         "resume_bit_identical": bool(pairs) and all(x == y for x, y in pairs),
         "resume_max_abs_diff": diff,

@@ -6,7 +6,9 @@
 Each stage is the command a user types, in a fresh process of this interpreter (one program holds a
 TPU at a time), on copies of the shipped runs in a work folder with fewer steps: runs/a-to-a and
 test_a_to_a.py; runs/tiny, test_generation.py; runs/tiny-instruct from it, evaluate.py --exact-match,
-chat.py's one answer; runs/tiny-rl from that, evaluate.py --tasks builtin; serve.py's API in-process
+chat.py's one answer; runs/tiny-rl from that, evaluate.py --tasks builtin; a second copy of
+tiny-instruct and of tiny-rl killed with SIGKILL after its first checkpoint and resumed, whose losses
+must equal the uninterrupted run's bit for bit; serve.py's API in-process
 (the app over the engine, FastAPI's test client: no socket); the export to transformers' layout. A
 failing stage is one row, and the stages after it that need its checkpoint are skipped. Writes
 <out>.json and <out>.md.
@@ -15,11 +17,14 @@ failing stage is one row, and the stages after it that need its checkpoint are s
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from bench import gpu
 from bench.gpu import run_logged
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,9 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SHORTER = {
     "a-to-a": ({}, {}),  # as shipped: it must learn to reproduce the stanza
     "tiny": ({"train_steps": 600}, {"train_steps": 60, "checkpoint_interval": 30, "validation_interval": 30}),
-    "tiny-instruct": ({"train_epochs": 1}, {"train_epochs": None, "train_steps": 20}),
-    "tiny-rl": ({"train_steps": 30, "checkpoint_interval": 15, "validation_interval": 15}, {"train_steps": 4}),
+    "tiny-instruct": (  # every checkpoint kept: the resume stage kills its copy after the first
+        {"train_epochs": None, "train_steps": 300, "checkpoint_interval": 100, "keep_last_checkpoints": 5},
+        {"train_epochs": None, "train_steps": 20, "checkpoint_interval": 5, "keep_last_checkpoints": 5},
+    ),
+    "tiny-rl": (
+        {"train_steps": 30, "checkpoint_interval": 10, "validation_interval": 15, "keep_last_checkpoints": 5},
+        {"train_steps": 8, "checkpoint_interval": 2, "keep_last_checkpoints": 5},
+    ),
 }
+RESUMED = ("tiny-instruct", "tiny-rl")  # fine-tuning and RL: killed after a checkpoint, resumed, compared
 SMOKE_RL = {"prompts_per_step": 2, "samples_per_prompt": 4, "validation_samples": 2}
 SERVE = """
 import json, sys
@@ -73,6 +85,34 @@ def _stage(name: str, args: list[str], logs: Path, timeout: float) -> dict[str, 
     return {"stage": name, "command": " ".join(args), "status": status, "last": last, "s": seconds}
 
 
+def _resume_stage(name: str, work: Path, data: Path, logs: Path) -> dict[str, Any]:
+    """A second copy of run `name`, killed (SIGKILL) once its first checkpoint is written, then resumed;
+    its per-step losses after that checkpoint against the uninterrupted run's: bit for bit."""
+    a, b = work / name, work / f"{name}-resumed"  # a sibling: init_from's relative path holds
+    b.mkdir()
+    for file in ("model.json", "train.json"):
+        shutil.copy(a / file, b / file)
+    metas = gpu._metas(a)
+    first = min(metas)  # the first checkpoint: B is killed once it has written it
+    cmd = [sys.executable, str(ROOT / "train.py"), str(b), "--data-dir", str(data)]
+    killed = gpu._kill_after_checkpoint(cmd, b, first, logs / f"resume-{name}-killed.log", os.environ.copy())
+    rc, last, seconds = run_logged(cmd, logs / f"resume-{name}.log", 600)
+    row = {"stage": f"kill -9 and resume {name}", "command": " ".join(cmd[1:]), "s": seconds, "killed_at": killed}
+    if rc != 0:
+        return row | {"status": f"failed (exit {rc}): {last[-200:]}", "last": last}
+    found = re.search(r"Resuming .* \(step (\d+)\)", (logs / f"resume-{name}.log").read_text())
+    row["resumed_at"] = resumed = int(found.group(1)) if found else None
+    if resumed is None or resumed >= max(metas):
+        why = "the killed run had finished: nothing was resumed"
+        return row | {"status": f"failed: {why}", "last": why}
+    compared = gpu._compared(a, b, first, metas)
+    same, n = compared["resume_bit_identical"], compared["resume_steps_compared"]
+    verdict = f"resumed at step {resumed}; {n} steps after step {first}: " + (
+        "bit-identical" if same else f"NOT identical, max |diff| {compared['resume_max_abs_diff']:.3g}"
+    )
+    return row | {"status": "ok" if same else "failed: " + verdict, "last": verdict, **compared}
+
+
 def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[str, Any]:
     """Every stage in turn (module docstring); writes <out>.json and <out>.md; returns the rows."""
     out = Path(out)
@@ -94,7 +134,9 @@ def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[st
             "tiny-instruct",
             ["chat.py", str(runs["tiny-instruct"]), "--temperature", "0", "-p", "Add 2 and 3."],
         ),
+        ("kill -9 and resume tiny-instruct", "tiny-instruct", None),
         ("train tiny-rl", "tiny-instruct", ["train.py", str(runs["tiny-rl"]), *d]),
+        ("kill -9 and resume tiny-rl", "tiny-rl", None),
         ("evaluate --tasks builtin", "tiny-rl", ["evaluate.py", str(runs["tiny-rl"]), "--tasks", "builtin", *d]),
         ("serve.py API in-process", "tiny-instruct", ["-c", SERVE, str(runs["tiny-instruct"])]),
         (
@@ -108,7 +150,10 @@ def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[st
         if needs is not None and needs not in trained:
             rows.append({"stage": name, "status": f"skipped: {needs} did not train"})
             continue
-        row = _stage(name.replace(" ", "-").replace("/", "-"), args, logs, timeout=600) | {"stage": name}
+        if args is None:
+            row = _resume_stage(name.rsplit(" ", 1)[1], work, data, logs)
+        else:
+            row = _stage(name.replace(" ", "-").replace("/", "-"), args, logs, timeout=600) | {"stage": name}
         rows.append(row)
         if name.startswith("train ") and row["status"] == "ok":
             trained.add(name.removeprefix("train "))

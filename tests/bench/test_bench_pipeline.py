@@ -10,7 +10,7 @@ import pytest
 
 from bench import cli
 
-pytestmark = pytest.mark.slow  # eleven processes, four trainings
+pytestmark = pytest.mark.slow  # fifteen processes, six trainings
 
 
 def test_every_stage_of_the_workflow_runs(tmp_path: Path) -> None:
@@ -25,13 +25,20 @@ def test_every_stage_of_the_workflow_runs(tmp_path: Path) -> None:
         "train tiny-instruct",
         "evaluate --exact-match",
         "chat.py one answer",
+        "kill -9 and resume tiny-instruct",
         "train tiny-rl",
+        "kill -9 and resume tiny-rl",
         "evaluate --tasks builtin",
         "serve.py API in-process",
         "export to transformers",
     ]
     assert all(r["status"] == "ok" for r in rows.values()), [r for r in rows.values() if r["status"] != "ok"]
     assert rows["test_a_to_a.py"]["last"].startswith("Reproduced")
+    for name, first in (("tiny-instruct", 5), ("tiny-rl", 2)):  # SIGKILL'd after the first checkpoint, resumed
+        row = rows[f"kill -9 and resume {name}"]
+        assert row["resumed_from"] == first and first <= row["resumed_at"] < row["checkpoints_a"][-1]
+        assert row["resume_steps_compared"] > 0
+        assert row["resume_bit_identical"] and row["last"].endswith("bit-identical"), row["last"]
     assert json.loads(rows["serve.py API in-process"]["last"])["status"] == 200
     assert (
         "exact match" in rows["evaluate --exact-match"]["last"]
