@@ -119,7 +119,7 @@ def _memory_plan(
     limit -= reserve
     if sample is None:
         sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)
-    plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split)
+    plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split, dots=jax.default_backend() != "tpu")
     plan, needed = memory.choose(
         plans,
         lambda p: step_bytes(run, mesh, steps, policy, p, sample),
