@@ -421,13 +421,14 @@ def _run_reference(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     _add_out_and_smoke(parser, "pipeline")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all stages (default: no limit)")
 
 
 def _run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     """bench.pipeline: the README's workflow once, a row per stage."""
     from bench import pipeline
 
-    return pipeline.pipeline(args.out, cpu_smoke=args.cpu_smoke)
+    return pipeline.pipeline(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
 
 
 # ----------------------------------------------------------------------------- gemv

@@ -1,6 +1,6 @@
 """`python3 -m bench pipeline`: the README's whole workflow once on this machine's device, shortened, a row per stage.
 
-    python3 -m bench pipeline --out pipeline        # on an accelerator machine: its python3, no uv, no network
+    python3 -m bench pipeline --out pipeline --budget 540   # on an accelerator machine: its python3, no uv, no network
     uv run -m bench pipeline --cpu-smoke --out /tmp/p   # the same stages, shorter still, on any CPU (a test runs it)
 
 Each stage is the command a user types, in a fresh process of this interpreter (one program holds a
@@ -85,7 +85,7 @@ def _stage(name: str, args: list[str], logs: Path, timeout: float) -> dict[str, 
     return {"stage": name, "command": " ".join(args), "status": status, "last": last, "s": seconds}
 
 
-def _resume_stage(name: str, work: Path, data: Path, logs: Path) -> dict[str, Any]:
+def _resume_stage(name: str, work: Path, data: Path, logs: Path, timeout: float) -> dict[str, Any]:
     """A second copy of run `name`, killed (SIGKILL) once its first checkpoint is written, then resumed;
     its per-step losses after that checkpoint against the uninterrupted run's: bit for bit."""
     a, b = work / name, work / f"{name}-resumed"  # a sibling: init_from's relative path holds
@@ -96,7 +96,7 @@ def _resume_stage(name: str, work: Path, data: Path, logs: Path) -> dict[str, An
     first = min(metas)  # the first checkpoint: B is killed once it has written it
     cmd = [sys.executable, str(ROOT / "train.py"), str(b), "--data-dir", str(data)]
     killed = gpu._kill_after_checkpoint(cmd, b, first, logs / f"resume-{name}-killed.log", os.environ.copy())
-    rc, last, seconds = run_logged(cmd, logs / f"resume-{name}.log", 600)
+    rc, last, seconds = run_logged(cmd, logs / f"resume-{name}.log", timeout)
     row = {"stage": f"kill -9 and resume {name}", "command": " ".join(cmd[1:]), "s": seconds, "killed_at": killed}
     if rc != 0:
         return row | {"status": f"failed (exit {rc}): {last[-200:]}", "last": last}
@@ -113,8 +113,10 @@ def _resume_stage(name: str, work: Path, data: Path, logs: Path) -> dict[str, An
     return row | {"status": "ok" if same else "failed: " + verdict, "last": verdict, **compared}
 
 
-def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[str, Any]:
-    """Every stage in turn (module docstring); writes <out>.json and <out>.md; returns the rows."""
+def pipeline(out: Path, *, cpu_smoke: bool = False, budget_s: float | None = None, log: Any = print) -> dict[str, Any]:
+    """Every stage in turn (module docstring) within `budget_s` seconds (None: no limit; a stage the
+    budget does not reach is a skipped row); writes <out>.json and <out>.md; returns the rows."""
+    clock = gpu.Clock(float("inf") if budget_s is None else budget_s)
     out = Path(out)
     logs = Path(f"{out}.logs")
     shutil.rmtree(logs, ignore_errors=True)
@@ -150,10 +152,14 @@ def pipeline(out: Path, *, cpu_smoke: bool = False, log: Any = print) -> dict[st
         if needs is not None and needs not in trained:
             rows.append({"stage": name, "status": f"skipped: {needs} did not train"})
             continue
+        timeout = min(600.0, clock.left())
+        if timeout < 5:
+            rows.append({"stage": name, "status": "skipped: time budget spent"})
+            continue
         if args is None:
-            row = _resume_stage(name.rsplit(" ", 1)[1], work, data, logs)
+            row = _resume_stage(name.rsplit(" ", 1)[1], work, data, logs, timeout)
         else:
-            row = _stage(name.replace(" ", "-").replace("/", "-"), args, logs, timeout=600) | {"stage": name}
+            row = _stage(name.replace(" ", "-").replace("/", "-"), args, logs, timeout) | {"stage": name}
         rows.append(row)
         if name.startswith("train ") and row["status"] == "ok":
             trained.add(name.removeprefix("train "))

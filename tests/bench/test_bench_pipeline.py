@@ -45,3 +45,12 @@ def test_every_stage_of_the_workflow_runs(tmp_path: Path) -> None:
         and "ChatCORE" in rows["evaluate --tasks builtin"]["last"]
     )
     assert "| stage | status |" in Path(f"{out}.md").read_text() and not Path(f"{out}.logs/work").exists()
+
+
+def test_a_spent_budget_skips_the_stages_it_does_not_reach(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    assert cli.main(["pipeline", "--cpu-smoke", "--budget", "0", "--out", str(out)]) == 0
+    rows = json.loads(Path(f"{out}.json").read_text())["stages"]
+    assert len(rows) == 13 and all(r["status"].startswith("skipped") for r in rows)
+    # The two trainings that need no other run are refused by the budget; the rest wait on them.
+    assert [r["stage"] for r in rows if r["status"] == "skipped: time budget spent"] == ["train a-to-a", "train tiny"]
