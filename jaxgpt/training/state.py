@@ -158,13 +158,8 @@ def build_state(
     plan = _memory_plan(run, mesh, steps, policy, log, max_split, reserve, sample)
     run_mcfg, run_cfg = plan.model_cfg(mcfg), plan.train_cfg(cfg)  # what the step computes with
 
-    model, optimizer = sharding.create_sharded(
-        lambda: build_model(run_mcfg, seed=cfg.seed),
-        mesh,
-        cfg.mesh.fsdp,
-        where=f"{run.run_dir}/model.json",
-        then=lambda model: make_optimizer(model, run_cfg, steps),
-    )
+    build, then = lambda: build_model(run_mcfg, seed=cfg.seed), lambda m: make_optimizer(m, run_cfg, steps)
+    model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, f"{run.run_dir}/model.json", then)
     routing = None
     if cfg.optimizer == "muon":
         routing = muon.routing_table(model, muon.routes(model))
