@@ -42,7 +42,6 @@ SHORTER = {
         {"train_steps": 8, "checkpoint_interval": 2, "keep_last_checkpoints": 5},
     ),
 }
-RESUMED = ("tiny-instruct", "tiny-rl")  # fine-tuning and RL: killed after a checkpoint, resumed, compared
 SMOKE_RL = {"prompts_per_step": 2, "samples_per_prompt": 4, "validation_samples": 2}
 SERVE = """
 import json, sys

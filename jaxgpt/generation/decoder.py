@@ -9,10 +9,8 @@
     scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob, the top 5 (echo)
     dec.set_weights(model)                        # new weights, the same programs (RL)
 
-Every program runs the model's own forward with a KVCache, allocated once; a row's numbers never
-depend on its neighbours. Steps (on the CPU prefills too) run `decoding_model`, a copy:
-unrolled, untied, dense weights in the compute dtype (ops.for_decoding). With a mesh, rows are
-spread over the data axis. Buckets and spans: docs/evaluation.md "Sampling".
+Every program runs the model's own forward with one KVCache; a row's numbers never depend on its
+neighbours. Steps run `decoding_model`, an unrolled, untied copy (docs/evaluation.md "Sampling").
 """
 
 from __future__ import annotations
@@ -105,7 +103,13 @@ def _step(
     the first `span` slots only. Takes the state's leaves: JAX flattens a list in C++, an nnx.State
     in Python (about half a millisecond for GPT-2's 149 arrays). Returns the caches and (B, V) logits."""
     TRACES["step"] += 1
-    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    return _decode(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), cache_k, cache_v, tokens, pos, span)
+
+
+def _decode(
+    model: nnx.Module, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array, pos: jax.Array, span: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """_step's body: the (B,) tokens at positions pos through the model; the caches and (B, V) logits."""
     x, cache = model.cached_features(tokens[:, None], KVCache(cache_k, cache_v, pos=pos, span=span))  # (B, 1, C)
     return cache.k, cache.v, model.logits(x[:, 0])
 
@@ -131,12 +135,10 @@ def _steps(
     last_slot = model.cfg.context_length - 1
 
     def one(i: jax.Array, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array) -> tuple[jax.Array, ...]:
-        cache = KVCache(cache_k, cache_v, pos=jnp.minimum(pos + i, last_slot), span=span)
-        x, cache = model.cached_features(tokens[:, None], cache)  # (B, 1, C)
-        logits = model.logits(x[:, 0])  # (B, V)
+        cache_k, cache_v, logits = _decode(model, cache_k, cache_v, tokens, jnp.minimum(pos + i, last_slot), span)
         ids = jnp.arange(logits.shape[-1])
         drawn = jnp.argmax(jnp.where(ids < n_vocab, logits, -jnp.inf), axis=-1).astype(jnp.int32)
-        return cache.k, cache.v, drawn, logits
+        return cache_k, cache_v, drawn, logits
 
     def body(i: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         cache_k, cache_v, tokens, drawn, _ = carry
@@ -294,7 +296,7 @@ class KVDecoder:
             # Example arguments placed as the calls place theirs (a compiled program takes no other).
             ids, one = self._put(np.zeros(self.batch_size, np.int32), 0), self._put(np.zeros(1, np.int32))
             scalar = self._put(np.int32(0))
-            tokens = self._put(np.zeros((1, size if isinstance(size, int) else 1), np.int32))
+            tokens = self._put(np.zeros((1, size), np.int32)) if kind in ("prefill", "score") else None
             if kind == "step":
                 lowered = jax.jit(_step, static_argnums=(0, 1, 2), donate_argnums=(4, 5)).lower(
                     self.step_graphdef, self._step_treedef, size, self._step_leaves, *self._cache, ids, ids
@@ -363,29 +365,32 @@ class KVDecoder:
     def step(self, tokens: Sequence[int], advance: np.ndarray | None = None) -> np.ndarray:
         """Append one token per row at position self.lengths[row]; the next logits (B, V). Rows where
         `advance` is False are computed but not advanced (what they attend to does not matter)."""
-        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
-        if (self.lengths[advance] >= self.cfg.context_length).any():
-            raise ValueError(
-                f"step: a row's cache is full ({self.cfg.context_length} tokens); prefill a shorter window"
-            )
-        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
-        program = self._compiled("step", self.span_for(int(pos[advance].max(initial=0)) + 1))
+        advance, pos, span = self._positions(advance, 1, "step")
+        program = self._compiled("step", span)
         tokens = self._put(np.asarray(tokens, np.int32), 0)
-        *self._cache, logits = program(self._step_leaves, *self._cache, tokens, self._put(pos, 0))
+        *self._cache, logits = program(self._step_leaves, *self._cache, tokens, pos)
         self.lengths = self.lengths + advance
         return np.asarray(logits)
+
+    def _positions(self, advance: np.ndarray | None, n: int, caller: str) -> tuple[np.ndarray, Any, int]:
+        """For n steps: the advancing rows (all when None), each row's next slot (placed), the span read."""
+        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
+        if (self.lengths[advance] + n > self.cfg.context_length).any():
+            raise ValueError(
+                f"{caller}: a row's cache has no room for {n} more token(s) ({self.cfg.context_length} slots); "
+                "prefill a shorter window"
+            )
+        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
+        return advance, self._put(pos, 0), self.span_for(int(pos[advance].max(initial=0)) + n)
 
     def steps(self, tokens: Sequence[int], n: int, advance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """n greedy steps in one program: the same as n calls of step(), each fed the argmax over ids
         < n_vocab of the last one's logits. Returns the (B, n) ids drawn and the last step's (B, V)
         logits; advancing rows' lengths grow by n (each must have room for n more)."""
-        advance = np.ones(self.batch_size, bool) if advance is None else np.asarray(advance, bool)
-        if (self.lengths[advance] + n > self.cfg.context_length).any():
-            raise ValueError(f"steps: a row's cache has no room for {n} more tokens ({self.cfg.context_length} slots)")
-        pos = np.minimum(self.lengths, self.cfg.context_length - 1).astype(np.int32)
-        program = self._compiled("steps", (self.span_for(int(pos[advance].max(initial=0)) + n), n))
+        advance, pos, span = self._positions(advance, n, "steps")
+        program = self._compiled("steps", (span, n))
         tokens = self._put(np.asarray(tokens, np.int32), 0)
-        *self._cache, drawn, logits = program(self._step_leaves, *self._cache, tokens, self._put(pos, 0))
+        *self._cache, drawn, logits = program(self._step_leaves, *self._cache, tokens, pos)
         self.lengths = self.lengths + n * advance
         drawn, logits = jax.device_get((drawn, logits))
         return np.asarray(drawn), np.asarray(logits)

@@ -3,15 +3,12 @@ reward them, and train on the group advantages; validate on held-out prompts; ch
 
     code = train(prepare_rl_run(...), stop)      # 0 done, 130 stopped with a checkpoint
 
-Step s takes the prompts pool.for_step(s) and draws rl.samples_per_prompt answers to each with engine
-seeds of (seed, s) (prompts.sample_seed): a resumed run draws exactly the samples the uninterrupted one
-did. The update is the train step's (train_step.py) on a Batch whose advantages make its loss minus the
-mean over the sampled tokens of logprob x advantage; rl.updates_per_batch > 1 takes that many optimiser
-steps on one batch with PPO's clipped ratio against the sampling weights. rl.kl_coef adds the k3 KL to
-init_from's frozen weights (their logprobs computed once per batch, riding in it as the samplers' do);
-rl.sft_rows adds rows of init_from's fine-tuning data (row s: a pure function of (seed, s), as the
-samples). Validation scores the held-out prompts greedily (exact: the run's `best`) and with
-rl.validation_samples samples (pass@1, pass@k).
+Step s draws rl.samples_per_prompt answers to each of pool.for_step(s) with engine seeds of (seed, s):
+a resumed run draws exactly the uninterrupted one's samples. The update is the train step's on a Batch
+whose advantages make its loss minus the mean over sampled tokens of logprob x advantage (PPO's clipped
+ratio when rl.updates_per_batch > 1), plus rl.kl_coef's k3 KL to init_from's frozen weights and
+rl.sft_rows' fine-tuning rows (a pure function of (seed, s)). Validation: greedy (the run's `best`) and
+rl.validation_samples samples (pass@1, pass@k). The whole story: docs/fine-tuning.md.
 """
 
 from __future__ import annotations
