@@ -56,8 +56,10 @@ class ModelConfig:
     attention: Literal["auto", "xla", "cudnn", "splash", "per_head"] = "auto"
     # Recompute in the backward pass (jax.checkpoint) what the forward pass does not keep: false keeps
     # everything; "dots" keeps each block's dense-layer and attention outputs and recomputes the rest
-    # (norms, activations); true (or "full") keeps only each block's input.
-    remat: bool | Literal["full", "dots"] = False
+    # (norms, activations); "attention" keeps only the attention's outputs (with splash attention its
+    # kernel's residuals, so the backward pass never reruns the kernel); true (or "full") keeps only
+    # each block's input.
+    remat: bool | Literal["full", "dots", "attention"] = False
     scan_layers: bool = False  # blocks stacked (L, ...) and run by one lax.scan: compile time flat in n_layers
     loss_chunk: int | None = None  # tokens per chunk of the head + loss; None = the whole (B*T, V) at once
     # The modern recipe's options (layers.py; docs/recipes.md), each on its own; the defaults are

@@ -38,6 +38,7 @@ REMAT_POLICIES = {
     True: None,
     "full": None,
     "dots": jax.checkpoint_policies.save_only_these_names("dense", "attention"),
+    "attention": jax.checkpoint_policies.save_only_these_names("attention"),
 }
 
 # Every parameter carries logical axis names (layers.normal/zeros/ones); jaxgpt/distributed/sharding.py maps them onto

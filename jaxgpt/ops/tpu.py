@@ -100,5 +100,12 @@ def _kernel(T: int, H: int, window: int | None, interpret: bool) -> splash.Splas
     # Built outside any trace: the kernel holds its block masks as arrays, cached for every later trace.
     with jax.ensure_compile_time_eval():
         return splash.make_splash_mha(
-            masks.MultiHeadMask([mask] * H), block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+            masks.MultiHeadMask([mask] * H),
+            block_sizes=sizes,
+            head_shards=1,
+            q_seq_shards=1,
+            # its output and log-sum-exp, what its backward kernel reads: kept by model.json remat
+            # "attention" and "dots" (gpt.REMAT_POLICIES), so the backward pass never reruns the kernel
+            residual_checkpoint_name="attention",
+            interpret=interpret,
         )

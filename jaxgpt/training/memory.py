@@ -6,7 +6,7 @@
 
 Where the device reports its memory (a GPU, a TPU), each candidate step is compiled in turn, from
 the run as configured to the most frugal, and the first whose program XLA fits in the memory is
-taken: loss_chunk, then remat "dots" (not on a TPU) and "full", then each configured microbatch run as 2, 4, ...
+taken: loss_chunk, then remat "dots" (on a TPU "attention") and "full", then each configured microbatch run as 2, 4, ...
 smaller ones with as many more accumulation steps. The global batch, each step's rows and the data
 order stay: only how the step computes them changes. A CPU compiles nothing ahead.
 """
@@ -52,17 +52,25 @@ class Plan:
         )
 
 
+# remat policies from the one that keeps most to the one that keeps least (model.json remat)
+KEEPS_LESS = {False: 0, "dots": 1, "attention": 2, "full": 3, True: 3}
+# A TPU's: splash attention's residuals kept ("attention") ran GPT-2 124M's step 2.5% faster than
+# "full" on a v5e, and "dots" 9-13% slower (HBM traffic for the saved products): docs/log.md#tpu-v5e.
+TPU_POLICIES = ("attention", "full")
+
+
 def candidates(
-    model: ModelConfig, train: TrainConfig, data_ways: int, max_split: int | None = None, dots: bool = True
+    model: ModelConfig,
+    train: TrainConfig,
+    data_ways: int,
+    max_split: int | None = None,
+    policies: tuple[str, ...] = ("dots", "full"),
 ) -> list[Plan]:
-    """The plans to try, the run as configured first; each later one needs less memory. dots False:
-    no remat "dots" step (a TPU v5e ran GPT-2 124M's step 15% faster with "full": HBM traffic for the
-    saved products costs more than recomputing them; docs/log.md#tpu-v5e)."""
+    """The plans to try, the run as configured first; each later one needs less memory: loss chunks,
+    then each of `policies` that keeps less than the configured remat, then smaller microbatches."""
     chunk = model.loss_chunk or LOSS_CHUNK
     plans = [Plan(model.remat, model.loss_chunk)]
-    for remat in ("dots", "full") if dots else ("full",):
-        if model.remat not in (True, "full") and (remat == "full" or model.remat != "dots"):
-            plans.append(Plan(remat, chunk))
+    plans += [Plan(p, chunk) for p in policies if KEEPS_LESS[p] > KEEPS_LESS[model.remat]]
     if model.loss_chunk is None:
         plans.insert(1, Plan(model.remat, chunk))
     split, B = 2, train.microbatch_size

@@ -119,7 +119,8 @@ def _memory_plan(
     limit -= reserve
     if sample is None:
         sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)
-    plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split, dots=jax.default_backend() != "tpu")
+    policies = memory.TPU_POLICIES if jax.default_backend() == "tpu" else ("dots", "full")
+    plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split, policies)
     plan, needed = memory.choose(
         plans,
         lambda p: step_bytes(run, mesh, steps, policy, p, sample),

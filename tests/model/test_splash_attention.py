@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import SLOW
+from jax.ad_checkpoint import print_saved_residuals
 from model_reference import MODERN, gpt_cfg, randomise, tokens
 
 from jaxgpt.config import ConfigError
@@ -72,11 +73,32 @@ def test_a_traced_window_picks_its_kernel_and_remat_retraces_cleanly() -> None:
             np.testing.assert_allclose(got, want, atol=2e-4)
 
 
-@pytest.mark.parametrize("recipe", ["gpt2", pytest.param("2026", marks=SLOW)])
-def test_a_model_on_splash_trains_as_on_the_neutral_attention(recipe: str) -> None:
+def test_remat_attention_keeps_the_kernels_residuals(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under remat "attention" (and "dots") the backward pass reads the kernel's own output and
+    log-sum-exp, saved in the forward pass, rather than running the forward kernel again; under
+    "full" only the inputs are kept."""
+    q, k, v = qkv(2, 2)
+    kept = {}
+    for name in ("full", "attention", "dots"):
+        f = jax.checkpoint(lambda q, k, v: (SPLASH.attention(q, k, v) ** 2).sum(), policy=REMAT_POLICIES[name])
+        print_saved_residuals(f, q, k, v)
+        kept[name] = sorted(
+            line.split()[0] for line in capsys.readouterr().out.splitlines() if "_splash_attention" in line
+        )
+    # the (B, H, T, D) output and the (B, H, T) log-sum-exp, float32 here
+    both = sorted([f"f32[{B},2,{T},{D}]", f"f32[{B},2,{T}]"])
+    assert kept == {"full": [], "attention": both, "dots": both}
+
+
+@pytest.mark.parametrize(
+    "recipe, remat", [("gpt2", False), ("gpt2", "attention"), pytest.param("2026", False, marks=SLOW)]
+)
+def test_a_model_on_splash_trains_as_on_the_neutral_attention(recipe: str, remat: bool | str) -> None:
     """The whole model's loss and gradients with the TPU's operations (interpreted) equal the neutral ones';
-    the 2026 recipe scanned with windows, grouped heads and its connections."""
+    the 2026 recipe scanned with windows, grouped heads and its connections; remat "attention" keeping the
+    kernel's residuals."""
     extra = {} if recipe == "gpt2" else {**MODERN, "window_pattern": "SL", "short_window": W, "n_kv_heads": 1}
+    extra["remat"] = remat
     cfg = gpt_cfg(context_length=T, scan_layers=True, **extra)
     models = [build_model(cfg, seed=3, ops=dataclasses.replace(o, windows=(W, T))) for o in (SPLASH, NEUTRAL)]
     for m in models:

@@ -48,14 +48,17 @@ def test_candidates_go_from_the_run_as_configured_to_the_most_frugal() -> None:
         Plan("full", 256, 4),
     ]
     assert memory.candidates(done, train_cfg, data_ways=1, max_split=1) == [Plan(True, 256)]
-    # A TPU's plan skips "dots": "full" was the faster of the two there, and fits wherever "dots" does.
-    assert memory.candidates(model, train_cfg, data_ways=1, max_split=2, dots=False) == [
+    # A TPU's plan: splash attention's residuals kept, then "full" ("dots" was the slower there).
+    assert memory.candidates(model, train_cfg, data_ways=1, max_split=2, policies=memory.TPU_POLICIES) == [
         Plan(False, None),
         Plan(False, 4096),
+        Plan("attention", 4096),
         Plan("full", 4096),
         Plan("full", 4096, 2),
     ]
-    assert Plan("dots", 4096) in memory.candidates(dataclasses.replace(model, remat="dots"), train_cfg, 1, dots=False)
+    # Only policies that keep less than the configured one follow it.
+    dots = memory.candidates(dataclasses.replace(model, remat="dots"), train_cfg, 1, 1, memory.TPU_POLICIES)
+    assert dots == [Plan("dots", None), Plan("dots", 4096), Plan("attention", 4096), Plan("full", 4096)]
 
 
 def test_choose_takes_the_first_that_fits_and_says_why_none_does() -> None:
