@@ -218,30 +218,32 @@ def probe_chip(logs: Path, clock: Clock) -> dict[str, Any]:
 GPT2, MODERN, NEW = "runs/gpt2-small", "runs/gpt2-small-modern", "runs/gpt2-small-2026"
 
 
-def variants(plan: Plan, platform: str) -> list[tuple[str, str, Any, Any, bool, int, bool]]:
+def variants(plan: Plan, platform: str) -> list[tuple[str, str, Any, Any, bool, int, bool, int | None]]:
     """(a)'s rows, the headline first (the budget may not reach the last ones): (run, attention, remat,
-    loss_chunk, scan_layers, k, breakdown); remat and loss_chunk None: the run's own."""
+    loss_chunk, scan_layers, k, breakdown, microbatch_size); remat, loss_chunk and microbatch_size
+    None: the run's own."""
     k1, k4 = plan.accumulation
     if platform == "tpu":  # splash attention ("auto") against XLA's; 16 GiB: remat and loss chunks
         chunk = 4096
-        # 16 x 1024 at k = 1 needs remat on 16 GiB (no remat: over 18 GB of temporaries), and the 2026
-        # recipe's 16 x 2048 needs "full" (with "dots": 22.7 GB). One --breakdown: its programs cost a minute.
+        # 16 x 1024 at k = 1 needs remat on 16 GiB (no remat: 22 GB of temporaries); "attention" keeps
+        # the splash kernel's residuals (the fastest policy there). The 2026 recipe's 16 x 2048 runs
+        # as 2 microbatches of 8 (12.5 GiB with "full"). One --breakdown: its programs cost a minute.
         return [
-            (GPT2, "auto", "full", chunk, True, k1, True),
-            (GPT2, "xla", "full", chunk, True, k1, False),
-            (MODERN, "auto", "dots", chunk, True, k1, False),
-            (NEW, "auto", "full", chunk, True, k1, False),
-            (GPT2, "auto", "dots", chunk, True, k1, False),
+            (GPT2, "auto", "attention", chunk, True, k1, True, None),
+            (GPT2, "xla", "full", chunk, True, k1, False, None),
+            (MODERN, "auto", "full", chunk, True, k1, False, None),
+            (NEW, "auto", "full", chunk, True, 2 * k1, False, 8),
+            (GPT2, "auto", "full", chunk, True, k1, False, None),
         ]
     cudnn = plan.cudnn
     return [
-        (GPT2, cudnn, None, None, True, k1, True),
-        (MODERN, cudnn, None, None, True, k1, True),
-        (NEW, cudnn, None, None, True, k1, True),
-        (GPT2, cudnn, None, None, True, k4, False),
-        (GPT2, "xla", None, None, True, k1, False),
-        (GPT2, cudnn, None, None, False, k1, False),
-        (MODERN, cudnn, None, None, True, k4, False),
+        (GPT2, cudnn, None, None, True, k1, True, None),
+        (MODERN, cudnn, None, None, True, k1, True, None),
+        (NEW, cudnn, None, None, True, k1, True, None),
+        (GPT2, cudnn, None, None, True, k4, False, None),
+        (GPT2, "xla", None, None, True, k1, False, None),
+        (GPT2, cudnn, None, None, False, k1, False, None),
+        (MODERN, cudnn, None, None, True, k4, False, None),
     ]
 
 
@@ -249,9 +251,10 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any], platfo
     # Every row leaves (b) and (c) the least time they need: a slow compile costs rows of (a), never (b) or (c).
     later = plan.part_seconds["train"] + 2 * plan.part_seconds["generate"]
     rows = []
-    for run, attention, remat, chunk, scan, k, breakdown in variants(plan, platform):
+    for run, attention, remat, chunk, scan, k, breakdown, B in variants(plan, platform):
         runtime = ("" if remat is None else f" remat={str(remat).lower()}") + (f" loss_chunk={chunk}" if chunk else "")
-        label = f"{Path(run).name} attention={attention}{runtime} scan_layers={str(scan).lower()} k={k}"
+        rows_ = "" if B is None else f" microbatch={B}"
+        label = f"{Path(run).name} attention={attention}{runtime} scan_layers={str(scan).lower()}{rows_} k={k}"
         reserve = later
         if clock.left() - reserve < plan.part_seconds["step"]:
             rows.append({"label": label, "run": run, "status": "skipped: time budget spent"})
@@ -276,6 +279,7 @@ def step_rows(plan: Plan, logs: Path, clock: Clock, chip: dict[str, Any], platfo
             *([] if chunk is None else [f"--model=loss_chunk={chunk}"]),
             *[f"--model={m}" for m in plan.step_model],
             *[f"--train={t}" for t in plan.step_train],
+            *([] if B is None else [f"--train=microbatch_size={B}"]),
         ]
         row = _bench(
             args + (["--breakdown"] if breakdown else []),
@@ -399,12 +403,14 @@ def round_trip(metas: dict[int, dict[str, Any]], data: Path, logs: Path, clock: 
 
 
 def _kill_after_checkpoint(cmd: list[str], run: Path, step: int, log: Path, env: dict[str, str]) -> int | None:
-    """Start `cmd`; SIGKILL it once run's step-`step` checkpoint is complete; the step it had logged then."""
+    """Start `cmd`; SIGKILL it once run's step-`step` checkpoint is complete; the step it had logged then.
+    Complete: renamed into place (a checkpoint is written as .tmp-<name> with its meta.json last, then
+    renamed; a kill before the rename leaves no checkpoint, and the resume would start over)."""
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            if list((run / "checkpoints").glob(f"*-step-{step}/meta.json")):
+            if list((run / "checkpoints").glob(f"[0-9]*-step-{step}/meta.json")):
                 proc.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.2)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -97,3 +99,23 @@ def test_chip_peaks_and_the_cuda13_extra() -> None:
     assert extras["cuda12"] == ["jax[cuda12]>=0.10.2"] and extras["cuda13"] == ["jax[cuda13]>=0.10.2"]
     lock = (ROOT / "uv.lock").read_text()
     assert 'name = "jax-cuda13-plugin"' in lock and 'name = "jax-cuda12-plugin"' in lock  # both resolved
+
+
+def test_the_kill_waits_for_the_checkpoint_to_be_renamed_into_place(tmp_path: Path) -> None:
+    """A checkpoint is written as .tmp-<name>, meta.json last, then renamed: the resume checks kill the run
+    only once it is in place (a kill between the two left none, and the TPU pipeline's resume started over)."""
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    writer = (
+        "import os, sys, time, pathlib\n"
+        f"root = pathlib.Path({str(ckpts)!r})\n"
+        "tmp = root / '.tmp-20260101T000000Z-step-2'\n"
+        "tmp.mkdir(parents=True)\n"
+        "(tmp / 'meta.json').write_text('{\"step\": 2}')\n"
+        "time.sleep(2)\n"
+        "os.rename(tmp, root / '20260101T000000Z-step-2')\n"
+        "time.sleep(60)\n"
+    )
+    cmd = [sys.executable, "-c", writer]
+    bench_gpu._kill_after_checkpoint(cmd, run, 2, tmp_path / "log", dict(os.environ))
+    assert (ckpts / "20260101T000000Z-step-2" / "meta.json").is_file()
