@@ -1,0 +1,100 @@
+"""Train-step variants of the shipped 124M runs on this chip, in one process; then a profile of one.
+
+    python3 .accel/speed.py OUT BUDGET_S
+Each row: remat policy, microbatch x k, step ms, tokens/s, MFU (197 TFLOP/s), XLA's bytes, compile s.
+"""
+import dataclasses, json, os, sys, tarfile, time, traceback
+from pathlib import Path
+
+import jax
+import numpy as np
+
+jax.config.update("jax_compilation_cache_dir", "/tmp/jc")
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+from bench.train_step import _batches, _build
+from jaxgpt.config import load_run_configs
+from bench.train_step import train_flops_per_token
+from jaxgpt.training import memory
+from jaxgpt.data.samplers.batch import Batch
+from jaxgpt.training.train_step import StepRunner, step_key
+
+OUT = Path(sys.argv[1]); OUT.mkdir(parents=True, exist_ok=True)
+END = time.monotonic() + float(sys.argv[2])
+PEAK = 197e12
+rows = []
+
+
+def variant(run, remat, B, k, steps=6, profile=None, **model):
+    name = f"{run} remat={remat} {B}x{k} {model or ''}"
+    if time.monotonic() > END - 30:
+        print(f"{name}: skipped, budget", flush=True); return
+    m, t = load_run_configs(Path("runs") / run)
+    m = dataclasses.replace(m, remat=remat, loss_chunk=model.pop("loss_chunk", 4096), **model)
+    if os.environ.get("SPEED_TINY"):  # a CPU rehearsal of the same code
+        m = dataclasses.replace(m, emb_dim=64, n_heads=2, n_layers=2, context_length=128)
+        B, t = 2, dataclasses.replace(t, sequence_length=None) if hasattr(t, "sequence_length") else t
+    t = dataclasses.replace(t, microbatch_size=B, gradient_accumulation_steps=k, batch_size=None)
+    T = t.seq_len(m)
+    row = {"name": name}
+    try:
+        t0 = time.perf_counter()
+        mdl, opt, mesh, rws, init_s = _build(m, t, 100, run)
+        put = _batches(t, m.vocab_size, T, mesh, rws)
+        runner = StepRunner(mdl, opt)
+        b0 = put(0)
+        c0 = time.perf_counter()
+        compiled = runner.lower(Batch(*b0), step_key(0, 0)).compile()
+        row["compile_s"] = round(time.perf_counter() - c0, 1)
+        row["xla_gib"] = round(memory.compiled_bytes(compiled) / 2**30, 2)
+        jax.block_until_ready(runner(Batch(*b0), step_key(0, 0)))
+        for i in range(1, 3):
+            out = runner(Batch(*put(i)), step_key(0, i))
+        jax.block_until_ready(out)
+        times = []
+        for w in range(2):
+            s0 = time.perf_counter()
+            for i in range(steps):
+                out = runner(Batch(*put(i)), step_key(0, i))
+            jax.block_until_ready(out)
+            times.append((time.perf_counter() - s0) / steps)
+        step = min(times)
+        tok = k * B * T / step
+        row.update(step_ms=round(1e3 * step, 1), ms_per_microbatch=round(1e3 * step / k, 1), tokens_s=round(tok),
+                   mfu=round(tok * train_flops_per_token(m, T) / PEAK, 4), loss=float(jax.device_get(out[0]).mean()),
+                   total_s=round(time.perf_counter() - t0, 1))
+        if profile:
+            d = Path("/tmp/prof") / profile
+            jax.profiler.start_trace(str(d))
+            for i in range(3):
+                out = runner(Batch(*put(i)), step_key(0, i))
+            jax.block_until_ready(out)
+            jax.profiler.stop_trace()
+            with tarfile.open(OUT / f"prof-{profile}.tgz", "w:gz") as tf:
+                tf.add(d, arcname=profile)
+    except Exception as e:  # one row, not the probe
+        lines = [l for l in str(e).splitlines() if l.strip()]
+        row["error"] = (lines[0] if lines else type(e).__name__)[:300]
+        if memory.is_out_of_memory(e):
+            row["refused_gib"] = round((memory.refused_bytes(str(e)) or 0) / 2**30, 2)
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+    (OUT / "speed.json").write_text(json.dumps(rows, indent=1))
+    for name_ in ("mdl", "opt", "runner", "compiled", "out"):
+        locals().pop(name_, None)
+    jax.clear_caches()
+
+
+which = os.environ.get("SPEED_ONLY", "main")
+if which == "main":
+    variant("gpt2-small", "full", 16, 1, profile="full")                     # baseline: 204.3 ms in the check
+    variant("gpt2-small", "attention", 16, 1, profile="attention")  # the kernel's residuals kept
+    variant("gpt2-small", False, 16, 1)                        # nothing recomputed, if it fits
+    variant("gpt2-small", "dots", 16, 1)                       # products + kernel residuals kept
+    variant("gpt2-small", "attention", 16, 4)                  # the update over 4 microbatches
+    variant("gpt2-small", False, 8, 2)
+    variant("gpt2-small-modern", "attention", 16, 1)
+    variant("gpt2-small-modern", "full", 16, 1)
+    variant("gpt2-small-2026", "attention", 8, 2, steps=3)
+    variant("gpt2-small-2026", "full", 8, 2, steps=3)
+print("speed done", flush=True)
