@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxgpt.checkpoints.layout import list_checkpoints, step_of
 from jaxgpt.tracking.history import read_record
 from jaxgpt.training.mfu import chip_peak_flops
 
@@ -403,14 +404,14 @@ def round_trip(metas: dict[int, dict[str, Any]], data: Path, logs: Path, clock: 
 
 
 def _kill_after_checkpoint(cmd: list[str], run: Path, step: int, log: Path, env: dict[str, str]) -> int | None:
-    """Start `cmd`; SIGKILL it once run's step-`step` checkpoint is complete; the step it had logged then.
-    Complete: renamed into place (a checkpoint is written as .tmp-<name> with its meta.json last, then
-    renamed; a kill before the rename leaves no checkpoint, and the resume would start over)."""
+    """Start `cmd`; SIGKILL it once run's step-`step` checkpoint is complete (layout.list_checkpoints: renamed
+    into place; a kill while it is still .tmp-<name> leaves none, and the resume would start over); the
+    step it had logged then."""
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            if list((run / "checkpoints").glob(f"[0-9]*-step-{step}/meta.json")):
+            if any(step_of(c) == step for c in list_checkpoints(run)):
                 proc.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.2)

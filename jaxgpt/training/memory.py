@@ -57,6 +57,7 @@ KEEPS_LESS = {False: 0, "dots": 1, "attention": 2, "full": 3, True: 3}
 # A TPU's: splash attention's residuals kept ("attention") ran GPT-2 124M's step 2.5% faster than
 # "full" on a v5e, and "dots" 9-13% slower (HBM traffic for the saved products): docs/log.md#tpu-v5e.
 TPU_POLICIES = ("attention", "full")
+POLICIES = ("dots", "full")  # elsewhere
 
 
 def candidates(
@@ -64,7 +65,7 @@ def candidates(
     train: TrainConfig,
     data_ways: int,
     max_split: int | None = None,
-    policies: tuple[str, ...] = ("dots", "full"),
+    policies: tuple[str, ...] = POLICIES,
 ) -> list[Plan]:
     """The plans to try, the run as configured first; each later one needs less memory: loss chunks,
     then each of `policies` that keeps less than the configured remat, then smaller microbatches."""

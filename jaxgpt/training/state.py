@@ -119,7 +119,7 @@ def _memory_plan(
     limit -= reserve
     if sample is None:
         sample = run.train_batches.batch(0, cfg.gradient_accumulation_steps)
-    policies = memory.TPU_POLICIES if jax.default_backend() == "tpu" else ("dots", "full")
+    policies = memory.TPU_POLICIES if jax.default_backend() == "tpu" else memory.POLICIES
     plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split, policies)
     plan, needed = memory.choose(
         plans,
