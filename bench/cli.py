@@ -422,13 +422,19 @@ def _run_reference(args: argparse.Namespace) -> dict[str, Any]:
 def _add_pipeline_args(parser: argparse.ArgumentParser) -> None:
     _add_out_and_smoke(parser, "pipeline")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all stages (default: no limit)")
+    parser.add_argument(
+        "--stages",
+        default=None,
+        help="comma-separated parts of stage names: only those stages and the trainings they need (default: all)",
+    )
 
 
 def _run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
     """bench.pipeline: the README's workflow once, a row per stage."""
     from bench import pipeline
 
-    return pipeline.pipeline(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget)
+    only = None if args.stages is None else [part.strip() for part in args.stages.split(",") if part.strip()]
+    return pipeline.pipeline(args.out, cpu_smoke=args.cpu_smoke, budget_s=args.budget, only=only)
 
 
 # ----------------------------------------------------------------------------- gemv

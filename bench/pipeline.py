@@ -112,18 +112,9 @@ def _resume_stage(name: str, work: Path, data: Path, logs: Path, timeout: float)
     return row | {"status": "ok" if same else "failed: " + verdict, "last": verdict, **compared}
 
 
-def pipeline(out: Path, *, cpu_smoke: bool = False, budget_s: float | None = None, log: Any = print) -> dict[str, Any]:
-    """Every stage in turn (module docstring) within `budget_s` seconds (None: no limit; a stage the
-    budget does not reach is a skipped row); writes <out>.json and <out>.md; returns the rows."""
-    clock = gpu.Clock(float("inf") if budget_s is None else budget_s)
-    out = Path(out)
-    logs = Path(f"{out}.logs")
-    shutil.rmtree(logs, ignore_errors=True)
-    work, data = logs / "work", logs / "work" / "data"
-    work.mkdir(parents=True)
-    runs = {name: _copy_run(name, work, cpu_smoke) for name in SHORTER}
-    d = ["--data-dir", str(data)]
-    stages = [  # (name, needs the run of, command)
+def _stages(runs: dict[str, Path], work: Path, d: list[str]) -> list[tuple[str, str | None, list[str] | None]]:
+    """The workflow's stages: (name, the run whose training it needs, the command; None: a resume stage)."""
+    return [
         ("train a-to-a", None, ["train.py", str(runs["a-to-a"]), *d]),
         ("test_a_to_a.py", "a-to-a", ["test_a_to_a.py", str(runs["a-to-a"])]),
         ("train tiny", None, ["train.py", str(runs["tiny"]), *d]),
@@ -146,8 +137,50 @@ def pipeline(out: Path, *, cpu_smoke: bool = False, budget_s: float | None = Non
             ["import_gpt2.py", "export", str(runs["tiny-instruct"]), str(work / "exported")],
         ),
     ]
+
+
+def _wanted(stages: list[tuple[str, str | None, Any]], only: list[str] | None) -> set[str]:
+    """The stages to run: those whose name contains one of `only` (all when None), with the trainings
+    they need, transitively; an `only` that names no stage is a one-line error."""
+    if only is None:
+        return {name for name, _, _ in stages}
+    names = [name for name, _, _ in stages]
+    unknown = [o for o in only if not any(o in name for name in names)]
+    if unknown:
+        raise SystemExit(f"bench pipeline: --stages {','.join(unknown)} names no stage; the stages: {', '.join(names)}")
+    needs = {name: need for name, need, _ in stages}
+    wanted, todo = set(), [name for name in names if any(o in name for o in only)]
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            if needs[name] is not None:
+                todo.append(f"train {needs[name]}")
+    return wanted
+
+
+def pipeline(
+    out: Path,
+    *,
+    cpu_smoke: bool = False,
+    budget_s: float | None = None,
+    only: list[str] | None = None,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Every stage in turn (module docstring) within `budget_s` seconds (None: no limit; a stage the
+    budget does not reach is a skipped row); `only`: the stages whose names contain one of these, and
+    the trainings they need (the rest are not rows); writes <out>.json and <out>.md; returns the rows."""
+    clock = gpu.Clock(float("inf") if budget_s is None else budget_s)
+    out = Path(out)
+    logs = Path(f"{out}.logs")
+    shutil.rmtree(logs, ignore_errors=True)
+    work, data = logs / "work", logs / "work" / "data"
+    work.mkdir(parents=True)
+    runs = {name: _copy_run(name, work, cpu_smoke) for name in SHORTER}
+    stages = _stages(runs, work, ["--data-dir", str(data)])
+    wanted = _wanted(stages, only)
     rows, trained = [], set()
-    for name, needs, args in stages:
+    for name, needs, args in (stage for stage in stages if stage[0] in wanted):
         if needs is not None and needs not in trained:
             rows.append({"stage": name, "status": f"skipped: {needs} did not train"})
             continue

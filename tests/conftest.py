@@ -58,6 +58,28 @@ from jaxgpt.data.samplers.batch import Batch  # noqa: E402
 
 caches.enable_compile_cache()
 
+# On an accelerator (docs/tests.md, "On a TPU"): this process holds the chip, which takes one program at
+# a time, so the programs the tests start (train.py, evaluate.py, ...) run on the host's CPU; and float32
+# matrix products run at full precision (a TPU's default multiplies float32 in bfloat16 passes), so the
+# comparisons against float32 references keep the tolerances they have on a CPU. JAX read JAX_PLATFORMS
+# when it was imported: setting it now changes the children's platform, not this process's.
+import jax  # noqa: E402
+
+ON_ACCELERATOR = jax.default_backend() != "cpu"
+if ON_ACCELERATOR:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+# How much wider a float32 comparison's tolerance is on an accelerator than on a CPU: a TPU's float32
+# exp, tanh and erf, and the Pallas kernels' products, agree with a CPU's to about five digits, not
+# seven: on a TPU v5e the numpy-reference and interpreted-splash comparisons failed at the CPU's
+# tolerance and passed at 30 times it (docs/tests.md "On a TPU"). JAXGPT_TEST_F32_SLACK overrides it.
+F32_SLACK = float(os.environ.get("JAXGPT_TEST_F32_SLACK", "30")) if ON_ACCELERATOR else 1.0
+
+# A test of what only a CPU runs (XLA:CPU's compiled decode programs, the CPU's bfloat16 kernels and
+# summation orders): on an accelerator its premise does not hold, so it is skipped there.
+CPU_ONLY = pytest.mark.skipif(ON_ACCELERATOR, reason="checks a CPU's own programs or kernels")
+
 
 # The fast tier (`uv run pytest -m "not slow"`, docs/tests.md) leaves these out; the whole suite runs them.
 SLOW = pytest.mark.slow

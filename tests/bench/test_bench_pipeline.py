@@ -54,3 +54,19 @@ def test_a_spent_budget_skips_the_stages_it_does_not_reach(tmp_path: Path) -> No
     assert len(rows) == 13 and all(r["status"].startswith("skipped") for r in rows)
     # The two trainings that need no other run are refused by the budget; the rest wait on them.
     assert [r["stage"] for r in rows if r["status"] == "skipped: time budget spent"] == ["train a-to-a", "train tiny"]
+
+
+def test_stages_picks_stages_and_the_trainings_they_need(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    args = ["pipeline", "--cpu-smoke", "--budget", "0", "--out", str(out), "--stages", "resume tiny-instruct,export"]
+    assert cli.main(args) == 0
+    rows = json.loads(Path(f"{out}.json").read_text())["stages"]
+    # In the workflow's order; tiny-instruct needs tiny's checkpoint, so both trainings come along.
+    assert [r["stage"] for r in rows] == [
+        "train tiny",
+        "train tiny-instruct",
+        "kill -9 and resume tiny-instruct",
+        "export to transformers",
+    ]
+    with pytest.raises(SystemExit, match="--stages nonesuch names no stage"):
+        cli.main(["pipeline", "--cpu-smoke", "--budget", "0", "--out", str(out), "--stages", "nonesuch"])

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, SLOW, cases
+from conftest import CPU_ONLY, ROOT, SLOW, cases
 from flax import nnx
 
 import test_generation
@@ -208,6 +208,7 @@ def _einsum_in_another_order(spec: str, a: jax.Array, b: jax.Array, dtype, produ
 BF16_LAYOUTS = {k: v for k, v in LAYOUTS.items() if v.get("compute_dtype") == "bfloat16"}
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("kw", cases(BF16_LAYOUTS, fast=list(BF16_LAYOUTS)[:1]))
 def test_bfloat16_tolerance_holds_against_a_full_forward_summed_in_another_order(
     kw: dict, monkeypatch: pytest.MonkeyPatch
@@ -392,6 +393,7 @@ def test_generation_cli_batches_prompts_and_reports_speed(tmp_path: Path, capsys
     assert test_generation.main([str(tmp_path / "missing")]) == 2
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
 def test_bfloat16_decoding_without_the_native_kernel_is_xlas_and_as_exact(
     rows: int, monkeypatch: pytest.MonkeyPatch
@@ -501,6 +503,7 @@ def _original_step_hlo(model: nnx.Module, rows: int) -> str:
     )
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
 @pytest.mark.parametrize(
     "kw",
@@ -547,6 +550,7 @@ def test_decode_step_program_casts_copies_and_slices_no_weight(kw: dict, rows: i
         assert weight_copies(_original_step_hlo(model, rows), model) != []
 
 
+@CPU_ONLY
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
 @pytest.mark.parametrize("dtype", [pytest.param("float32", marks=SLOW), "bfloat16"])
 def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows: int) -> None:
@@ -575,6 +579,7 @@ def test_cpu_prefills_run_the_decoding_copy_and_copy_no_weight(dtype: str, rows:
     assert weight_copies(own, model) != []
 
 
+@CPU_ONLY
 @pytest.mark.parametrize(
     "kw",
     [

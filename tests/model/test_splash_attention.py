@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SLOW
+from conftest import F32_SLACK, SLOW
 from jax.ad_checkpoint import print_saved_residuals
 from model_reference import MODERN, gpt_cfg, randomise, tokens
 
@@ -50,12 +50,12 @@ def test_splash_computes_the_neutral_attention_and_its_gradients(heads, kv_heads
     np.testing.assert_allclose(
         SPLASH.attention(q, k, v, window=window, segments=segments),
         NEUTRAL.attention(q, k, v, window=window, segments=segments),
-        atol=2e-5,
+        atol=2e-5 * F32_SLACK,
     )
     got = jax.jit(jax.grad(loss(SPLASH), argnums=(0, 1, 2)))(q, k, v)
     want = jax.grad(loss(NEUTRAL), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=2e-4)
+        np.testing.assert_allclose(g, w, atol=2e-4 * F32_SLACK)
 
 
 def test_a_traced_window_picks_its_kernel_and_remat_retraces_cleanly() -> None:
@@ -70,7 +70,7 @@ def test_a_traced_window_picks_its_kernel_and_remat_retraces_cleanly() -> None:
         for scale in (1.0, 2.0):  # a second trace reuses the cached kernel
             got = grad(q * scale, k, v, jnp.int32(window))
             want = jax.grad(lambda q: NEUTRAL.attention(q, k, v, window=window).sum())(q * scale)
-            np.testing.assert_allclose(got, want, atol=2e-4)
+            np.testing.assert_allclose(got, want, atol=2e-4 * F32_SLACK)
 
 
 def test_remat_attention_keeps_the_kernels_residuals(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ The import graph is test_layout.py's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ def run_fresh(code: str, tmp_path: Path) -> dict:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAXGPT_DATA_DIR": str(tmp_path / "data")},
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAXGPT_DATA_DIR": str(tmp_path / "data")}
+        | {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},  # a Python whose packages it names
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
