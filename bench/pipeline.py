@@ -59,7 +59,7 @@ with TestClient(api.create_app(served)) as http:
 """
 
 
-def _copy_run(name: str, work: Path, smoke: bool) -> Path:
+def _copy_run(name: str, work: Path, smoke: bool) -> None:
     """runs/<name> into the work folder, its train.json shortened (init_from keeps pointing at the sibling)."""
     run = work / name
     run.mkdir(parents=True)
@@ -74,7 +74,6 @@ def _copy_run(name: str, work: Path, smoke: bool) -> Path:
         train["rl"] |= SMOKE_RL
         train |= {"microbatch_size": 8, "gradient_accumulation_steps": 1}
     (run / "train.json").write_text(json.dumps(train, indent=2))
-    return run
 
 
 def _stage(name: str, args: list[str], logs: Path, timeout: float) -> dict[str, Any]:
@@ -173,12 +172,13 @@ def pipeline(
     clock = gpu.Clock(float("inf") if budget_s is None else budget_s)
     out = Path(out)
     logs = Path(f"{out}.logs")
-    shutil.rmtree(logs, ignore_errors=True)
     work, data = logs / "work", logs / "work" / "data"
+    stages = _stages({name: work / name for name in SHORTER}, work, ["--data-dir", str(data)])
+    wanted = _wanted(stages, only)  # a --stages that names no stage errs before the last logs go
+    shutil.rmtree(logs, ignore_errors=True)
     work.mkdir(parents=True)
-    runs = {name: _copy_run(name, work, cpu_smoke) for name in SHORTER}
-    stages = _stages(runs, work, ["--data-dir", str(data)])
-    wanted = _wanted(stages, only)
+    for name in SHORTER:
+        _copy_run(name, work, cpu_smoke)
     rows, trained = [], set()
     for name, needs, args in (stage for stage in stages if stage[0] in wanted):
         if needs is not None and needs not in trained:

@@ -22,8 +22,12 @@ def run_fresh(code: str, tmp_path: Path) -> dict:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAXGPT_DATA_DIR": str(tmp_path / "data")}
-        | {k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ},  # a Python whose packages it names
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "JAXGPT_DATA_DIR": str(tmp_path / "data"),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),  # a Python whose packages it names (a TPU VM's)
+        },
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
