@@ -12,8 +12,10 @@ on forced host devices and on several processes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +23,7 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
+from jax.extend.core import jaxpr_as_fun
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -133,7 +136,7 @@ def build_on_host(build: Any, shardings: Any, then: Any = None) -> Any:
     run on the devices (shardings: of (built, then's) when `then` is given). create_sharded's way on
     one accelerator process."""
     with jax.default_device(jax.local_devices(backend="cpu")[0]):
-        built = nnx.jit(build)()
+        built = _built_in_parts(build)
     nnx.update(built, jax.device_put(nnx.state(built), shardings if then is None else shardings[0]))
     if then is None:
         return built
@@ -145,6 +148,38 @@ def build_on_host(build: Any, shardings: Any, then: Any = None) -> Any:
         return made
 
     return built, rest(built)
+
+
+PART = 1 / 64  # of all the elements: an array at least this big is compiled as a program of its own
+
+
+def _built_in_parts(build: Any) -> Any:
+    """`build()` as jitted programs, one per large array and one for the rest, compiled in parallel
+    threads (XLA compiles without Python's lock) on the default device. XLA:CPU's compile time grows
+    with every random initialiser: GPT-2 124M's one program took 6.6 s to compile on a TPU v5e's host,
+    as long again from the persistent cache. Each part is the one program with the other outputs
+    left for XLA to drop, so every array is that program's, bit for bit (tests/distributed/test_placement.py)."""
+    made: dict[str, Any] = {}
+
+    def leaves() -> list[Any]:
+        made["graphdef"], state = nnx.split(build())
+        flat, made["treedef"] = jax.tree.flatten(state)
+        return flat
+
+    closed = jax.make_jaxpr(leaves)()
+    whole = jaxpr_as_fun(closed)
+    sizes = [math.prod(a.shape) for a in closed.out_avals]
+    big = [i for i, n in enumerate(sizes) if n >= PART * sum(sizes)]
+    rest = [i for i in range(len(sizes)) if i not in big]
+    parts = [[i] for i in big] + ([rest] if rest else [])
+    lowered = [jax.jit(lambda part=part: [whole()[i] for i in part]).lower() for part in parts]
+    with concurrent.futures.ThreadPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
+        programs = list(pool.map(lambda low: low.compile(), lowered))
+    arrays: list[Any] = [None] * len(sizes)
+    for part, program in zip(parts, programs):
+        for i, array in zip(part, program()):
+            arrays[i] = array
+    return nnx.merge(made["graphdef"], jax.tree.unflatten(made["treedef"], arrays))
 
 
 def device_memory() -> int | None:

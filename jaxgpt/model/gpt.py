@@ -211,7 +211,8 @@ class CausalSelfAttention(nnx.Module):
         if rngs is not None and self.drop_rate > 0.0:
             dropout = lambda att: _dropout(att, self.attn_drop, rngs)  # noqa: E731 - on the attention weights
         y = self.ops.attention(q, k, v, dropout, window, None if packed is None else packed[0])  # (B, T, C)
-        y = checkpoint_name(y, "attention")  # kept by model.json remat "dots"
+        if not self.ops.names_residuals(T, dropout):  # a kernel that names its own keeps them: not this copy too
+            y = checkpoint_name(y, "attention")  # kept by model.json remat "attention" and "dots"
         if cache is not None:
             cache = cache.prefill(k, v)
         return _dropout(self.proj(y), self.resid_drop, rngs), cache  # (B, T, C)

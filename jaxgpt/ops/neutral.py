@@ -200,6 +200,11 @@ class Ops:
             return w
         return _decode_kernel(w, self.compute_dtype, self.weight_dtype, self.kernels_out_in)
 
+    def names_residuals(self, T: int, dropout: Callable[[jax.Array], jax.Array] | None) -> bool:
+        """Whether attention over T tokens names what its backward pass reads "attention" itself (a
+        kernel's output and log-sum-exp); otherwise the model names the attention's output."""
+        return False
+
     def attention(
         self,
         q: jax.Array,

@@ -39,6 +39,12 @@ class TpuOps(Ops):
 
     interpret: bool = False  # run the Pallas kernels in Python: the tests' way on a CPU
 
+    def names_residuals(self, T: int, dropout: Callable[[jax.Array], jax.Array] | None) -> bool:
+        return self._splash(T, dropout)  # residual_checkpoint_name below
+
+    def _splash(self, T: int, dropout: Callable[[jax.Array], jax.Array] | None) -> bool:
+        return self.attention_kernel == "splash" and dropout is None and splash_fits(T)
+
     def attention(
         self,
         q: jax.Array,
@@ -48,7 +54,7 @@ class TpuOps(Ops):
         window: int | jax.Array | None = None,
         segments: jax.Array | None = None,
     ) -> jax.Array:
-        if self.attention_kernel != "splash" or dropout is not None or not splash_fits(q.shape[1]):
+        if not self._splash(q.shape[1], dropout):
             return super().attention(q, k, v, dropout, window, segments)
         run = functools.partial(splash_attention, dtype=self.compute_dtype, interpret=self.interpret)
         if window is None or isinstance(window, int):

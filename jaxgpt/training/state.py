@@ -8,6 +8,7 @@ the figures MFU needs. loop.py trains it; checkpoint_meta says what a checkpoint
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from jaxgpt.distributed import sharding
 from jaxgpt.model.gpt import build_model
 from jaxgpt.training import memory, mfu, muon
 from jaxgpt.training.optimizer import clip_flag, make_optimizer, make_schedule, part_rates, peak_rates
-from jaxgpt.training.train_step import PolicyLoss, StepRunner, compile_step
+from jaxgpt.training.train_step import PolicyLoss, StepRunner, lower_step
 
 if TYPE_CHECKING:
     from jaxgpt.training.progress import Progress, Window
@@ -70,26 +71,58 @@ def _compute_dtype(run: Run, log: Callable[[str], None]) -> str:
     return dtype
 
 
-def step_bytes(
-    run: Run, mesh: Any, steps: int, policy: PolicyLoss | None, plan: memory.Plan, sample: Batch
-) -> int | None:
-    """What the run's train step needs on a device of `mesh` under `plan`, from XLA's compiled program
-    (no array is made; `sample`: a step's batch, its fields, dtypes and lengths); None, or the figure
-    of its refusal, where the compiler refused it for want of memory."""
-    cfg = run.train_cfg
+def lower_plan(run: Run, mesh: Any, steps: int, policy: PolicyLoss | None, plan: memory.Plan, sample: Batch) -> Any:
+    """The run's train step on a device of `mesh` under `plan`, lowered from shapes (no array is made;
+    `sample`: a step's batch, its fields, dtypes and lengths)."""
     batch = sample.map(
         lambda a: jax.ShapeDtypeStruct(
             memory.split_rows(a, plan.split).shape, a.dtype, sharding=sharding.batch_sharding(mesh, a.ndim)
         )
     )
+    return lower_step(plan.model_cfg(run.model_cfg), plan.train_cfg(run.train_cfg), steps, mesh, batch, policy)
+
+
+def compiled_figure(lowered: Any) -> int | None:
+    """What a lowered step needs on its device, from XLA's compiled program; None, or the figure of
+    its refusal, where the compiler refused it for want of memory (a TPU's compiler says so)."""
     try:
-        return memory.compiled_bytes(
-            compile_step(plan.model_cfg(run.model_cfg), plan.train_cfg(cfg), steps, mesh, batch, policy)
-        )
-    except Exception as e:  # XLA's refusal for want of memory (a TPU's compiler says so); others raise
+        return memory.compiled_bytes(lowered.compile())
+    except Exception as e:  # XLA's refusal for want of memory; others raise
         if not memory.is_out_of_memory(e):
             raise
         return memory.refused_bytes(str(e))
+
+
+def step_bytes(
+    run: Run, mesh: Any, steps: int, policy: PolicyLoss | None, plan: memory.Plan, sample: Batch
+) -> int | None:
+    """What the run's train step needs on a device of `mesh` under `plan` (compiled_figure)."""
+    return compiled_figure(lower_plan(run, mesh, steps, policy, plan, sample))
+
+
+PLAN_THREADS = 4  # compiles at once: each holds a step's program in host memory while XLA works on it
+
+
+def plan_figures(
+    run: Run, mesh: Any, steps: int, policy: PolicyLoss | None, plans: list[memory.Plan], sample: Batch
+) -> Callable[[memory.Plan], int | None]:
+    """step_bytes for each of `plans`, asked in order (memory.choose): the first alone, as it usually
+    fits; on the first question about a later one, all the later ones lowered here and compiled at
+    once in threads (XLA compiles without Python's lock). One after another, the 2026 recipe's five
+    plans took about 40 s each on a TPU v5e's host."""
+    later: dict[memory.Plan, concurrent.futures.Future[int | None]] = {}
+
+    def figure(plan: memory.Plan) -> int | None:
+        if plan == plans[0]:
+            return step_bytes(run, mesh, steps, policy, plan, sample)
+        if not later:
+            lowered = {p: lower_plan(run, mesh, steps, policy, p, sample) for p in plans[1:]}
+            pool = concurrent.futures.ThreadPoolExecutor(min(PLAN_THREADS, len(lowered)))
+            later.update({p: pool.submit(compiled_figure, low) for p, low in lowered.items()})
+            pool.shutdown(wait=False)  # threads end with their compiles: a plan that fits waits for no later one
+        return later[plan].result()
+
+    return figure
 
 
 def memory_limit(run: Run) -> int | None:
@@ -123,7 +156,7 @@ def _memory_plan(
     plans = memory.candidates(mcfg, cfg, mesh.shape[sharding.DATA], max_split, policies)
     plan, needed = memory.choose(
         plans,
-        lambda p: step_bytes(run, mesh, steps, policy, p, sample),
+        plan_figures(run, mesh, steps, policy, plans, sample),
         limit,
         f"{run.run_dir}/train.json",
         lambda p: p.describe(cfg),

@@ -164,7 +164,7 @@ def _program(graphdef: Any, treedef: Any, shardings: tuple[Any, ...], policy: Po
     return jax.jit(pure, donate_argnums=0, out_shardings=(list(shardings), None, None))
 
 
-def compile_step(
+def lower_step(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     steps: int,
@@ -172,9 +172,9 @@ def compile_step(
     batch: Batch,
     policy: PolicyLoss | None = None,
 ) -> Any:
-    """The StepRunner program for a model and optimiser of these configs on `mesh`, compiled from
-    shapes alone (no array is made): what the memory plan asks XLA to fit. batch: (k, B, T) fields
-    as jax.ShapeDtypeStruct with their shardings."""
+    """The StepRunner program for a model and optimiser of these configs on `mesh`, lowered from
+    shapes alone (no array is made); `.compile()` it for what the memory plan asks XLA to fit.
+    batch: (k, B, T) fields as jax.ShapeDtypeStruct with their shardings."""
     from jaxgpt.distributed import sharding
     from jaxgpt.model.gpt import build_model
     from jaxgpt.training.optimizer import make_optimizer
@@ -190,7 +190,7 @@ def compile_step(
         jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s, weak_type=x.weak_type) for x, s in zip(leaves, shardings)
     ]
     key = jax.eval_shape(lambda: step_key(0, 0))
-    return _program(graphdef, treedef, shardings, policy).lower(args, batch, key).compile()
+    return _program(graphdef, treedef, shardings, policy).lower(args, batch, key)
 
 
 def train_step(

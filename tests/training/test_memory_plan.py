@@ -22,7 +22,7 @@ from jaxgpt.tracking.history import read_record
 from jaxgpt.training import memory
 from jaxgpt.training.memory import Plan
 from jaxgpt.training.run import prepare_run
-from jaxgpt.training.state import step_bytes
+from jaxgpt.training.state import plan_figures, step_bytes
 
 MODEL = {**TINY_MODEL, "drop_rate": 0.0, "compute_dtype": "float32"}  # no dropout: a split draws no other masks
 TRAIN = {**TINY_TRAIN, "microbatch_size": 8, "train_steps": 4, "checkpoint_interval": 2, "validation_batches": 1}
@@ -138,6 +138,20 @@ def test_train_py_picks_the_plan_that_fits_and_trains_the_same_steps(tmp_path: P
     want, got = read_record(as_configured).series("train/loss"), read_record(planned).series("train/loss")
     assert want[0] == got[0] == [1, 2, 3, 4]
     np.testing.assert_allclose(got[1], want[1], rtol=2e-6)  # the same rows and mean: float32 rounding only
+
+
+def test_the_later_plans_compiled_at_once_give_each_plan_its_own_figure(tmp_path: Path, data_root: Path) -> None:
+    """plan_figures: the first plan compiled alone, the later ones in threads at once; each figure is the
+    one that plan's own compile gives, asked in any order."""
+    run = prepare_run(write_run(tmp_path / "run", MODEL, TRAIN), data_root=data_root, restart=False, lock=False)
+    mesh = sharding.make_mesh(run.train_cfg.mesh, run.train_cfg.microbatch_size)
+    plans = memory.candidates(run.model_cfg, run.train_cfg, 1, max_split=2)
+    sample = run.train_batches.batch(0, run.train_cfg.gradient_accumulation_steps)
+    figure = plan_figures(run, mesh, run.total_steps, None, plans, sample)
+    order = [0, *reversed(range(1, len(plans)))]
+    got = {i: figure(plans[i]) for i in order}
+    want = {i: step_bytes(run, mesh, run.total_steps, None, plans[i], sample) for i in order}
+    assert len(plans) == 5 and got == want and len(set(got.values())) > 2, (got, want)
 
 
 def test_a_step_that_fits_nowhere_is_one_line_before_training(tmp_path: Path, data_root: Path, capsys) -> None:
