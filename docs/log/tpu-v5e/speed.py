@@ -25,8 +25,8 @@ PEAK = 197e12
 rows = []
 
 
-def variant(run, remat, B, k, steps=6, profile=None, **model):
-    name = f"{run} remat={remat} {B}x{k} {model or ''}"
+def variant(run, remat, B, k, steps=6, profile=None, tag="", **model):
+    name = f"{run} remat={remat} {B}x{k} {model or ''} {tag}"
     if time.monotonic() > END - 30:
         print(f"{name}: skipped, budget", flush=True); return
     m, t = load_run_configs(Path("runs") / run)
@@ -97,4 +97,31 @@ if which == "main":
     variant("gpt2-small-modern", "full", 16, 1)
     variant("gpt2-small-2026", "attention", 8, 2, steps=3)
     variant("gpt2-small-2026", "full", 8, 2, steps=3)
+elif which == "dedupe":  # the model's copy of splash's output, saved beside the kernel's residuals (before) or not
+    from jaxgpt.ops.tpu import TpuOps
+    after = TpuOps.names_residuals
+    for tag in ("after", "before", "after", "before"):
+        TpuOps.names_residuals = after if tag == "after" else (lambda self, T, dropout: False)
+        variant("gpt2-small", "attention", 16, 1, tag=tag)
+    TpuOps.names_residuals = after
+    import jaxgpt.ops.tpu as tpu_ops  # splash's output handed on in bfloat16, not converted to float32 first
+    kept = tpu_ops.splash_attention
+    def bf16_out(q, k, v, segments, window, *, dtype, interpret=False):
+        import jax.numpy as jnp
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+        B, T, H, D = q.shape
+        if k.shape[2] != H:
+            k, v = (jnp.repeat(t, H // k.shape[2], axis=2) for t in (k, v))
+        kernel = tpu_ops._kernel(T, H, None if window is None or window >= T else window, interpret)
+        hf = lambda t: t.astype(dtype).transpose(0, 2, 1, 3)
+        qh, kh, vh = hf(q * D**-0.5), hf(k), hf(v)
+        if segments is None:
+            y = jax.vmap(kernel)(qh, kh, vh)
+        else:
+            y = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(s, s)))(qh, kh, vh, segments)
+        return y.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    tpu_ops.splash_attention = bf16_out
+    variant("gpt2-small", "attention", 16, 1, tag="after+bf16out")
+    tpu_ops.splash_attention = kept
+    variant("gpt2-small-2026", "attention", 8, 2, steps=3, tag="after")
 print("speed done", flush=True)
