@@ -91,9 +91,37 @@ def sample_next(logits: np.ndarray, rng: np.random.Generator, params: SamplingPa
         logits = masked
     if params.temperature <= 0.0:
         return int(np.argmax(logits))
-    filtered = filter_logits(np.asarray(logits, np.float64) / params.temperature, params.top_k, params.top_p)
+    scaled = np.asarray(logits, np.float64) / params.temperature
+    if params.top_k is not None and params.top_k < scaled.size and (params.top_p is None or params.top_p >= 1.0):
+        token = _draw_top_k(scaled, params.top_k, rng)
+        if token is not None:
+            return token
+    filtered = filter_logits(scaled, params.top_k, params.top_p)
     probs = np.exp(filtered - filtered.max())
     return int(rng.choice(probs.size, p=probs / probs.sum()))
+
+
+def _draw_top_k(scaled: np.ndarray, k: int, rng: np.random.Generator) -> int | None:
+    """sample_next's top-k draw, the same token from the same generator state, without sorting the
+    vocabulary (GPT-2's 50,257 logits: 0.3 ms here against 5.5; an RL step draws 65,536 of them). The
+    k kept ids come from a partition (ties at the k-th value go to the lower ids, as the stable sort's);
+    the probabilities are the whole vector's (its sum, in numpy's order); the draw is Generator.choice's
+    own: one rng.random() against the cumulative sum, run over the kept ids in id order (the ids between
+    them add zeros). None (the caller's sort then draws) where a logit is NaN or every kept one is -inf."""
+    n = scaled.size
+    kth = np.partition(scaled, n - k)[n - k]  # the k-th largest
+    if np.isnan(kth) or np.isnan(scaled).any():
+        return None
+    above = np.flatnonzero(scaled > kth)
+    kept = np.sort(np.concatenate([above, np.flatnonzero(scaled == kth)[: k - above.size]]))
+    top = scaled[kept].max()
+    if top == -np.inf:
+        return None
+    probs = np.zeros(n)
+    probs[kept] = np.exp(scaled[kept] - top)
+    cdf = np.cumsum(probs[kept] / probs.sum())
+    cdf /= cdf[-1]
+    return int(kept[np.searchsorted(cdf, rng.random(), side="right")])
 
 
 @dataclass

@@ -344,6 +344,34 @@ def test_sampling_draws_only_kept_tokens_in_proportion() -> None:
     assert sample_next(x, rng, SamplingParams(temperature=0.0, allowed_ids=(1, 3))) == 1  # among the allowed
 
 
+def test_a_top_k_draw_is_the_sorted_filters_draw_from_the_same_generator_state() -> None:
+    """sample_next's top-k path (a partition, no sort) draws the token the whole-vocabulary sort and
+    Generator.choice draw, and leaves the generator where they leave it: over vocabularies of 7 to
+    GPT-2's 50,304, ties at the k-th value, -inf logits, temperatures; a NaN takes the sorting path."""
+
+    def sorted_draw(x: np.ndarray, rng: np.random.Generator, p: SamplingParams) -> int:
+        f = filter_logits(np.asarray(x, np.float64) / p.temperature, p.top_k, p.top_p)
+        probs = np.exp(f - f.max())
+        return int(rng.choice(probs.size, p=probs / probs.sum()))
+
+    g = np.random.default_rng(0)
+    for case in range(120):
+        V = int(g.choice([7, 50, 1000, 50304]))
+        x = (g.standard_normal(V) * g.choice([0.1, 1.0, 5.0])).astype(np.float32)
+        if case % 3 == 0:
+            x = np.round(x, 1)  # many ties, some at the k-th value
+        if case % 4 == 0:
+            x[g.integers(0, V, V // 3)] = -np.inf
+        params = SamplingParams(temperature=float(g.choice([0.7, 1.0, 1.3])), top_k=int(g.integers(1, min(V, 80))))
+        for seed in range(4):
+            a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+            assert sample_next(x, a, params) == sorted_draw(x, b, params), (case, seed)
+            assert a.random() == b.random()  # the same state after the draw
+    nan = np.array([1.0, np.nan, 0.5, 2.0], np.float32)
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    assert sample_next(nan, a, SamplingParams(top_k=2)) == sorted_draw(nan, b, SamplingParams(top_k=2))
+
+
 def test_same_seed_same_text_other_seed_other_text() -> None:
     model = tiny(8)
     kw = dict(max_new_tokens=24, temperature=1.0, top_k=20, top_p=0.9)
