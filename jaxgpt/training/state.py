@@ -189,11 +189,13 @@ def build_state(
     except ConfigError as e:  # "train.json: ...": which run's
         raise ConfigError(f"{run.run_dir}/{e}") from None
 
+    # On one accelerator the host builds the parameters while the plan compiles (they do not depend on it).
+    host = sharding.start_host_build(lambda: build_model(mcfg, seed=cfg.seed))
     plan = _memory_plan(run, mesh, steps, policy, log, max_split, reserve, sample)
     run_mcfg, run_cfg = plan.model_cfg(mcfg), plan.train_cfg(cfg)  # what the step computes with
 
     build, then = lambda: build_model(run_mcfg, seed=cfg.seed), lambda m: make_optimizer(m, run_cfg, steps)
-    model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, f"{run.run_dir}/model.json", then)
+    model, optimizer = sharding.create_sharded(build, mesh, cfg.mesh.fsdp, f"{run.run_dir}/model.json", then, host)
     routing = None
     if cfg.optimizer == "muon":
         routing = muon.routing_table(model, muon.routes(model))

@@ -4,6 +4,9 @@ gives the arrays and shardings the on-device path gives, bit for bit."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+
 import jax
 import numpy as np
 from flax import nnx
@@ -40,3 +43,33 @@ def test_built_on_the_host_and_placed_equals_built_on_the_device() -> None:
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             x, y = jax.random.key_data(x), jax.random.key_data(y)
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_arrays_begun_before_the_plan_are_the_ones_built_after_it() -> None:
+    """build_state begins the host's build before the memory plan (start_host_build), from the model as
+    configured; the planned model (another remat and loss_chunk) takes those arrays, which are bit for bit
+    the ones it would build itself, and keeps its own config. Arrays of another seed are taken as they
+    are (so they were taken, not rebuilt); arrays of another shape are not taken."""
+    mesh = sharding.make_mesh(MeshConfig(), TRAIN.microbatch_size)
+    planned = dataclasses.replace(MODEL, remat="full", loss_chunk=8)
+    whole = nnx.eval_shape(lambda: (lambda m: (m, then(m)))(build()))
+    shardings = sharding.state_shardings(nnx.state(whole), mesh, False)
+
+    def params(begun_from: object | None) -> list[np.ndarray]:
+        begun = None
+        if begun_from is not None:
+            begun = concurrent.futures.ThreadPoolExecutor(1).submit(sharding.host_state, begun_from)
+        model, _ = sharding.build_on_host(lambda: build_model(planned, seed=TRAIN.seed), shardings, then, begun)
+        assert model.cfg == planned
+        return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+    fresh = params(None)
+    assert len(fresh) > 10
+    for begun_from, want in (
+        (build, fresh),  # the configured model's arrays: the planned model's own
+        (lambda: build_model(MODEL, seed=TRAIN.seed + 1), params(lambda: build_model(planned, seed=TRAIN.seed + 1))),
+        (lambda: build_model(dataclasses.replace(MODEL, emb_dim=16)), fresh),  # another shape: built anew
+    ):
+        got = params(begun_from)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    assert not all(np.array_equal(x, y) for x, y in zip(params(lambda: build_model(MODEL, seed=9)), fresh))
