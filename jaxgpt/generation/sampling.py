@@ -108,10 +108,10 @@ def _draw_top_k(scaled: np.ndarray, k: int, rng: np.random.Generator) -> int | N
     the probabilities are the whole vector's (its sum, in numpy's order); the draw is Generator.choice's
     own: one rng.random() against the cumulative sum, run over the kept ids in id order (the ids between
     them add zeros). None (the caller's sort then draws) where a logit is NaN or every kept one is -inf."""
+    if np.isnan(scaled).any():
+        return None
     n = scaled.size
     kth = np.partition(scaled, n - k)[n - k]  # the k-th largest
-    if np.isnan(kth) or np.isnan(scaled).any():
-        return None
     above = np.flatnonzero(scaled > kth)
     kept = np.sort(np.concatenate([above, np.flatnonzero(scaled == kth)[: k - above.size]]))
     top = scaled[kept].max()

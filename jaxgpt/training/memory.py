@@ -8,8 +8,8 @@ Where the device reports its memory (a GPU, a TPU), candidate steps are compiled
 configured to the most frugal (the first alone, the later ones at once: state.plan_figures), and the
 first whose program XLA fits in the memory is taken: loss_chunk, then remat "dots" (on a TPU
 "attention") and "full", then each configured microbatch run as 2, 4, ... smaller ones with as many
-more accumulation steps. The global batch, each step's rows and the data
-order stay: only how the step computes them changes. A CPU compiles nothing ahead.
+more accumulation steps. The global batch, each step's rows and the data order stay: only how the
+step computes them changes. A CPU compiles nothing ahead.
 """
 
 from __future__ import annotations
