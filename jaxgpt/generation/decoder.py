@@ -5,6 +5,7 @@
     dec.copy_row(3, 4)                            # row 4 becomes row 3 (n samples of a prompt: one prefill)
     logits = dec.step(tokens, advance=busy)       # (rows, V): one token per advancing row
     ids, logits = dec.steps(tokens, 16, busy)     # 16 greedy steps in one program: (rows, 16) ids
+    rows = dec.step_top(tokens, 64, busy)         # step(), each row's 64 likeliest tokens: [TopCandidates]
     logits = dec.prefill(windows)                 # (rows, V): every row at once
     scores = dec.prompt_logprobs(prompt_ids, 5)   # each prompt token's logprob, the top 5 (echo)
     dec.set_weights(model)                        # new weights, the same programs (RL)
@@ -31,7 +32,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model.gpt import KVCache, abstract_model, head_logits, head_weight, unstack_layer_weights
+from jaxgpt.model.gpt import abstract_model, head_logits, head_weight, unstack_layer_weights
+from jaxgpt.model.kv_cache import KVCache
 from jaxgpt.ops import Ops
 
 BUCKET = 64  # prefill lengths are rounded up to a multiple of this: few compiles, little padding
@@ -104,6 +106,35 @@ def _step(
     in Python (about half a millisecond for GPT-2's 149 arrays). Returns the caches and (B, V) logits."""
     TRACES["step"] += 1
     return _decode(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), cache_k, cache_v, tokens, pos, span)
+
+
+def _step_top(
+    graphdef: nnx.GraphDef,
+    treedef: Any,
+    span: int,
+    k: int,
+    n_vocab: int,
+    leaves: list[jax.Array],
+    cache_k: jax.Array,
+    cache_v: jax.Array,
+    tokens: jax.Array,
+    pos: jax.Array,
+) -> tuple[jax.Array, ...]:
+    """_step, and what a top-k draw needs of each row's logits over ids < n_vocab: its k largest
+    (B, k) float32 with their ids (B, k) int32, largest first, ties to the lower id (lax.top_k's
+    order), and whether it holds a NaN (B,); the (B, n_vocab) logits stay on the device."""
+    TRACES["step_top"] += 1
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+    cache_k, cache_v, logits = _decode(model, cache_k, cache_v, tokens, pos, span)
+    logits = logits[:, :n_vocab]
+    values, ids = top_candidates(logits, k)
+    return cache_k, cache_v, logits, values, ids, jnp.isnan(logits).any(axis=-1)
+
+
+def top_candidates(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """(..., V) logits -> their k largest and those ids, largest first, ties to the lower id; -0.0
+    counted as 0.0, as numpy's comparisons count it (lax.top_k's order puts 0.0 above -0.0)."""
+    return jax.lax.top_k(jnp.where(logits == 0, 0.0, logits), k)
 
 
 def _decode(
@@ -227,6 +258,22 @@ def prefill_length(n: int, context_length: int, bucket: int = BUCKET) -> int:
 
 
 @dataclass(frozen=True)
+class TopCandidates:
+    """One row's next token as a top-k draw needs it (KVDecoder.step_top): the k most likely ids of
+    its logits with their values (largest first, ties to the lower id), whether the logits hold a
+    NaN, and the whole logits, fetched from the device only when asked."""
+
+    values: np.ndarray  # (k,) float32
+    ids: np.ndarray  # (k,) int32
+    nan: bool
+    _logits: Any  # (B, n_vocab) on the device, this row's at _row
+    _row: int
+
+    def logits(self) -> np.ndarray:
+        return np.asarray(self._logits[self._row])
+
+
+@dataclass(frozen=True)
 class PromptScores:
     """An echoed prompt's scores: for each token after the first, its logprob given the tokens before
     it and the `k` most likely tokens there (ids and logprobs, most likely first)."""
@@ -271,7 +318,7 @@ class KVDecoder:
         # On the CPU prefills run the decoding copy too: its weights are in the compute dtype already
         # and unrolled (a bfloat16 model's own would be cast, a scanned one's sliced, at every
         # prefill). Elsewhere prefills run the model as it is, all prompt tokens at once.
-        on_cpu = step_model.ops.backend == "cpu"
+        on_cpu = self.on_cpu = step_model.ops.backend == "cpu"
         self.graphdef, self.state = (self.step_graphdef, self.step_state) if on_cpu else nnx.split(model)
         leaves, self._prefill_treedef = jax.tree.flatten(self.state)
         self._prefill_leaves = [self._put(leaf) for leaf in leaves]
@@ -301,6 +348,19 @@ class KVDecoder:
                 lowered = jax.jit(_step, static_argnums=(0, 1, 2), donate_argnums=(4, 5)).lower(
                     self.step_graphdef, self._step_treedef, size, self._step_leaves, *self._cache, ids, ids
                 )
+            elif kind == "step_top":
+                span, k = size
+                lowered = jax.jit(_step_top, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
+                    self.step_graphdef,
+                    self._step_treedef,
+                    span,
+                    k,
+                    self.n_vocab,
+                    self._step_leaves,
+                    *self._cache,
+                    ids,
+                    ids,
+                )
             elif kind == "steps":
                 span, n = size
                 lowered = jax.jit(_steps, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
@@ -324,7 +384,7 @@ class KVDecoder:
                 lowered = jax.jit(_score, static_argnums=(0, 1, 2)).lower(
                     self._scoring_graphdef, self._scoring_treedef, self.n_vocab, self._scoring_leaves, tokens
                 )
-            options = self._compiler_options if kind in ("step", "steps") else None
+            options = self._compiler_options if kind in ("step", "step_top", "steps") else None
             self._programs[kind, size] = lowered.compile(compiler_options=options)
             self.compile_s += time.perf_counter() - started
         return self._programs[kind, size]
@@ -371,6 +431,18 @@ class KVDecoder:
         *self._cache, logits = program(self._step_leaves, *self._cache, tokens, pos)
         self.lengths = self.lengths + advance
         return np.asarray(logits)
+
+    def step_top(self, tokens: Sequence[int], k: int, advance: np.ndarray | None = None) -> list[TopCandidates]:
+        """step(), handing back each row's k most likely tokens rather than its logits: on an
+        accelerator a top-k draw then moves (B, k) values from the device, not (B, V), and the host
+        partitions nothing."""
+        advance, pos, span = self._positions(advance, 1, "step")
+        program = self._compiled("step_top", (span, k))
+        tokens = self._put(np.asarray(tokens, np.int32), 0)
+        *self._cache, logits, values, ids, nan = program(self._step_leaves, *self._cache, tokens, pos)
+        self.lengths = self.lengths + advance
+        values, ids, nan = jax.device_get((values, ids, nan))
+        return [TopCandidates(values[b], ids[b], bool(nan[b]), logits, b) for b in range(self.batch_size)]
 
     def _positions(self, advance: np.ndarray | None, n: int, caller: str) -> tuple[np.ndarray, Any, int]:
         """For n steps: the advancing rows (all when None), each row's next slot (placed), the span read."""

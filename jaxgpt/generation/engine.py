@@ -27,8 +27,8 @@ import numpy as np
 from flax import nnx
 
 from jaxgpt.data.tokenizer import Tokenizer
-from jaxgpt.generation.decoder import KVDecoder
-from jaxgpt.generation.sampling import SamplingParams, TokenLogprob, logprob_entry, sample_next
+from jaxgpt.generation.decoder import KVDecoder, TopCandidates
+from jaxgpt.generation.sampling import SamplingParams, TokenLogprob, logprob_entry, sample_from_top, sample_next
 from jaxgpt.generation.text import TextStream
 
 
@@ -97,26 +97,41 @@ class Output:
 # dispatch and the logits' trip to the host). The text is the same as one step per turn; a cancel or
 # a new request waits for the burst to end.
 BURST = 16
+# Candidates a step hands back per row when every advancing row draws from its top_k alone (RL's 50):
+# on an accelerator the host then moves and partitions (rows, TOP) values, not (rows, V).
+TOP = 64
 
 
 class Engine:
     """The cache's rows, the waiting requests and the turn that advances them (see the module's docstring)."""
 
     def __init__(
-        self, model: nnx.Module, tok: Tokenizer | None, *, rows: int = 16, mesh: object = None, burst: int = BURST
+        self,
+        model: nnx.Module,
+        tok: Tokenizer | None,
+        *,
+        rows: int = 16,
+        mesh: object = None,
+        burst: int = BURST,
+        top_on_device: bool | None = None,
     ) -> None:
         """tok None: token ids only (no text, no stop strings), every id of the model's vocab_size drawn.
-        burst: greedy decode steps per program when every busy row decodes greedily (1: one per turn)."""
+        burst: greedy decode steps per program when every busy row decodes greedily (1: one per turn).
+        top_on_device: top-k draws from candidates chosen on the device (None: on an accelerator;
+        XLA:CPU's top_k is slower than numpy's partition); the same tokens either way."""
         self.tok, self.context, self.burst = tok, model.cfg.context_length, burst
         self.n_vocab = tok.n_vocab if tok is not None else model.cfg.vocab_size
         self.decoder = KVDecoder(model, rows, self.n_vocab, mesh=mesh)
+        self.top_on_device = not self.decoder.on_cpu if top_on_device is None else top_on_device
         self.rows: list[Request | None] = [None] * rows
         self._waiting: collections.deque[Request] = collections.deque()
         self._work = threading.Condition()
         self._ids = itertools.count()
         self.stats = GenerationStats()
         # cancelled: answers a cancel ended before they finished (a client gone, a chat page's stop button)
-        self.counts = collections.Counter(requests=0, prefills=0, copies=0, steps=0, bursts=0, tokens=0, cancelled=0)
+        self.counts = collections.Counter(
+            requests=0, prefills=0, copies=0, steps=0, bursts=0, top_steps=0, tokens=0, cancelled=0
+        )
 
     # ------------------------------------------------------------------ any thread
 
@@ -313,7 +328,13 @@ class Engine:
         for row, request in enumerate(self.rows):
             if request is None:
                 continue
-            p, logits = request.params, request._logits[:n_vocab]
+            p, held = request.params, request._logits
+            if isinstance(held, TopCandidates):  # the step drew candidates (_top_k): no logprobs asked
+                token = None if held.nan else sample_from_top(held.values, held.ids, n_vocab, request._rng, p)
+                token = sample_next(held.logits(), request._rng, p) if token is None else token
+                self._take(row, token, None, out)
+                continue
+            logits = held[:n_vocab]
             token = sample_next(logits, request._rng, p)
             entry = None if p.logprobs is None else logprob_entry(logits, token, p.logprobs, len(request.text.text))
             self._take(row, token, entry, out)
@@ -378,12 +399,28 @@ class Engine:
             self._burst(tokens, advance, out)
             return
         started, compiled = time.perf_counter(), self.decoder.compile_s
-        logits = self.decoder.step(tokens, advance)
+        top = self._top_k(advance)
+        logits = self.decoder.step_top(tokens, top, advance) if top else self.decoder.step(tokens, advance)
         self._timed(started, compiled, "decode_s")
         self.stats.steps += 1
         self.counts["steps"] += 1
+        self.counts["top_steps"] += bool(top)
         for row in np.flatnonzero(advance):
             self.rows[row]._logits = logits[row]
+
+    def _top_k(self, advance: np.ndarray) -> int:
+        """How many candidates the step may hand back per row rather than its logits: TOP (at most the
+        vocabulary) on the device (top_on_device) when every advancing row draws from its top_k <= TOP
+        alone (no top_p, allowed set or logprobs); else 0."""
+        if not self.top_on_device:
+            return 0
+        for row in np.flatnonzero(advance):
+            p = self.rows[row].params
+            if not (p.temperature > 0 and p.top_k is not None and p.top_k <= TOP and p.top_k < self.n_vocab):
+                return 0
+            if (p.top_p is not None and p.top_p < 1.0) or p.allowed_ids is not None or p.logprobs is not None:
+                return 0
+        return min(TOP, self.n_vocab)
 
     def _can_burst(self, advance: np.ndarray) -> bool:
         """A burst draws what single steps would: every advancing row greedy, without logprobs or an

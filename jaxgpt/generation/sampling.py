@@ -2,6 +2,7 @@
 
     params = SamplingParams(max_tokens=64, temperature=0.8, top_k=50, seed=1, stop=("\\n\\n",))
     token = sample_next(logits, rng, params)          # logits: (V,) of the tokenizer's ids only
+    token = sample_from_top(values, ids, V, rng, params)  # the same, from a row's top-k candidates
     entry = logprob_entry(logits, token, k=5, offset=0)
 
 Every caller of the engine (chat, judge, evaluation, the server, RL) describes an answer with a
@@ -114,11 +115,33 @@ def _draw_top_k(scaled: np.ndarray, k: int, rng: np.random.Generator) -> int | N
     kth = np.partition(scaled, n - k)[n - k]  # the k-th largest
     above = np.flatnonzero(scaled > kth)
     kept = np.sort(np.concatenate([above, np.flatnonzero(scaled == kth)[: k - above.size]]))
-    top = scaled[kept].max()
+    return _draw_kept(scaled[kept], kept, n, rng)
+
+
+def sample_from_top(
+    values: np.ndarray, ids: np.ndarray, n: int, rng: np.random.Generator, params: SamplingParams
+) -> int | None:
+    """sample_next's token, from the same generator state, for params that keep the top_k only
+    (temperature > 0, top_k < n, no top_p or allowed_ids), given a row's k' >= top_k most likely ids
+    of its n logits and their values, largest first, ties to the lower id (a decode step's
+    lax.top_k on the device: the host moves and partitions no (n,) row). None, the generator
+    untouched, where sample_next must see the whole row (every kept logit -inf); a row with a NaN
+    the caller hands to sample_next itself."""
+    k = params.top_k
+    assert params.temperature > 0 and k is not None and k <= len(ids) and k < n, (params, len(ids), n)
+    order = np.argsort(ids[:k])
+    kept = ids[:k][order].astype(np.int64)
+    return _draw_kept(np.asarray(values[:k][order], np.float64) / params.temperature, kept, n, rng)
+
+
+def _draw_kept(scaled: np.ndarray, kept: np.ndarray, n: int, rng: np.random.Generator) -> int | None:
+    """The draw among the kept ids (ascending) of n, given their scaled logits: as Generator.choice
+    over the whole (n,) vector of probabilities, zeros elsewhere (so its sum is numpy's over n)."""
+    top = scaled.max()
     if top == -np.inf:
         return None
     probs = np.zeros(n)
-    probs[kept] = np.exp(scaled[kept] - top)
+    probs[kept] = np.exp(scaled - top)
     cdf = np.cumsum(probs[kept] / probs.sum())
     cdf /= cdf[-1]
     return int(kept[np.searchsorted(cdf, rng.random(), side="right")])

@@ -20,11 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.connections import Connections, mix_values, unet_pairs
+from jaxgpt.model.kv_cache import KVCache
 from jaxgpt.model.layers import ACTIVATIONS, Identity, make_norm, positions_in_attention, qk_norm, softcap
 from jaxgpt.model.layers import normal as _normal
 from jaxgpt.model.layers import zeros as _zeros
@@ -60,66 +61,6 @@ def segment_positions(segments: jax.Array) -> jax.Array:
 
 def _dropout(x: jax.Array, layer: nnx.Dropout, rngs: nnx.Rngs | None) -> jax.Array:
     return layer(x, deterministic=rngs is None, rngs=rngs)
-
-
-@struct.dataclass
-class KVCache:
-    """Every layer's keys and values for B rows of up to S = context_length tokens (decoding).
-
-    Layer `layer`'s attention reads and writes its slice (the model sets `layer`); keys are stored
-    transposed, (D, S) per head. pos None: a prefill, tokens at positions 0..T-1, every slot rewritten.
-    pos (B,): a decode step, row b's token written to slot pos[b], attending to slots 0..pos[b] within
-    the first `span` (static: every advancing row has pos < span).
-    """
-
-    k: jax.Array  # (L, B, K, D, S) float32: the key/value heads only
-    v: jax.Array  # (L, B, K, S, D)
-    pos: jax.Array | None = None  # (B,) int32
-    layer: jax.Array | int = 0
-    span: int = struct.field(pytree_node=False, default=0)
-
-    @classmethod
-    def zeros(cls, cfg: ModelConfig, batch_size: int, dtype: str = "float32") -> KVCache:
-        """An empty cache; `dtype`: ops.cache_dtype (the attention products round keys and values to
-        the compute dtype whatever the cache holds, so a compute-dtype cache computes the same)."""
-        L = cfg.n_layers if cfg.architecture == "gpt2" else 0
-        H, D, S = cfg.kv_heads, cfg.head_dim, cfg.context_length
-        return cls(jnp.zeros((L, batch_size, H, D, S), dtype), jnp.zeros((L, batch_size, H, S, D), dtype))
-
-    def positions(self, T: int) -> jax.Array:
-        """The positions of the (B, T) tokens being fed: (T,) for a prefill, (B, 1) for a step."""
-        return jnp.arange(T) if self.pos is None else self.pos[:, None]
-
-    def prefill(self, k: jax.Array, v: jax.Array) -> KVCache:
-        """Write (B, T, H, D) keys and values to slots 0..T-1 of this layer."""
-        at = (self.layer, 0, 0, 0, 0)
-        return self.replace(
-            k=jax.lax.dynamic_update_slice(self.k, k.transpose(0, 2, 3, 1)[None].astype(self.k.dtype), at),
-            v=jax.lax.dynamic_update_slice(self.v, v.transpose(0, 2, 1, 3)[None].astype(self.v.dtype), at),
-        )
-
-    def attend(
-        self, q: jax.Array, k: jax.Array, v: jax.Array, vecmat: Any, window: int | jax.Array | None = None
-    ) -> tuple[jax.Array, KVCache]:
-        """A decode step's attention: (B, H, D) query and (B, K, D) key and value of each row's new
-        token -> (B, H*D) float32 and the cache with the key and value in slot pos[b] (an in-place
-        scatter). Both products are one row per (b, h) against the cache (ops.vecmat), the H / K query
-        heads of a key/value head against its one cache; a window hides slots pos - window and before."""
-        B, H, D = q.shape
-        K = k.shape[1]
-        rows = jnp.arange(B)
-        cache = self.replace(
-            k=self.k.at[self.layer, rows, :, :, self.pos].set(k.astype(self.k.dtype)),
-            v=self.v.at[self.layer, rows, :, self.pos].set(v.astype(self.v.dtype)),
-        )
-        keys, values = cache.k[self.layer, :, :, :, : self.span], cache.v[self.layer, :, :, : self.span]
-        q = q.reshape(B, K, H // K, D)  # query head h = k * (H / K) + g
-        att = vecmat(q, keys[:, :, None]) / math.sqrt(D)  # (B, K, G, D) x (B, K, 1, D, span) -> (B, K, G, span) float32
-        slots, pos = jnp.arange(self.span), self.pos[:, None, None, None]  # (span,), (B, 1, 1, 1)
-        visible = slots <= pos if window is None else (slots <= pos) & (slots > pos - window)
-        att = jax.nn.softmax(jnp.where(visible, att, -jnp.inf), axis=-1)
-        y = vecmat(att, values[:, :, None])  # (B, K, G, span) x (B, K, 1, span, D) -> (B, K, G, D)
-        return y.reshape(B, H * D), cache
 
 
 class CausalSelfAttention(nnx.Module):
@@ -205,7 +146,7 @@ class CausalSelfAttention(nnx.Module):
             positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
         q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
-            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops.vecmat, window)
+            y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops, window)
             return self.proj(y[:, None]), cache  # (B, 1, C)
         dropout = None
         if rngs is not None and self.drop_rate > 0.0:

@@ -134,6 +134,10 @@ class Ops:
     # The KV cache's dtype; None: the compute dtype, which every attention product rounds keys and values
     # to anyway (a bfloat16 cache computes the same as a float32 one, in half the memory).
     cache_dtype: str | None = None
+    # How a decode step writes each row's new key and value into the cache (kv_cache.KVCache.write):
+    # "select" rewrites the slots the step reads (a TPU copies the whole cache around a scatter);
+    # "scatter" writes one element per row in place (CpuOps).
+    cache_write: str = "select"
 
     def kv_dtype(self) -> str:
         return self.cache_dtype or self.compute_dtype

@@ -195,3 +195,28 @@ def test_bad_requests_are_refused_in_one_line(engine: Engine) -> None:
     for kw, needle in (({"top_p": 0.0}, "top_p"), ({"max_tokens": -1}, "max_tokens"), ({"stop": ("",)}, "stop")):
         with pytest.raises(ValueError, match=needle):
             SamplingParams(**kw)
+
+
+def test_top_k_draws_from_the_devices_candidates_give_the_hosts_tokens() -> None:
+    """An engine that draws top-k rows from the step's candidates (top_on_device, an accelerator's
+    default) gives every answer the tokens of one that draws from the whole logits, stop ids and
+    n samples included; a turn with a row that needs its whole logits (top_p) takes them for all."""
+    model = build_model(CFG, seed=8)
+    prompts = [PROMPT, TOK.encode("Count: 1 2 3"), TOK.encode("x")]
+    params = [
+        SamplingParams(max_tokens=30, temperature=1.0, top_k=50, seed=1),
+        SamplingParams(max_tokens=30, temperature=0.7, top_k=1, seed=2),
+        SamplingParams(max_tokens=30, temperature=1.3, top_k=64, seed=3, stop_ids=frozenset({101, 102, 103})),
+    ]
+    mixed = [*params[:2], SamplingParams(max_tokens=30, temperature=1.0, top_k=50, top_p=0.9, seed=4)]
+    got = {}
+    for on_device in (True, False):
+        engine = Engine(model, TOK, rows=8, top_on_device=on_device)
+        top_k_only = engine.generate(prompts, params, n=2)
+        steps = engine.counts["top_steps"]
+        with_top_p = engine.generate(prompts, mixed)
+        got[on_device] = [r.sampled for r in top_k_only], [r.sampled for r in with_top_p], steps, engine.counts
+    assert got[True][:2] == got[False][:2]
+    assert sum(len(s) for s in got[True][0]) > 100
+    assert got[True][2] >= 29 and got[True][3]["top_steps"] == got[True][2]  # the mixed answers took none
+    assert got[False][3]["top_steps"] == 0

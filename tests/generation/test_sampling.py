@@ -1,12 +1,15 @@
 """How one token is drawn from logits (generation/sampling.py): top-k and top-p filters, the draw in
-proportion, and the top-k draw without a sort against the sorted one."""
+proportion, and the top-k draws without a sort (a partition on the host, the device's candidates)
+against the sorted one."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgpt.generation.sampling import SamplingParams, filter_logits, sample_next
+from jaxgpt.generation.decoder import top_candidates
+from jaxgpt.generation.sampling import SamplingParams, filter_logits, sample_from_top, sample_next
 
 
 def logits_of(probs: list[float]) -> np.ndarray:
@@ -80,3 +83,33 @@ def test_a_top_k_draw_is_the_sorted_filters_draw_from_the_same_generator_state()
     nan = np.array([1.0, np.nan, 0.5, 2.0], np.float32)
     a, b = np.random.default_rng(3), np.random.default_rng(3)
     assert sample_next(nan, a, SamplingParams(top_k=2)) == sorted_draw(nan, b, SamplingParams(top_k=2))
+
+
+def test_a_draw_from_the_devices_top_candidates_is_sample_nexts_draw() -> None:
+    """sample_from_top, given a row's 64 likeliest tokens as the decoder's step_top chooses them,
+    draws sample_next's token from the same generator state and leaves it where sample_next
+    does: ties at the k-th value, -inf logits, temperatures, top_k from 1 to 64; where every kept
+    logit is -inf it hands the row back (None) with the generator untouched."""
+    g = np.random.default_rng(1)
+    handed_back = 0
+    for case in range(120):
+        V = int(g.choice([7, 50, 1000, 50304]))
+        x = (g.standard_normal(V) * g.choice([0.1, 1.0, 5.0])).astype(np.float32)
+        if case % 3 == 0:
+            x = np.round(x, 1)  # many ties, some at the k-th value
+        if case % 4 == 0:
+            x[g.integers(0, V, V // 3)] = -np.inf
+        if case % 29 == 0:
+            x[:] = -np.inf
+        params = SamplingParams(temperature=float(g.choice([0.7, 1.0, 1.3])), top_k=int(g.integers(1, min(V, 65))))
+        values, ids = (np.asarray(a) for a in top_candidates(jnp.asarray(x), min(V, 64)))
+        for seed in range(4):
+            a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+            token = sample_from_top(values, ids, V, a, params)
+            if token is None:
+                handed_back += 1
+                assert np.isneginf(x).all() and a.random() == np.random.default_rng(seed).random()
+                continue
+            assert token == sample_next(x, b, params), (case, seed)
+            assert a.random() == b.random()  # the same state after the draw
+    assert handed_back == 4 * 5  # the five all -inf rows, every seed
