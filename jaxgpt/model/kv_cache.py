@@ -75,11 +75,11 @@ class KVCache:
         """Row b's new (B, K, D) key and value into slot pos[b] of this layer: the layer's first `span`
         slots after it, keys (B, K, D, span) and values (B, K, span, D), and the cache holding them.
 
-        "scatter": one element per row, in place (the CPU's). "select": the span's slots read, slot
-        pos[b] of row b replaced, and the span written back whole. A TPU lays a scatter's operand out
-        anew: XLA copies the whole cache to another layout and back around every decode program
-        (1.5 GB of temporaries at 16 rows of GPT-2 124M, 9 GB at 96); the select, over slots the step
-        reads anyway, needs none (docs/log.md, "The KV cache's write on the TPU")."""
+        "scatter": one element per row, in place (the CPU's, the GPU's). "select" (the TPU's): the span's
+        slots read, slot pos[b] of row b replaced, and the span written back whole. A TPU lays a
+        scatter's operand out anew: XLA copies the whole cache to another layout and back around every
+        decode program (1.5 GB of temporaries at 16 rows of GPT-2 124M, 9 GB at 96); the select, over
+        slots the step reads anyway, needs none (docs/log.md, "The KV cache's write on the TPU")."""
         layer, span, pos = self.layer, self.span, self.pos
         if how == "scatter":
             rows = jnp.arange(k.shape[0])

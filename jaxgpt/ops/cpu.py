@@ -35,7 +35,6 @@ class CpuOps(Ops):
 
     product: Product = kernels.bf16_product
     cache_dtype: str | None = "float32"  # XLA:CPU does not scatter into a bfloat16 buffer in place
-    cache_write: str = "scatter"  # in place on the CPU, one element per row
 
     def vecmat(self, a: jax.Array, b: jax.Array) -> jax.Array:
         return kernels.vecmat(a, b, self.compute_dtype)

@@ -135,9 +135,9 @@ class Ops:
     # to anyway (a bfloat16 cache computes the same as a float32 one, in half the memory).
     cache_dtype: str | None = None
     # How a decode step writes each row's new key and value into the cache (kv_cache.KVCache.write):
-    # "select" rewrites the slots the step reads (a TPU copies the whole cache around a scatter);
-    # "scatter" writes one element per row in place (CpuOps).
-    cache_write: str = "select"
+    # "scatter" writes one element per row in place; "select" rewrites the slots the step reads
+    # (TpuOps: a TPU copies the whole cache around a scatter).
+    cache_write: str = "scatter"
 
     def kv_dtype(self) -> str:
         return self.cache_dtype or self.compute_dtype

@@ -38,6 +38,9 @@ class TpuOps(Ops):
     """`Ops` on a TPU: attention through splash attention where it applies (module docstring)."""
 
     interpret: bool = False  # run the Pallas kernels in Python: the tests' way on a CPU
+    # A decode step's scatter into the KV cache made XLA copy the whole cache to another layout and
+    # back around every decode program here; the select needs no copy (kv_cache.KVCache.write).
+    cache_write: str = "select"
 
     def names_residuals(self, T: int, dropout: Callable[[jax.Array], jax.Array] | None) -> bool:
         return self._splash(T, dropout)  # residual_checkpoint_name below
