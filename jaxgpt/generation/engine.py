@@ -114,15 +114,20 @@ class Engine:
         mesh: object = None,
         burst: int = BURST,
         top_on_device: bool | None = None,
+        tail_bursts: bool | None = None,
     ) -> None:
         """tok None: token ids only (no text, no stop strings), every id of the model's vocab_size drawn.
         burst: greedy decode steps per program when every busy row decodes greedily (1: one per turn).
         top_on_device: top-k draws from candidates chosen on the device (None: on an accelerator;
-        XLA:CPU's top_k is slower than numpy's partition); the same tokens either way."""
+        XLA:CPU's top_k is slower than numpy's partition); the same tokens either way.
+        tail_bursts: a burst also when the longest answer wants only half of it, its last steps
+        computed and dropped (None: on an accelerator, where a step's dispatch and its logits' trip
+        to the host outweigh its compute; on the CPU a wasted step costs a whole step)."""
         self.tok, self.context, self.burst = tok, model.cfg.context_length, burst
         self.n_vocab = tok.n_vocab if tok is not None else model.cfg.vocab_size
         self.decoder = KVDecoder(model, rows, self.n_vocab, mesh=mesh)
         self.top_on_device = not self.decoder.on_cpu if top_on_device is None else top_on_device
+        self.tail_bursts = not self.decoder.on_cpu if tail_bursts is None else tail_bursts
         self.rows: list[Request | None] = [None] * rows
         self._waiting: collections.deque[Request] = collections.deque()
         self._work = threading.Condition()
@@ -424,14 +429,15 @@ class Engine:
 
     def _can_burst(self, advance: np.ndarray) -> bool:
         """A burst draws what single steps would: every advancing row greedy, without logprobs or an
-        allowed set, with room for the whole burst, and one of them wanting at least that many tokens."""
+        allowed set, with room for the whole burst, and one of them wanting at least that many tokens
+        (with tail_bursts, half as many: each row takes its tokens until its answer ends)."""
         n, rows = self.burst, [self.rows[row] for row in np.flatnonzero(advance)]
         if n < 2 or (self.decoder.lengths[advance] + n > self.context).any():
             return False
         plain = all(
             r.params.temperature <= 0 and r.params.logprobs is None and r.params.allowed_ids is None for r in rows
         )
-        return plain and max(r.params.max_tokens - len(r.sampled) for r in rows) >= n
+        return plain and max(r.params.max_tokens - len(r.sampled) for r in rows) >= (n // 2 if self.tail_bursts else n)
 
     def _burst(self, tokens: np.ndarray, advance: np.ndarray, out: list[Output]) -> None:
         """burst greedy steps in one program; each row takes the ids drawn until one ends it, and the

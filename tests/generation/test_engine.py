@@ -220,3 +220,22 @@ def test_top_k_draws_from_the_devices_candidates_give_the_hosts_tokens() -> None
     assert sum(len(s) for s in got[True][0]) > 100
     assert got[True][2] >= 29 and got[True][3]["top_steps"] == got[True][2]  # the mixed answers took none
     assert got[False][3]["top_steps"] == 0
+
+
+def test_tail_bursts_give_the_same_answers_in_fewer_dispatches() -> None:
+    """With tail_bursts (an accelerator's default) a burst runs when the longest greedy answer wants half
+    of it: each answer still ends where it would, its last tokens drawn in one program, not step by step."""
+    model = build_model(CFG, seed=9)
+    prompts = [PROMPT, TOK.encode("Count: 1 2 3"), TOK.encode("x")]
+    params = [SamplingParams(max_tokens=m, temperature=0.0) for m in (9, 13, 30)]
+    got = {}
+    for tail in (True, False):
+        engine = Engine(model, TOK, rows=4, burst=8, tail_bursts=tail)
+        answers = engine.generate(prompts, params)
+        singles = engine.counts["steps"] - 8 * engine.counts["bursts"]
+        got[tail] = [r.sampled for r in answers], [r.finish_reason for r in answers], singles
+    assert got[True][:2] == got[False][:2]
+    assert [len(s) for s in got[True][0]] == [9, 13, 30] and got[True][1] == ["length"] * 3
+    # 30 tokens: the prefill's, then bursts of 8 (7 ids + the last logits) -> 1 + 8 + 8 + 8 = 25, 5 left:
+    # one step each without tail bursts; with them, a burst (5 >= 8 // 2) and no single step
+    assert got[False][2] == 5 and got[True][2] == 0
