@@ -348,26 +348,12 @@ class KVDecoder:
                 lowered = jax.jit(_step, static_argnums=(0, 1, 2), donate_argnums=(4, 5)).lower(
                     self.step_graphdef, self._step_treedef, size, self._step_leaves, *self._cache, ids, ids
                 )
-            elif kind == "step_top":
-                span, k = size
-                lowered = jax.jit(_step_top, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
+            elif kind in ("step_top", "steps"):  # size: (span, candidates k) or (span, steps n)
+                program = _step_top if kind == "step_top" else _steps
+                lowered = jax.jit(program, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
                     self.step_graphdef,
                     self._step_treedef,
-                    span,
-                    k,
-                    self.n_vocab,
-                    self._step_leaves,
-                    *self._cache,
-                    ids,
-                    ids,
-                )
-            elif kind == "steps":
-                span, n = size
-                lowered = jax.jit(_steps, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6, 7)).lower(
-                    self.step_graphdef,
-                    self._step_treedef,
-                    span,
-                    n,
+                    *size,
                     self.n_vocab,
                     self._step_leaves,
                     *self._cache,

@@ -78,8 +78,8 @@ class KVCache:
         "scatter": one element per row, in place (the CPU's, the GPU's). "select" (the TPU's): the span's
         slots read, slot pos[b] of row b replaced, and the span written back whole. A TPU lays a
         scatter's operand out anew: XLA copies the whole cache to another layout and back around every
-        decode program (1.5 GB of temporaries at 16 rows of GPT-2 124M, 9 GB at 96); the select, over
-        slots the step reads anyway, needs none (docs/log.md, "The KV cache's write on the TPU")."""
+        decode program; the select, over slots the step reads anyway, needs no copy (docs/log.md, "The
+        KV cache's write on the TPU")."""
         layer, span, pos = self.layer, self.span, self.pos
         if how == "scatter":
             rows = jnp.arange(k.shape[0])

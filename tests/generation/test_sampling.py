@@ -57,6 +57,19 @@ def test_sampling_draws_only_kept_tokens_in_proportion() -> None:
     assert sample_next(x, rng, SamplingParams(temperature=0.0, allowed_ids=(1, 3))) == 1  # among the allowed
 
 
+def logit_row(g: np.random.Generator, case: int) -> tuple[int, np.ndarray]:
+    """Case `case`'s vocabulary size and float32 logits, drawn from `g`: GPT-2's 50,304 among smaller
+    ones, three scales, every third case rounded (many ties, some at the k-th value), every fourth with
+    a third of its ids at -inf."""
+    V = int(g.choice([7, 50, 1000, 50304]))
+    x = (g.standard_normal(V) * g.choice([0.1, 1.0, 5.0])).astype(np.float32)
+    if case % 3 == 0:
+        x = np.round(x, 1)
+    if case % 4 == 0:
+        x[g.integers(0, V, V // 3)] = -np.inf
+    return V, x
+
+
 def test_a_top_k_draw_is_the_sorted_filters_draw_from_the_same_generator_state() -> None:
     """sample_next's top-k path (a partition, no sort) draws the token the whole-vocabulary sort and
     Generator.choice draw, and leaves the generator where they leave it: over vocabularies of 7 to
@@ -69,12 +82,7 @@ def test_a_top_k_draw_is_the_sorted_filters_draw_from_the_same_generator_state()
 
     g = np.random.default_rng(0)
     for case in range(120):
-        V = int(g.choice([7, 50, 1000, 50304]))
-        x = (g.standard_normal(V) * g.choice([0.1, 1.0, 5.0])).astype(np.float32)
-        if case % 3 == 0:
-            x = np.round(x, 1)  # many ties, some at the k-th value
-        if case % 4 == 0:
-            x[g.integers(0, V, V // 3)] = -np.inf
+        V, x = logit_row(g, case)
         params = SamplingParams(temperature=float(g.choice([0.7, 1.0, 1.3])), top_k=int(g.integers(1, min(V, 80))))
         for seed in range(4):
             a, b = np.random.default_rng(seed), np.random.default_rng(seed)
@@ -93,12 +101,7 @@ def test_a_draw_from_the_devices_top_candidates_is_sample_nexts_draw() -> None:
     g = np.random.default_rng(1)
     handed_back = 0
     for case in range(120):
-        V = int(g.choice([7, 50, 1000, 50304]))
-        x = (g.standard_normal(V) * g.choice([0.1, 1.0, 5.0])).astype(np.float32)
-        if case % 3 == 0:
-            x = np.round(x, 1)  # many ties, some at the k-th value
-        if case % 4 == 0:
-            x[g.integers(0, V, V // 3)] = -np.inf
+        V, x = logit_row(g, case)
         if case % 29 == 0:
             x[:] = -np.inf
         params = SamplingParams(temperature=float(g.choice([0.7, 1.0, 1.3])), top_k=int(g.integers(1, min(V, 65))))
