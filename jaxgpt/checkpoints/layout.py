@@ -69,7 +69,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and not p.is_symlink() and (p / META).is_file()]
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:  # gone since is_dir: a starting trainer's write probe removes the folder it made
+        return []
+    found = [p for p in entries if _NAME.match(p.name) and not p.is_symlink() and (p / META).is_file()]
     return sorted(found, key=lambda p: (step_of(p), p.name))
 
 

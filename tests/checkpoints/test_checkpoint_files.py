@@ -36,6 +36,27 @@ def test_list_checkpoints_ignores_temp_pruned_incomplete_and_links(tmp_path: Pat
     assert cf.latest_checkpoint(run) == good10  # no latest link: the highest step
 
 
+def test_listing_while_a_trainer_starts_finds_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starting trainer makes checkpoints/ to probe it and removes it again when it was new
+    (run.check_writable): a reader (evaluate, a test's watcher) that saw the folder and lists it a
+    moment later finds no checkpoint rather than raising FileNotFoundError."""
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    root.mkdir(parents=True)  # the trainer's probe folder, there when the reader asks is_dir
+    listing = Path.iterdir
+
+    def removed_first(self: Path):  # the trainer's rmdir lands between the reader's is_dir and iterdir
+        if self == root and root.is_dir():
+            root.rmdir()
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", removed_first)
+    assert cf.list_checkpoints(run) == []
+    root.mkdir()
+    assert cf.latest_checkpoint(run) is None
+    assert not root.exists()
+
+
 # ----------------------------------------------------------------------------- finding checkpoints
 
 

@@ -57,9 +57,12 @@ def test_the_select_write_decodes_as_the_scatter_bit_for_bit(kw: dict) -> None:
     got = {how: decode(decoder(source, dataclasses.replace(ops, cache_write=how), 3)) for how in ("select", "scatter")}
     (logits, ids, held), (ref_logits, ref_ids, ref_held) = got["select"], got["scatter"]
     assert len(held) == len(ref_held) == 6
-    for a, b in zip(held, ref_held):
-        np.testing.assert_array_equal(a, b)  # the same keys and values in the same slots
-    if ON_ACCELERATOR:  # two programs XLA may fuse and sum differently there: within float32 rounding
+    for a, b in zip(held, ref_held):  # the same keys and values in the same slots
+        if ON_ACCELERATOR:  # projected in two programs, fused and summed differently: within float32 rounding
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * F32_SLACK * np.abs(b).max())
+        else:
+            np.testing.assert_array_equal(a, b)
+    if ON_ACCELERATOR:
         np.testing.assert_allclose(logits, ref_logits, rtol=0, atol=1e-5 * F32_SLACK * np.abs(ref_logits).max())
     else:
         np.testing.assert_array_equal(logits, ref_logits)
