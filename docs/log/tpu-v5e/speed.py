@@ -25,8 +25,8 @@ PEAK = 197e12
 rows = []
 
 
-def variant(run, remat, B, k, steps=6, profile=None, tag="", **model):
-    name = f"{run} remat={remat} {B}x{k} {model or ''} {tag}"
+def variant(run, remat, B, k, steps=6, profile=None, tag="", train=None, **model):
+    name = f"{run} remat={remat} {B}x{k} {model or ''} {train or ''} {tag}"
     if time.monotonic() > END - 30:
         print(f"{name}: skipped, budget", flush=True); return
     m, t = load_run_configs(Path("runs") / run)
@@ -34,7 +34,7 @@ def variant(run, remat, B, k, steps=6, profile=None, tag="", **model):
     if os.environ.get("SPEED_TINY"):  # a CPU rehearsal of the same code
         m = dataclasses.replace(m, emb_dim=64, n_heads=2, n_layers=2, context_length=128)
         B, t = 2, dataclasses.replace(t, sequence_length=None) if hasattr(t, "sequence_length") else t
-    t = dataclasses.replace(t, microbatch_size=B, gradient_accumulation_steps=k, batch_size=None)
+    t = dataclasses.replace(t, microbatch_size=B, gradient_accumulation_steps=k, batch_size=None, **(train or {}))
     T = t.seq_len(m)
     row = {"name": name}
     try:
@@ -124,4 +124,17 @@ elif which == "dedupe":  # the model's copy of splash's output, saved beside the
     variant("gpt2-small", "attention", 16, 1, tag="after+bf16out")
     tpu_ops.splash_attention = kept
     variant("gpt2-small-2026", "attention", 8, 2, steps=3, tag="after")
+elif which == "profiles":  # where the modern and 2026 recipes' steps go (never profiled before)
+    variant("gpt2-small-2026", "full", 8, 2, steps=3, profile="2026-full")
+    variant("gpt2-small-modern", "attention", 16, 1, profile="modern-attention")
+elif which == "amortised":  # the update's share: the 2026 step at 8 microbatches (its plan runs 32 a step as shipped)
+    variant("gpt2-small-2026", "full", 8, 8, steps=2)
+    variant("gpt2-small-modern", "attention", 16, 4, steps=3)
+    variant("gpt2-small-2026", "full", 8, 2, steps=3, train={"optimizer": "adamw", "learning_rate": 6e-4, "muon": None})
+elif which == "attribute":  # the modern recipe's features one at a time back to GPT-2's (16 x 1, "attention")
+    variant("gpt2-small-modern", "attention", 16, 1, steps=4, positions="learned", rope_base=None)
+    variant("gpt2-small-modern", "attention", 16, 1, steps=4, qk_norm=False)
+    variant("gpt2-small-modern", "attention", 16, 1, steps=4, logit_softcap=None)
+    variant("gpt2-small-modern", "attention", 16, 1, steps=4, mlp="gelu")
+    variant("gpt2-small-modern", "attention", 16, 1, steps=4, norm="layernorm")
 print("speed done", flush=True)
