@@ -26,7 +26,16 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.connections import Connections, mix_values, unet_pairs
 from jaxgpt.model.kv_cache import KVCache
-from jaxgpt.model.layers import ACTIVATIONS, Identity, make_norm, positions_in_attention, qk_norm, softcap
+from jaxgpt.model.layers import (
+    ACTIVATIONS,
+    Identity,
+    Rotary,
+    make_norm,
+    norm_lanes,
+    positions_in_attention,
+    qk_norm,
+    softcap,
+)
 from jaxgpt.model.layers import normal as _normal
 from jaxgpt.model.layers import zeros as _zeros
 from jaxgpt.ops import Ops
@@ -114,15 +123,22 @@ class CausalSelfAttention(nnx.Module):
         self.attn_drop = nnx.Dropout(cfg.drop_rate)
         self.resid_drop = nnx.Dropout(cfg.drop_rate)
 
-    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(B, T, C) -> queries (B, T, H, D), keys and values (B, T, K, D)."""
+    def _project(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(B, T, C) -> queries (B, T, H, D), keys and values (B, T, K, D); queries and keys normalised
+        (qk_norm) and rotated (rotary), on the heads or, with ops.qk_lanes, before they are split."""
         B, T, C = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, C // self.n_heads
         if K == H:
             q, k, v = jnp.split(self.qkv(x), 3, axis=-1)  # 3 x (B, T, C)
         else:
             q, (k, v) = self.q(x), jnp.split(self.kv(x), 2, axis=-1)  # (B, T, C), 2 x (B, T, KD)
-        return q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
+        if self.ops.qk_lanes:
+            rotate = self.rotary.lanes if isinstance(self.rotary, Rotary) else lambda a, _: a
+            q, k = (rotate(norm_lanes(n, a, D), positions) for n, a in ((self.q_norm, q), (self.k_norm, k)))
+            return q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
+        q, k = q.reshape(B, T, H, D), k.reshape(B, T, K, D)
+        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)
+        return q, k, v.reshape(B, T, K, D)
 
     def __call__(
         self,
@@ -138,13 +154,12 @@ class CausalSelfAttention(nnx.Module):
         each query sees, itself included (None: every earlier one); `packed`: the rows' segments and
         positions (rows of several conversations: each attends within its own)."""
         T = x.shape[1]
-        q, k, v = self._project(x)  # (B, T, H, D), (B, T, K, D), (B, T, K, D)
-        v = mix_values(v, x, values)
         if packed is not None:
             positions = packed[1]  # (B, T): each conversation from 0
         else:
             positions = jnp.arange(T) if cache is None else cache.positions(T)  # (T,) or (B, 1)
-        q, k = self.rotary(self.q_norm(q), positions), self.rotary(self.k_norm(k), positions)
+        q, k, v = self._project(x, positions)  # (B, T, H, D), (B, T, K, D), (B, T, K, D)
+        v = mix_values(v, x, values)
         if cache is not None and cache.pos is not None:  # a decode step: T = 1
             y, cache = cache.attend(q[:, 0], k[:, 0], v[:, 0], self.ops, window)
             return self.proj(y[:, None]), cache  # (B, 1, C)

@@ -8,7 +8,8 @@ here; an option that is off is `Identity` (no parameters, no work).
 - `make_norm`: GPT-2's LayerNorm or RMSNorm (Zhang & Sennrich 2019), with a learned scale or
   parameter-free (`norm_scale: false`).
 - `Rotary`: rotary position embeddings (RoFormer) on queries and keys, in the "rotate half" layout
-  of GPT-NeoX, Llama and Flax's gemma example (`apply_rope`).
+  of GPT-NeoX, Llama and Flax's gemma example (`apply_rope`); `Rotary.lanes` and `norm_lanes`: the
+  same rotation and QK-norm on (B, T, H*D), heads side by side (`Ops.qk_lanes`).
 - `ACTIVATIONS`: GPT-2's tanh GELU, or ReLU squared (Primer).
 - `softcap`: a tanh cap on the logits (Gemma 2), float32.
 """
@@ -85,13 +86,50 @@ class Rotary(nnx.Module):
     def __init__(self, head_dim: int, base: float) -> None:
         self.half, self.base = head_dim // 2, base
 
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """x (B, T, H, D); positions (T,) (training, a prefill) or (B, 1) (a decode step)."""
+    def angles(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """positions (T,) (training, a prefill) or (B, 1) (a decode step) -> cos, sin (..., D/2)."""
         inv_freq = self.base ** (-2.0 * jnp.arange(self.half, dtype=jnp.float32) / (2 * self.half))  # (D/2,)
         angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (T, D/2) or (B, 1, D/2)
-        cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # broadcast over H
+        return jnp.cos(angles), jnp.sin(angles)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """x (B, T, H, D); positions (T,) or (B, 1)."""
+        cos, sin = (a[..., None, :] for a in self.angles(positions))  # broadcast over H
         x1, x2 = x[..., : self.half], x[..., self.half :]  # (B, T, H, D/2) each
         return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, T, H, D)
+
+    def lanes(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """The same rotation of x (B, T, N*D), heads side by side in the last axis: each head's
+        halves swapped by two rolls of the whole axis, the angles and signs tiled over the heads;
+        no (B, T, N, D) array."""
+        D, N = 2 * self.half, x.shape[-1] // (2 * self.half)
+        cos, sin = self.angles(positions)
+        cos, sin = jnp.tile(jnp.concatenate([cos, cos], -1), N), jnp.tile(jnp.concatenate([-sin, sin], -1), N)
+        first_half = jnp.arange(N * D) % D < self.half
+        swapped = jnp.where(first_half, jnp.roll(x, -self.half, -1), jnp.roll(x, self.half, -1))  # (x2, x1) a head
+        return x * cos + swapped * sin  # (B, T, N*D)
+
+
+def norm_lanes(norm: nnx.Module, x: jax.Array, D: int) -> jax.Array:
+    """`norm` (qk_norm's: over D) applied to each head of x (B, T, N*D), heads side by side: what
+    norm(x.reshape(B, T, N, D)).reshape(x.shape) gives, float32, the statistics of each head summed
+    from its D lanes and spread back over them (flax's: E[x^2] and, for LayerNorm, E[x]^2 subtracted)."""
+    if isinstance(norm, Identity):
+        return x
+    x = x.astype(jnp.float32)
+    N = x.shape[-1] // D
+    mean_of = lambda a: jnp.repeat(a.reshape(*a.shape[:-1], N, D).mean(-1), D, axis=-1)  # noqa: E731 - (..., N*D)
+    if isinstance(norm, nnx.RMSNorm):
+        mean, var = 0.0, mean_of(x * x)
+    else:
+        mean = mean_of(x)
+        var = jnp.maximum(mean_of(x * x) - mean * mean, 0.0)
+    mul = jax.lax.rsqrt(var + norm.epsilon)
+    if norm.scale is not None:
+        mul = mul * jnp.tile(norm.scale.get_value(), N)
+    y = (x - mean) * mul
+    bias = getattr(norm, "bias", None)
+    return y if bias is None else y + jnp.tile(bias.get_value(), N)
 
 
 def positions_in_attention(cfg: ModelConfig) -> nnx.Module:

@@ -138,6 +138,9 @@ class Ops:
     # "scatter" writes one element per row in place; "select" rewrites the slots the step reads
     # (TpuOps: a TPU copies the whole cache around a scatter).
     cache_write: str = "scatter"
+    # Where QK-norm and rotary work: False on (B, T, H, D) heads; True on (B, T, H*D), the heads side by
+    # side (layers.norm_lanes, Rotary.lanes): 64-wide heads fill half a TPU lane tile (unmeasured there).
+    qk_lanes: bool = False
 
     def kv_dtype(self) -> str:
         return self.cache_dtype or self.compute_dtype

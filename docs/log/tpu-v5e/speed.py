@@ -137,4 +137,13 @@ elif which == "attribute":  # the modern recipe's features one at a time back to
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, logit_softcap=None)
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, mlp="gelu")
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, norm="layernorm")
+elif which == "lanes":  # QK-norm and rotary on the heads side by side (Ops.qk_lanes) or on the heads, alternating
+    import jaxgpt.model.gpt as gpt_mod
+    kept = gpt_mod.select_ops
+    on_lanes = lambda cfg, backend=None: dataclasses.replace(kept(cfg, backend), qk_lanes=True)
+    for run, remat, B, k, steps in (("gpt2-small-modern", "attention", 16, 1, 4), ("gpt2-small-2026", "full", 8, 2, 3)):
+        for tag in ("lanes", "heads", "lanes", "heads"):
+            gpt_mod.select_ops = on_lanes if tag == "lanes" else kept
+            variant(run, remat, B, k, steps=steps, tag=tag)
+    gpt_mod.select_ops = kept
 print("speed done", flush=True)
