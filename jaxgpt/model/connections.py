@@ -74,20 +74,38 @@ class Connections(nnx.Module):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
         return x
 
-    def values(self, i: int | jax.Array, idx: jax.Array) -> tuple[jax.Array, jax.Array] | None:
-        """Block i's value embedding of the (B, T) tokens: ((B, T, K*D) values, (G, K) gate weights), or
-        None where block i has none. Traced `i` (a scanned model): every layer gets a pair, zeros for a
-        layer without a table, which adds exactly nothing to its values."""
+    def value_rows(self, idx: jax.Array) -> jax.Array | None:
+        """Every value table's rows for the (B, T) tokens, (n, B, T, K*D), or None without tables:
+        gathered once for all the layers (`Ops.value_rows_once`). Inside a scanned model's loop,
+        each layer's own gather has its backward pass scatter into the whole (n, V, K*D) tables, a
+        layer at a time, with a table or not (slow on a TPU: docs/log.md); with the rows gathered
+        once, the loop hands back their gradients and one scatter after it takes them in."""
         if not hasattr(self, "value_tables"):
             return None
-        tables, gates = self.value_tables.get_value(), self.value_gates.get_value()
+        return self.value_tables.get_value()[:, idx]
+
+    def values(
+        self, i: int | jax.Array, idx: jax.Array, rows: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array] | None:
+        """Block i's value embedding of the (B, T) tokens: ((B, T, K*D) values, (G, K) gate weights), or
+        None where block i has none. Traced `i` (a scanned model): every layer gets a pair, zeros for a
+        layer without a table, which adds exactly nothing to its values. `rows`: `value_rows(idx)`,
+        or None to gather block i's here."""
+        if not hasattr(self, "value_tables"):
+            return None
+        gates = self.value_gates.get_value()
+        if rows is None:
+            tables = self.value_tables.get_value()
+            pick = lambda j: tables[j, idx]  # noqa: E731 - one gather: no table is sliced out
+        else:
+            pick = lambda j: rows[j]  # noqa: E731
         if isinstance(i, int):
             j = self.table_of[i]
-            return None if j < 0 else (tables[j, idx], gates[j])  # one gather: no table is sliced out
+            return None if j < 0 else (pick(j), gates[j])
         j = jnp.asarray(self.table_of)[i]
         has = (j >= 0).astype(jnp.float32)
         j = jnp.maximum(j, 0)
-        return tables[j, idx] * has, gates[j] * has
+        return pick(j) * has, gates[j] * has
 
 
 def mix_values(v: jax.Array, x: jax.Array, values: tuple[jax.Array, jax.Array] | None) -> jax.Array:

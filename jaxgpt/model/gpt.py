@@ -284,6 +284,7 @@ class GPT(nnx.Module):
         graphdef, states = _block_states(self)
         keys = None if rngs is None else jax.random.split(rngs.dropout(), self.cfg.n_layers)  # (L,) dropout keys
         windows = self.cfg.layer_windows() if self.cfg.window_pattern else None
+        value_rows = self.connections.value_rows(idx) if self.ops.value_rows_once else None  # (n, B, T, K*D)
 
         def run(
             state: nnx.State,
@@ -325,7 +326,7 @@ class GPT(nnx.Module):
                 x,
                 key,
                 None if cache is None else cache.replace(layer=i),
-                self.connections.values(i, idx),
+                self.connections.values(i, idx, value_rows),
                 window,
                 packed,
             )

@@ -4,12 +4,17 @@ neutral lambdas compute the model without them. (Against the numpy reference: te
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from model_reference import ALL_NEW, MODERN, C, V, flat_params, gpt_cfg, randomise, tokens
 
 from jaxgpt.model.gpt import build_model
+from jaxgpt.ops.select import select
 
 
 def test_connections_start_where_nanochat_and_modded_nanogpt_start() -> None:
@@ -59,3 +64,42 @@ def test_zero_value_tables_and_neutral_lambdas_compute_the_plain_model() -> None
     nnx.update(more, nnx.from_flat_state(new))
     idx = tokens(3)
     np.testing.assert_allclose(np.asarray(more(idx)), np.asarray(plain(idx)), atol=1e-6)
+
+
+def _scatters(jaxpr: jax_core.Jaxpr, shape: tuple[int, ...], in_loop: bool = False) -> dict[bool, int]:
+    """Scatter-adds into a `shape` array, counted by whether a loop (scan, while) holds them."""
+    found = {False: 0, True: 0}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name.startswith("scatter") and tuple(eqn.outvars[0].aval.shape) == shape:
+            found[in_loop] += 1
+        for sub in jax_core.jaxprs_in_params(eqn.params):
+            for where, n in _scatters(sub, shape, in_loop or eqn.primitive.name in ("scan", "while")).items():
+                found[where] += n
+    return found
+
+
+def test_value_rows_gathered_once_scatter_into_the_tables_once_outside_the_loops_and_compute_the_same() -> None:
+    """Ops.value_rows_once: the layers' value rows are gathered once before the layer loop; its backward
+    pass hands their gradients back and one scatter takes them into the tables, rather than each layer
+    (a table or not) scattering into all of them inside the loop. The same forward and gradients."""
+    for kw in ({"unet_skips": False}, {}):  # one scan, or two (U-net skips at 4 layers)
+        cfg = gpt_cfg(**{**MODERN, **ALL_NEW, **kw, "n_layers": 4, "scan_layers": True, "remat": True})
+        model = build_model(cfg, seed=3)
+        randomise(model, seed=5)
+        once = build_model(cfg, ops=dataclasses.replace(select(cfg), value_rows_once=True))
+        nnx.update(once, nnx.state(model, nnx.Param))
+        idx, tables = tokens(1), model.connections.value_tables.get_value().shape
+        loss = lambda m: jnp.mean(jnp.square(m(idx)))  # noqa: E731
+        scatters = {}
+        for m in (model, once):
+            graphdef, state = nnx.split(m)
+            grad = jax.grad(lambda s: loss(nnx.merge(graphdef, s)))  # noqa: B023
+            scatters[m.ops.value_rows_once] = _scatters(jax.make_jaxpr(grad)(state).jaxpr, tables)
+        assert scatters == {False: {False: 0, True: 1 if kw else 2}, True: {False: 1, True: 0}}, scatters
+        np.testing.assert_allclose(np.asarray(once(idx)), np.asarray(model(idx)), rtol=0, atol=1e-6)
+        got, want = (nnx.to_flat_state(nnx.grad(loss)(m)) for m in (once, model))
+        for (path, g), (_, w) in zip(got, want):
+            np.testing.assert_allclose(
+                np.asarray(g), np.asarray(w), rtol=0, atol=1e-6 * np.abs(w).max() + 1e-12, err_msg=str(path)
+            )
+        assert np.abs(np.asarray(dict(want)[("connections", "value_tables")])).max() > 0  # the tables do learn

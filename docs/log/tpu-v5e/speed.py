@@ -137,13 +137,22 @@ elif which == "attribute":  # the modern recipe's features one at a time back to
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, logit_softcap=None)
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, mlp="gelu")
     variant("gpt2-small-modern", "attention", 16, 1, steps=4, norm="layernorm")
-elif which == "lanes":  # QK-norm and rotary on the heads side by side (Ops.qk_lanes) or on the heads, alternating
+elif which == "lanes":  # Ops.qk_lanes (QK-norm and rotary on lanes) and Ops.value_rows_once, on and off, alternating
     import jaxgpt.model.gpt as gpt_mod
     kept = gpt_mod.select_ops
-    on_lanes = lambda cfg, backend=None: dataclasses.replace(kept(cfg, backend), qk_lanes=True)
-    for run, remat, B, k, steps in (("gpt2-small-modern", "attention", 16, 1, 4), ("gpt2-small-2026", "full", 8, 2, 3)):
-        for tag in ("lanes", "heads", "lanes", "heads"):
-            gpt_mod.select_ops = on_lanes if tag == "lanes" else kept
-            variant(run, remat, B, k, steps=steps, tag=tag)
+    def with_flags(**flags):
+        return lambda cfg, backend=None: dataclasses.replace(kept(cfg, backend), **flags)
+    for tag in ("lanes", "heads", "lanes", "heads"):
+        gpt_mod.select_ops = with_flags(qk_lanes=tag == "lanes")
+        variant("gpt2-small-modern", "attention", 16, 1, steps=4, tag=tag)
+    gpt_mod.select_ops = kept
+elif which == "flags2026":  # the same two flags on the 2026 recipe's step
+    import jaxgpt.model.gpt as gpt_mod
+    kept = gpt_mod.select_ops
+    def with_flags(**flags):
+        return lambda cfg, backend=None: dataclasses.replace(kept(cfg, backend), **flags)
+    for tag in ("once", "neither", "lanes+once", "once", "neither", "lanes+once"):
+        gpt_mod.select_ops = with_flags(qk_lanes="lanes" in tag, value_rows_once="once" in tag)
+        variant("gpt2-small-2026", "full", 8, 2, steps=3, tag=tag)
     gpt_mod.select_ops = kept
 print("speed done", flush=True)
