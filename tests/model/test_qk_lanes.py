@@ -12,6 +12,7 @@ import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import cases
 from flax import nnx
 from model_reference import ALL_NEW, MODERN, TOL, flat_params, gpt_cfg, np_modern, randomise_all, tokens
 
@@ -85,7 +86,7 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("kw", OPTIONS.values(), ids=OPTIONS.keys())
+@pytest.mark.parametrize("kw", cases(OPTIONS, fast={"layernorm-biases-qk-norm", "2026"}))
 def test_a_model_on_lanes_is_the_reference_and_the_heads_model_with_its_gradients(kw: dict) -> None:
     model = build_model(gpt_cfg(**kw), seed=3)
     randomise_all(model, seed=11)
