@@ -139,11 +139,11 @@ class Ops:
     # (TpuOps: a TPU copies the whole cache around a scatter).
     cache_write: str = "scatter"
     # Where QK-norm and rotary work: False on (B, T, H, D) heads; True on (B, T, H*D), the heads side by
-    # side (layers.norm_lanes, Rotary.lanes): 64-wide heads fill half a TPU lane tile (unmeasured there).
+    # side (layers.norm_lanes, Rotary.lanes): 64-wide heads fill half a TPU lane tile (select: on there).
     qk_lanes: bool = False
     # Value embeddings' rows gathered once for all layers (connections.value_rows) rather than by each
     # layer: a scanned model's backward pass then scatters into the tables once, after its loop, not
-    # every layer inside it (slower on this CPU at the shakespeare-char 2026 size; unmeasured on a TPU).
+    # every layer inside it (TpuOps: on; slower on a CPU at the shakespeare-char 2026 size).
     value_rows_once: bool = False
 
     def kv_dtype(self) -> str:

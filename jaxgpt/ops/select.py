@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jaxgpt.config import MODEL_FILE, ConfigError, ModelConfig
 from jaxgpt.ops.neutral import Ops
 
+LANES = 128  # a TPU vector register's lanes: narrower heads run QK-norm and rotary on lanes there
+
 
 def resolve_compute_dtype(requested: str, backend: str, cpu_flags: frozenset[str] | None = None) -> str:
     """model.json compute_dtype on `backend`: "auto" becomes bfloat16 on accelerators (their
@@ -117,5 +119,6 @@ def select(cfg: ModelConfig, backend: str | None = None) -> Ops:
     if backend == "tpu":
         from jaxgpt.ops.tpu import TpuOps  # Pallas's TPU kernels load on a TPU only
 
-        return TpuOps(backend, dtype, kernel, windows=windows)
+        # QK-norm and rotary on lanes where a head fills less than a lane tile (128): docs/accelerators.md
+        return TpuOps(backend, dtype, kernel, windows=windows, qk_lanes=cfg.head_dim < LANES)
     return Ops(backend, dtype, kernel, windows=windows)

@@ -41,6 +41,9 @@ class TpuOps(Ops):
     # A decode step's scatter into the KV cache made XLA copy the whole cache to another layout and
     # back around every decode program here; the select needs no copy (kv_cache.KVCache.write).
     cache_write: str = "select"
+    # In the 2026 recipe's scanned step each layer scattered into all the value tables inside the backward
+    # loop; gathered once, 339.5 ms a microbatch against 354.3 (docs/log.md).
+    value_rows_once: bool = True
 
     def names_residuals(self, T: int, dropout: Callable[[jax.Array], jax.Array] | None) -> bool:
         return self._splash(T, dropout)  # residual_checkpoint_name below

@@ -61,6 +61,11 @@ def test_norm_on_lanes_is_each_heads_norm(norm: str, scale: bool) -> None:
     assert norm_lanes(Identity(), x, D) is x
 
 
+def heads_model(cfg, seed: int) -> nnx.Module:
+    """QK-norm and rotary on the heads, whatever the backend's default (a TPU's is lanes for heads under 128)."""
+    return build_model(cfg, seed, ops=dataclasses.replace(select(cfg), qk_lanes=False))
+
+
 def lanes_twin(model: nnx.Module) -> nnx.Module:
     """The same weights, QK-norm and rotary on lanes."""
     twin = build_model(model.cfg, ops=dataclasses.replace(select(model.cfg), qk_lanes=True))
@@ -88,7 +93,7 @@ OPTIONS = {
 
 @pytest.mark.parametrize("kw", cases(OPTIONS, fast={"layernorm-biases-qk-norm", "2026"}))
 def test_a_model_on_lanes_is_the_reference_and_the_heads_model_with_its_gradients(kw: dict) -> None:
-    model = build_model(gpt_cfg(**kw), seed=3)
+    model = heads_model(gpt_cfg(**kw), seed=3)
     randomise_all(model, seed=11)
     twin, idx = lanes_twin(model), tokens(1)
     # the heads' rotation slices (..., heads, D/2) halves; the lanes' never make one
@@ -112,7 +117,7 @@ def test_a_model_on_lanes_is_the_reference_and_the_heads_model_with_its_gradient
 
 def test_a_kv_cached_decode_on_lanes_gives_the_heads_decodes_logits() -> None:
     """A decode step's one position a row, (B, 1) positions: the lanes' tables tile per row."""
-    model = build_model(gpt_cfg(**MODERN, **ALL_NEW), seed=3)
+    model = heads_model(gpt_cfg(**MODERN, **ALL_NEW), seed=3)
     randomise_all(model, seed=11)
     runs = []
     twin = lanes_twin(model)
@@ -125,3 +130,12 @@ def test_a_kv_cached_decode_on_lanes_gives_the_heads_decodes_logits() -> None:
         runs.append(np.stack(logits))
     np.testing.assert_allclose(runs[1], runs[0], atol=1e-5 * np.abs(runs[0]).max(), rtol=0)
     assert np.abs(runs[0]).max() > 1
+
+
+def test_a_tpu_puts_heads_narrower_than_a_lane_tile_on_lanes_and_no_other_backend_does() -> None:
+    """The chip's timing (docs/log.md, eighth session): 64-wide heads ran faster on lanes (the modern
+    recipe's step 284.5 ms against 303.7), 128-wide ones slower (the 2026 recipe's 6 heads)."""
+    for emb_dim, n_heads, lanes in ((768, 12, True), (768, 6, False), (64, 2, True), (1024, 8, False)):
+        cfg = gpt_cfg(**MODERN, emb_dim=emb_dim, n_heads=n_heads, context_length=256)
+        assert select(cfg, "tpu").qk_lanes is lanes, (emb_dim, n_heads)
+        assert not select(cfg, "cpu").qk_lanes and not select(cfg, "gpu").qk_lanes

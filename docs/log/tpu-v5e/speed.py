@@ -146,13 +146,33 @@ elif which == "lanes":  # Ops.qk_lanes (QK-norm and rotary on lanes) and Ops.val
         gpt_mod.select_ops = with_flags(qk_lanes=tag == "lanes")
         variant("gpt2-small-modern", "attention", 16, 1, steps=4, tag=tag)
     gpt_mod.select_ops = kept
-elif which == "flags2026":  # the same two flags on the 2026 recipe's step
+elif which.startswith("flags2026"):  # the same two flags on the 2026 recipe's step ("flags2026b": the other order)
     import jaxgpt.model.gpt as gpt_mod
     kept = gpt_mod.select_ops
     def with_flags(**flags):
         return lambda cfg, backend=None: dataclasses.replace(kept(cfg, backend), **flags)
-    for tag in ("once", "neither", "lanes+once", "once", "neither", "lanes+once"):
+    order = ("once", "neither", "lanes+once") if which == "flags2026" else ("neither", "lanes+once", "once")
+    for tag in order * 2:
         gpt_mod.select_ops = with_flags(qk_lanes="lanes" in tag, value_rows_once="once" in tag)
         variant("gpt2-small-2026", "full", 8, 2, steps=3, tag=tag)
     gpt_mod.select_ops = kept
+elif which == "bf16act":  # hypothesis: the step's float32 elementwise work (the gap to 45%) halves with bfloat16
+    # dense outputs: nnx.Linear in bfloat16 (its bias added in bfloat16, GELU on bfloat16), the residual
+    # stream and the norms still float32. A timing probe, not the model's numerics.
+    import jax.numpy as jnp
+    from flax import nnx
+    from jaxgpt.ops.neutral import Ops
+    init0, dg0 = nnx.Linear.__init__, Ops.dot_general
+    def init16(self, *a, **k):
+        k.setdefault("dtype", jnp.bfloat16)
+        init0(self, *a, **k)
+    def dg16(self, x, w, *a, **k):
+        return dg0(self, x, w, *a, **k).astype(x.dtype)
+    for tag in ("bf16", "f32", "bf16", "f32"):
+        nnx.Linear.__init__, Ops.dot_general = (init16, dg16) if tag == "bf16" else (init0, dg0)
+        variant("gpt2-small", "attention", 16, 1, steps=4, tag=tag)
+    for tag in ("bf16", "f32"):
+        nnx.Linear.__init__, Ops.dot_general = (init16, dg16) if tag == "bf16" else (init0, dg0)
+        variant("gpt2-small-modern", "attention", 16, 1, steps=4, tag=tag)
+    nnx.Linear.__init__, Ops.dot_general = init0, dg0
 print("speed done", flush=True)
