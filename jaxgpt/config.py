@@ -51,6 +51,10 @@ class ModelConfig:
     # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
     # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (jaxgpt/ops/select.py).
     compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    # What the dense layers hand on: "float32", or "compute": the compute dtype, their bias added and the
+    # MLP's activation applied in it, as torch.autocast runs them; the residual stream, norms, attention
+    # probabilities and logits stay float32 (half the bytes of the step's elementwise work on a TPU).
+    dense_dtype: Literal["float32", "compute"] = "float32"
     # "auto": cuDNN flash attention on GPU with bfloat16, Pallas splash attention on one TPU chip,
     # XLA's on other accelerators, per_head on CPU.
     attention: Literal["auto", "xla", "cudnn", "splash", "per_head"] = "auto"

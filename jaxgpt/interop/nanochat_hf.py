@@ -80,7 +80,7 @@ _HF_DEFAULTS = {
 # model.json options NanoChat cannot compute, in model.json's key order: (key, refused?, why). What is
 # not here exports: drop_rate (inference has no dropout), tie_embeddings, logit_softcap null, mlp gelu,
 # n_kv_heads, and what only changes the init or how a model runs (zero_init_proj, compute_dtype,
-# attention, remat, scan_layers, loss_chunk).
+# dense_dtype, attention, remat, scan_layers, loss_chunk).
 _REFUSED = (
     ("architecture", lambda c: c.architecture != "gpt2", "it has no transformer blocks"),
     ("qkv_bias", lambda c: c.qkv_bias, "NanoChat's MLP has no biases (fc1, fc2: bias=False), and qkv_bias needs bias"),

@@ -88,6 +88,7 @@ class CausalSelfAttention(nnx.Module):
                 kernel_init=_normal(_STD, "embed", "qkv"),
                 bias_init=_zeros("qkv"),
                 dot_general=ops.dot_general,
+                promote_dtype=ops.promote_dense,
                 rngs=rngs,
             )
         else:  # grouped-query attention: the queries' (C, C), and "kv": K key heads | K value heads (C, 2KD)
@@ -98,6 +99,7 @@ class CausalSelfAttention(nnx.Module):
                 kernel_init=_normal(_STD, "embed", "heads"),
                 bias_init=_zeros("heads"),
                 dot_general=ops.dot_general,
+                promote_dtype=ops.promote_dense,
                 rngs=rngs,
             )
             self.kv = nnx.Linear(
@@ -107,6 +109,7 @@ class CausalSelfAttention(nnx.Module):
                 kernel_init=_normal(_STD, "embed", "kv"),
                 bias_init=_zeros("kv"),
                 dot_general=ops.dot_general,
+                promote_dtype=ops.promote_dense,
                 rngs=rngs,
             )
         self.proj = nnx.Linear(
@@ -116,6 +119,7 @@ class CausalSelfAttention(nnx.Module):
             kernel_init=_residual_init(cfg, "heads", "embed"),
             bias_init=_zeros("embed"),
             dot_general=ops.dot_general,
+            promote_dtype=ops.promote_dense,
             rngs=rngs,
         )
         self.q_norm, self.k_norm = qk_norm(cfg, rngs), qk_norm(cfg, rngs)  # Identity unless qk_norm
@@ -184,6 +188,7 @@ class MLP(nnx.Module):
             kernel_init=_normal(_STD, "embed", "mlp"),
             bias_init=_zeros("mlp"),
             dot_general=ops.dot_general,
+            promote_dtype=ops.promote_dense,
             rngs=rngs,
         )
         self.out = nnx.Linear(
@@ -193,6 +198,7 @@ class MLP(nnx.Module):
             kernel_init=_residual_init(cfg, "mlp", "embed"),
             bias_init=_zeros("embed"),
             dot_general=ops.dot_general,
+            promote_dtype=ops.promote_dense,
             rngs=rngs,
         )
         self.act = ACTIVATIONS[cfg.mlp]  # GPT-2's tanh GELU, or ReLU squared

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax.nnx.nn import dtypes as flax_dtypes
 from jax.ad_checkpoint import checkpoint_name
 
 Product = Callable[[str, jax.Array, jax.Array], jax.Array]  # (spec, x, y) -> float32 einsum
@@ -145,6 +146,9 @@ class Ops:
     # layer: a scanned model's backward pass then scatters into the tables once, after its loop, not
     # every layer inside it (TpuOps: on; slower on a CPU at the shakespeare-char 2026 size).
     value_rows_once: bool = False
+    # What dense layers hand on (model.json dense_dtype, resolved): their product, bias and what follows
+    # them until a norm or the residual stream in this dtype (`dot_general`, `promote_dense`).
+    dense_dtype: str = "float32"
 
     def kv_dtype(self) -> str:
         return self.cache_dtype or self.compute_dtype
@@ -195,7 +199,16 @@ class Ops:
         """nnx.Linear's dot_general: x (..., K) contracted with its kernel (see `dense`)."""
         del precision, preferred_element_type, out_sharding  # the compute dtype decides
         assert w.ndim == 2 and dimension_numbers == (((x.ndim - 1,), (0,)), ((), ())), dimension_numbers
-        return self.dense(x, w)
+        return self.dense(x, w).astype(self.dense_dtype)
+
+    def promote_dense(self, arrays: tuple[Any, Any, Any], dtype: Any = None) -> tuple[Any, Any, Any]:
+        """nnx.Linear's promote_dtype: flax's with float32 dense outputs; else the input and kernel as
+        they are (the product casts them, and the kernel's gradient stays float32) and the bias in the
+        dense dtype, so that the layer's output is in it."""
+        if self.dense_dtype == "float32":
+            return flax_dtypes.promote_dtype(arrays, dtype=dtype)
+        x, w, b = arrays
+        return x, w, None if b is None else b.astype(self.dense_dtype)
 
     def for_decoding(self, rows: int) -> Ops:
         """These operations for a decoder's copy of the model whose steps feed `rows` tokens,

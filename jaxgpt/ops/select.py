@@ -112,13 +112,14 @@ def select(cfg: ModelConfig, backend: str | None = None) -> Ops:
     kernel = attention_kernel(cfg, backend)
     dtype = resolve_compute_dtype(cfg.compute_dtype, backend)
     windows = tuple(sorted(set(cfg.layer_windows()))) if cfg.window_pattern else ()
+    dense = dtype if cfg.dense_dtype == "compute" else "float32"
     if backend == "cpu":
         from jaxgpt.ops.cpu import CpuOps  # the CPU is chosen here: nothing of it, or of jaxgpt/cpu/, loads elsewhere
 
-        return CpuOps(backend, dtype, kernel, windows=windows)
+        return CpuOps(backend, dtype, kernel, windows=windows, dense_dtype=dense)
     if backend == "tpu":
         from jaxgpt.ops.tpu import TpuOps  # Pallas's TPU kernels load on a TPU only
 
         # QK-norm and rotary on lanes where a head fills less than a lane tile (128): docs/accelerators.md
-        return TpuOps(backend, dtype, kernel, windows=windows, qk_lanes=cfg.head_dim < LANES)
-    return Ops(backend, dtype, kernel, windows=windows)
+        return TpuOps(backend, dtype, kernel, windows=windows, qk_lanes=cfg.head_dim < LANES, dense_dtype=dense)
+    return Ops(backend, dtype, kernel, windows=windows, dense_dtype=dense)

@@ -379,7 +379,7 @@ _MUON_STATE_KEYS = {"coefficients": "standard", "normuon": False}
 
 # How the model runs, not what it is (model.json's speed options): free to change on resume.
 # scan_layers is not among them: it changes the optimiser state's layout.
-RUNTIME_KEYS = ("compute_dtype", "attention", "remat", "loss_chunk")
+RUNTIME_KEYS = ("compute_dtype", "dense_dtype", "attention", "remat", "loss_chunk")
 
 
 def _check_tokenizer(ckpt_dir: Path, tokenizer: TrainedTokenizer | None) -> None:

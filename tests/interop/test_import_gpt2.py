@@ -148,6 +148,7 @@ def test_import_matches_numpy_gpt2(tmp_path: Path, untied: bool) -> None:
         "drop_rate": 0.0,
         "tie_embeddings": not untied,
         "compute_dtype": "float32",
+        "dense_dtype": "float32",
         "attention": "auto",
         "remat": False,
         "scan_layers": False,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -148,6 +149,44 @@ def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: d
         assert grads[key].dtype == np.float32  # master weights and their gradients stay float32
 
 
+def _dtypes_of(model: nnx.Module, primitive: str) -> set[str]:
+    """The dtypes `primitive`'s results have in the model's forward program (a scan's body too)."""
+    x, _ = batch()
+    found: set[str] = set()
+
+    def walk(jaxpr: jax_core.Jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == primitive:
+                found.update(str(v.aval.dtype) for v in eqn.outvars)
+            for sub in jax_core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(jax.make_jaxpr(lambda: model(x))().jaxpr)
+    return found
+
+
+def test_bfloat16_dense_outputs_hand_bfloat16_on_within_its_precision(weights, reference) -> None:
+    """model.json dense_dtype "compute": the dense layers' outputs, their bias and GELU in bfloat16 (the
+    MLP's tanh), the norms and logits float32, the weights' gradients float32; the loss and gradients
+    within bfloat16's precision of float32's, and not plain bfloat16's (the option did something)."""
+    ref_loss, ref_grads = reference
+    options = {"compute_dtype": "bfloat16", "scan_layers": True, "remat": True, "loss_chunk": 7}
+    plain, dense = model_with(weights, **options), model_with(weights, **options, dense_dtype="compute")
+    assert _dtypes_of(plain, "tanh") == {"float32"} and _dtypes_of(dense, "tanh") == {"bfloat16"}
+    assert _dtypes_of(dense, "rsqrt") == {"float32"}  # LayerNorm's statistics
+    x, _ = batch()
+    assert dense(x).dtype == jnp.float32
+    plain_loss, _ = loss_and_grads(plain)
+    loss, grads = loss_and_grads(dense)
+    assert loss not in (ref_loss, plain_loss) and abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)
+    for key, ref in ref_grads.items():
+        g = grads[key].ravel().astype(np.float64)
+        assert g @ ref.ravel() / (np.linalg.norm(g) * np.linalg.norm(ref) + 1e-30) >= 0.99, key
+        assert grads[key].dtype == np.float32
+    # float32 compute has float32 dense outputs whatever dense_dtype says: the reference, bit for bit
+    assert loss_and_grads(model_with(weights, dense_dtype="compute"))[0] == ref_loss
+
+
 # ----------------------------------------------------------------------------- the recipes' layouts
 
 # The recipes' layouts; cfg()'s base keys ride along, the recipe's override them.
@@ -194,12 +233,21 @@ def test_recipe_with_speed_options_matches_its_default_path(recipe_reference, re
             assert np.abs(ref_grads[f"connections.{name}"]).max() > 1e-6, name  # every connection is trained
 
 
-@SLOW  # a bfloat16 scanned model compiled for loss and gradients
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_in_bfloat16_is_float32_within_its_precision(recipe_reference, recipe: str) -> None:
+@pytest.mark.parametrize(
+    "recipe,dense",
+    [
+        pytest.param("modern", "float32", marks=SLOW),  # a bfloat16 scanned model compiled for loss and gradients
+        pytest.param("2026", "float32", marks=SLOW),
+        pytest.param("modern", "compute", marks=SLOW),
+        pytest.param("2026", "compute", id="2026-dense-outputs"),  # grouped heads, value embeddings, ReLU squared
+    ],
+)
+def test_recipe_in_bfloat16_is_float32_within_its_precision(recipe_reference, recipe: str, dense: str) -> None:
     weights, ref_loss, ref_grads = recipe_reference(recipe)
     loss, grads = loss_and_grads(
-        model_with(weights, **RECIPES[recipe], compute_dtype="bfloat16", scan_layers=True, loss_chunk=7)
+        model_with(
+            weights, **RECIPES[recipe], compute_dtype="bfloat16", dense_dtype=dense, scan_layers=True, loss_chunk=7
+        )
     )
     assert loss != ref_loss and abs(loss - ref_loss) <= 0.02 * ref_loss, (loss, ref_loss)
     for key, ref in ref_grads.items():

@@ -101,6 +101,7 @@ BAD: list[tuple[str, dict, str, list[str]]] = [
     ("string-for-dict", t(dataset={"options": "x"}), "train.json", ["options", "'x'"]),
     # --- choices
     ("unknown-architecture", m(architecture="bert"), "model.json", ["architecture", "'bert'", "'gpt2'"]),
+    ("unknown-dense-dtype", m(dense_dtype="bfloat16"), "model.json", ["dense_dtype", "'bfloat16'", "'compute'"]),
     # Any other name may be a trained tokenizer's (looked up when the run starts): only an impossible one fails here.
     ("bad-tokenizer-name", t(tokenizer="sentence/piece"), "train.json", ["tokenizer", "'sentence/piece'", "'bytes'"]),
     ("unknown-targets", t(targets="prev"), "train.json", ["targets", "'prev'", "'next'"]),
@@ -338,6 +339,7 @@ def test_defaults_resolved(tmp_path: Path) -> None:
         "drop_rate": 0.0,
         "tie_embeddings": False,
         "compute_dtype": "float32",
+        "dense_dtype": "float32",
         "attention": "auto",
         "remat": False,
         "scan_layers": False,
