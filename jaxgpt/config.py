@@ -48,7 +48,8 @@ class ModelConfig:
     drop_rate: float = 0.0  # dropout on embeddings, attention weights and residual branches
     tie_embeddings: bool = False  # output head shares the token embedding matrix (GPT-2's layout)
     # How it runs (the same function whatever is chosen here; see docs/performance.md "Performance"):
-    # The matmuls' operands (float32 accumulation); params, optimiser, activations, loss stay float32.
+    # The matmuls' operands (float32 accumulation); params, optimiser, loss stay float32, activations too
+    # but where dense_dtype says otherwise.
     # "auto": bfloat16 on GPU/TPU and on CPUs with native bf16 dot products, else float32 (jaxgpt/ops/select.py).
     compute_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     # What the dense layers hand on: "float32", or "compute": the compute dtype, their bias added and the
