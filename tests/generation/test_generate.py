@@ -168,13 +168,15 @@ LAYOUTS = {
     "2026": {**MODERN, **NEW_2026},
     "2026-scan-remat": {**MODERN, **NEW_2026, "scan_layers": True, "remat": True},
     "2026-bfloat16": {**MODERN, **NEW_2026, "compute_dtype": "bfloat16"},
+    "bfloat16-dense": {"compute_dtype": "bfloat16", "dense_dtype": "compute"},
+    "2026-bfloat16-dense": {**MODERN, **NEW_2026, "compute_dtype": "bfloat16", "dense_dtype": "compute"},
     "2026-gqa-1-windows": {**MODERN, "n_kv_heads": 1, "window_pattern": "S", "short_window": 3},
 }
 
 
 # Batch 1 and 3: on the CPU the decoder keeps its weights in another form for one row (ops.for_decoding).
 @pytest.mark.parametrize("rows", [1, pytest.param(3, marks=SLOW)])
-@pytest.mark.parametrize("kw", cases(LAYOUTS, fast={"bfloat16", "2026"}))
+@pytest.mark.parametrize("kw", cases(LAYOUTS, fast={"bfloat16", "2026", "bfloat16-dense"}))
 def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int) -> None:
     model = tiny(1, **kw)
     rng = np.random.default_rng(2)
@@ -182,6 +184,7 @@ def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int)
     prompt_lens = [1, 5, 9][-rows:]  # different lengths in one batch
     ref = [full_logits(model, s) for s in seqs]
     dec = g.KVDecoder(model, rows)
+    assert g.decoding_model(model, rows).ops.dense_dtype == model.ops.dense_dtype  # the decoder keeps them
     got = dec.prefill([s[:n] for s, n in zip(seqs, prompt_lens)])
     diffs = {(b, n - 1): np.abs(got[b] - ref[b][n - 1]).max() for b, n in enumerate(prompt_lens)}
     while (dec.lengths < CTX).any():  # feed each row its next true token at its own position

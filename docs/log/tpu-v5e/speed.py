@@ -175,4 +175,9 @@ elif which == "bf16act":  # hypothesis: the step's float32 elementwise work (the
         nnx.Linear.__init__, Ops.dot_general = (init16, dg16) if tag == "bf16" else (init0, dg0)
         variant("gpt2-small-modern", "attention", 16, 1, steps=4, tag=tag)
     nnx.Linear.__init__, Ops.dot_general = init0, dg0
+elif which == "dense":  # model.json dense_dtype as built (the probe above rounded the weights' gradients), alternating
+    for run, remat, B, k in (("gpt2-small", "attention", 16, 1), ("gpt2-small-modern", "attention", 16, 1),
+                             ("gpt2-small-2026", "full", 8, 2)):
+        for dense in ("compute", "float32", "compute", "float32"):
+            variant(run, remat, B, k, steps=4, tag=dense, dense_dtype=dense)
 print("speed done", flush=True)
