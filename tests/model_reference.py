@@ -16,8 +16,9 @@ pass that forgot a bias, a scale, the 1/sqrt(D) factor or a rotation cannot matc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from conftest import F32_SLACK
@@ -265,3 +266,12 @@ def np_modern(p: dict[str, np.ndarray], cfg: ModelConfig, idx: np.ndarray) -> np
     if cfg.logit_softcap is not None:
         logits = cfg.logit_softcap * np.tanh(logits / cfg.logit_softcap)
     return logits
+
+
+def equations(jaxpr: jax_core.Jaxpr, in_loop: bool = False) -> Iterator[tuple[jax_core.JaxprEqn, bool]]:
+    """Every equation of a program and of its sub-programs (a scan's body too), with whether a loop
+    (scan, while) holds it."""
+    for eqn in jaxpr.eqns:
+        yield eqn, in_loop
+        for sub in jax_core.jaxprs_in_params(eqn.params):
+            yield from equations(sub, in_loop or eqn.primitive.name in ("scan", "while"))

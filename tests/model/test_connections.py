@@ -11,7 +11,7 @@ import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from model_reference import ALL_NEW, MODERN, C, V, flat_params, gpt_cfg, randomise, tokens
+from model_reference import ALL_NEW, MODERN, C, V, equations, flat_params, gpt_cfg, randomise, tokens
 
 from jaxgpt.model.gpt import build_model
 from jaxgpt.ops.select import select
@@ -66,15 +66,12 @@ def test_zero_value_tables_and_neutral_lambdas_compute_the_plain_model() -> None
     np.testing.assert_allclose(np.asarray(more(idx)), np.asarray(plain(idx)), atol=1e-6)
 
 
-def _scatters(jaxpr: jax_core.Jaxpr, shape: tuple[int, ...], in_loop: bool = False) -> dict[bool, int]:
+def _scatters(jaxpr: jax_core.Jaxpr, shape: tuple[int, ...]) -> dict[bool, int]:
     """Scatter-adds into a `shape` array, counted by whether a loop (scan, while) holds them."""
     found = {False: 0, True: 0}
-    for eqn in jaxpr.eqns:
+    for eqn, in_loop in equations(jaxpr):
         if eqn.primitive.name.startswith("scatter") and tuple(eqn.outvars[0].aval.shape) == shape:
             found[in_loop] += 1
-        for sub in jax_core.jaxprs_in_params(eqn.params):
-            for where, n in _scatters(sub, shape, in_loop or eqn.primitive.name in ("scan", "while")).items():
-                found[where] += n
     return found
 
 

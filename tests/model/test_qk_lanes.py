@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import cases
 from flax import nnx
-from model_reference import ALL_NEW, MODERN, TOL, flat_params, gpt_cfg, np_modern, randomise_all, tokens
+from model_reference import ALL_NEW, MODERN, TOL, equations, flat_params, gpt_cfg, np_modern, randomise_all, tokens
 
 from jaxgpt.generation import decoder as g
 from jaxgpt.model.gpt import build_model
@@ -75,12 +75,7 @@ def lanes_twin(model: nnx.Module) -> nnx.Module:
 
 def shapes(jaxpr: jax_core.Jaxpr) -> set[tuple[int, ...]]:
     """Every shape a program's equations make, in its sub-programs (a scan's body) too."""
-    found = set()
-    for eqn in jaxpr.eqns:
-        found |= {tuple(v.aval.shape) for v in eqn.outvars}
-        for sub in jax_core.jaxprs_in_params(eqn.params):
-            found |= shapes(sub)
-    return found
+    return {tuple(v.aval.shape) for eqn, _ in equations(jaxpr) for v in eqn.outvars}
 
 
 OPTIONS = {

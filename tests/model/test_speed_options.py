@@ -20,13 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import F32_SLACK, ON_ACCELERATOR, SLOW, cases
 from flax import nnx
-from model_reference import ALL_NEW, MODERN, gpt_cfg
+from model_reference import ALL_NEW, MODERN, equations, gpt_cfg
 
 from jaxgpt.checkpoints import store as ckpt
 from jaxgpt.config import ConfigError, ModelConfig, TrainConfig
@@ -152,17 +151,8 @@ def test_bfloat16_matches_float32_within_its_precision(weights, reference, kw: d
 def _dtypes_of(model: nnx.Module, primitive: str) -> set[str]:
     """The dtypes `primitive`'s results have in the model's forward program (a scan's body too)."""
     x, _ = batch()
-    found: set[str] = set()
-
-    def walk(jaxpr: jax_core.Jaxpr) -> None:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == primitive:
-                found.update(str(v.aval.dtype) for v in eqn.outvars)
-            for sub in jax_core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(jax.make_jaxpr(lambda: model(x))().jaxpr)
-    return found
+    program = jax.make_jaxpr(lambda: model(x))().jaxpr
+    return {str(v.aval.dtype) for eqn, _ in equations(program) if eqn.primitive.name == primitive for v in eqn.outvars}
 
 
 def test_bfloat16_dense_outputs_hand_bfloat16_on_within_its_precision(weights, reference) -> None:
