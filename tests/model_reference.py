@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+import jax
 import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
@@ -120,6 +121,18 @@ def randomise_all(model: nnx.Module, seed: int) -> None:
             var = var.replace(jnp.asarray(mean + std * rng.standard_normal(var.get_value().shape), jnp.float32))
         new.append((path, var))
     nnx.update(model, nnx.from_flat_state(new))
+
+
+@nnx.jit
+def forward(model: nnx.Module, idx: jax.Array) -> jax.Array:
+    """model(idx) as one compiled program (eager, a model dispatches op by op: minutes of a test on a TPU)."""
+    return model(idx)
+
+
+@nnx.jit
+def square_loss_grads(model: nnx.Module, idx: jax.Array) -> nnx.State:
+    """The parameters' gradient of mean(model(idx)^2), one compiled program."""
+    return nnx.grad(lambda m: jnp.mean(jnp.square(m(idx))))(model)
 
 
 def assert_causal(run: Callable[[jnp.ndarray], jnp.ndarray], t: int) -> None:

@@ -14,7 +14,19 @@ import numpy as np
 import pytest
 from conftest import cases
 from flax import nnx
-from model_reference import ALL_NEW, MODERN, TOL, equations, flat_params, gpt_cfg, np_modern, randomise_all, tokens
+from model_reference import (
+    ALL_NEW,
+    MODERN,
+    TOL,
+    equations,
+    flat_params,
+    forward,
+    gpt_cfg,
+    np_modern,
+    randomise_all,
+    square_loss_grads,
+    tokens,
+)
 
 from jaxgpt.generation import decoder as g
 from jaxgpt.model.gpt import build_model
@@ -95,14 +107,13 @@ def test_a_model_on_lanes_is_the_reference_and_the_heads_model_with_its_gradient
     half = (model.cfg.n_kv_heads or model.cfg.n_heads, model.cfg.emb_dim // model.cfg.n_heads // 2)
     made = {m: {s[-2:] for s in shapes(jax.make_jaxpr(lambda: m(idx))().jaxpr)} for m in (model, twin)}
     assert half in made[model] and half not in made[twin]
-    got, heads = np.asarray(twin(idx)), np.asarray(model(idx))
+    got, heads = np.asarray(forward(twin, idx)), np.asarray(forward(model, idx))
     if not model.cfg.scan_layers:  # the reference reads per-layer weights; the scanned model is the heads one's
         np.testing.assert_allclose(got, np_modern(flat_params(model), model.cfg, np.asarray(idx)), atol=TOL, rtol=0)
     np.testing.assert_allclose(got, heads, atol=1e-5 * np.abs(heads).max(), rtol=0)
 
     def grads(m: nnx.Module) -> dict:
-        loss = lambda m: jnp.mean(jnp.square(m(idx)))  # noqa: E731
-        return {".".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.grad(loss)(m))}
+        return {".".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(square_loss_grads(m, idx))}
 
     ours, theirs = grads(twin), grads(model)
     assert ours.keys() == theirs.keys() and any("q_norm" in k or "qkv" in k for k in ours)
