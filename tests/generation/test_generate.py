@@ -34,7 +34,7 @@ V, CTX, C, H, L = 61, 16, 32, 4, 2
 TOL = 1e-4
 
 
-def tolerance(ref: np.ndarray, compute_dtype: str = "float32") -> float:
+def tolerance(ref: np.ndarray, compute_dtype: str = "float32", dense_dtype: str = "float32") -> float:
     """How far a cached path's logits may be from `ref`'s (the model's full forward).
 
     float32: TOL. bfloat16: the two paths round their matmul operands to bfloat16 after sums
@@ -44,8 +44,16 @@ def tolerance(ref: np.ndarray, compute_dtype: str = "float32") -> float:
     that operand) moved in one term of a later sum. A few such flips move the logits by a small
     part of 2^-7 of their size; 2^-8 of the largest logit bounds them on every CPU, and stays far
     below what a wrong cache, position or weight does (the size of the logits themselves).
+
+    With bfloat16 dense outputs (dense_dtype "compute") a layer's product, its bias add and each
+    step of its activation are rounded to bfloat16 in the program as written, and XLA may skip any of
+    those roundings inside a fusion (excess precision), differently in two programs: the same model
+    op by op against jitted differs by 2^-7.4 of its largest logit on an Intel AMX CPU, its decoder
+    against its full forward by 2^-6.8 on a TPU v5e (docs/log.md, ninth session). 2^-6 for those.
     """
-    return 2.0**-8 * float(np.abs(ref).max()) if compute_dtype == "bfloat16" else TOL
+    if compute_dtype != "bfloat16":
+        return TOL
+    return (2.0**-6 if dense_dtype == "compute" else 2.0**-8) * float(np.abs(ref).max())
 
 
 def tiny(seed: int = 0, **kw) -> nnx.Module:
@@ -193,7 +201,7 @@ def test_cached_logits_match_full_forward_at_every_position(kw: dict, rows: int)
         got = dec.step([s[min(p, CTX - 1)] for s, p in zip(seqs, pos)], advance=advance)
         diffs.update({(b, int(pos[b])): np.abs(got[b] - ref[b][pos[b]]).max() for b in np.flatnonzero(advance)})
     assert sorted(diffs) == [(b, p) for b, n in enumerate(prompt_lens) for p in range(n - 1, CTX)]
-    tol = tolerance(np.stack(ref), model.cfg.compute_dtype)
+    tol = tolerance(np.stack(ref), model.cfg.compute_dtype, model.cfg.dense_dtype)
     assert max(diffs.values()) <= tol, (max(diffs.values()), tol)
     assert max(np.abs(r).max() for r in ref) > 3
 

@@ -176,8 +176,21 @@ elif which == "bf16act":  # hypothesis: the step's float32 elementwise work (the
         variant("gpt2-small-modern", "attention", 16, 1, steps=4, tag=tag)
     nnx.Linear.__init__, Ops.dot_general = init0, dg0
 elif which == "dense":  # model.json dense_dtype as built (the probe above rounded the weights' gradients), alternating
-    for run, remat, B, k in (("gpt2-small", "attention", 16, 1), ("gpt2-small-modern", "attention", 16, 1),
-                             ("gpt2-small-2026", "full", 8, 2)):
-        for dense in ("compute", "float32", "compute", "float32"):
+    for dense in ("compute", "float32", "compute", "float32"):
+        variant("gpt2-small", "attention", 16, 1, steps=4, tag=dense, dense_dtype=dense)
+    for run, remat, B, k in (("gpt2-small-modern", "attention", 16, 1), ("gpt2-small-2026", "full", 8, 2)):
+        for dense in ("compute", "float32"):
             variant(run, remat, B, k, steps=4, tag=dense, dense_dtype=dense)
+    # hypothesis: with the dense outputs in bfloat16 the saved products take half the memory, so keeping
+    # them ("dots", or nothing recomputed at 8 x 2) may now fit and beat recomputing them
+    variant("gpt2-small", "dots", 16, 1, steps=4, tag="compute", dense_dtype="compute")
+    variant("gpt2-small", False, 8, 2, steps=4, tag="compute", dense_dtype="compute")
+    variant("gpt2-small", "attention", 16, 1, steps=4, tag="compute", dense_dtype="compute", profile="dense")
+elif which == "next":  # the update amortised as shipped (k = 8 of the 32), then splash's block for 64-wide heads
+    variant("gpt2-small", "attention", 16, 8, steps=2, tag="k8")
+    import jaxgpt.ops.tpu as tpu_ops  # hypothesis: a 64-wide head leaves a 512-row block's work too small
+    for block in (1024, 256, 512):
+        tpu_ops.BLOCK = block
+        tpu_ops._kernel.cache_clear()
+        variant("gpt2-small", "attention", 16, 1, steps=4, tag=f"block{block}")
 print("speed done", flush=True)
