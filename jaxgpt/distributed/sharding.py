@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.extend.core import jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var, jaxpr_as_fun
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -192,8 +192,8 @@ def _built_in_parts(build: Any) -> Any:
     """`build()` as jitted programs, one per large array and one for the rest, compiled in parallel
     threads (XLA compiles without Python's lock) on the default device. XLA:CPU's compile time grows
     with every random initialiser: GPT-2 124M's one program took 6.6 s to compile on a TPU v5e's host,
-    as long again from the persistent cache. Each part is the one program with the other outputs
-    left for XLA to drop, so every array is that program's, bit for bit (tests/distributed/test_placement.py)."""
+    as long again from the persistent cache. Each part is the one program's equations that its outputs
+    need, so every array is that program's, bit for bit (tests/distributed/test_placement.py)."""
     made: dict[str, Any] = {}
 
     def leaves() -> list[Any]:
@@ -202,12 +202,11 @@ def _built_in_parts(build: Any) -> Any:
         return flat
 
     closed = jax.make_jaxpr(leaves)()
-    whole = jaxpr_as_fun(closed)
     sizes = [math.prod(a.shape) for a in closed.out_avals]
     big = [i for i, n in enumerate(sizes) if n >= PART * sum(sizes)]
     rest = [i for i in range(len(sizes)) if i not in big]
     parts = [[i] for i in big] + ([rest] if rest else [])
-    lowered = [jax.jit(lambda part=part: [whole()[i] for i in part]).lower() for part in parts]
+    lowered = [jax.jit(_pruned(closed, part)).lower() for part in parts]
     with concurrent.futures.ThreadPoolExecutor(min(len(parts), os.cpu_count() or 1)) as pool:
         programs = list(pool.map(lambda low: low.compile(), lowered))
     arrays: list[Any] = [None] * len(sizes)
@@ -215,6 +214,23 @@ def _built_in_parts(build: Any) -> Any:
         for i, array in zip(part, program()):
             arrays[i] = array
     return nnx.merge(made["graphdef"], jax.tree.unflatten(made["treedef"], arrays))
+
+
+def _pruned(closed: ClosedJaxpr, keep: list[int]) -> Any:
+    """`closed` as a function of its outputs `keep` (ascending) alone: the equations they need, in order.
+    Tracing the whole program once per part took most of a second of GPT-2 124M's start-up on a 2-core CPU."""
+    jaxpr = closed.jaxpr
+    used = [i in keep for i in range(len(jaxpr.outvars))]
+    outvars = [v for v, u in zip(jaxpr.outvars, used) if u]
+    needed = {v for v in outvars if isinstance(v, Var)}
+    eqns = []
+    for eqn in reversed(jaxpr.eqns):
+        if eqn.effects or any(v in needed for v in eqn.outvars):
+            eqns.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, Var))
+    info = jaxpr.debug_info._replace(result_paths=jaxpr.debug_info.filter_result_paths(used))
+    pruned = Jaxpr(jaxpr.constvars, jaxpr.invars, outvars, eqns[::-1], jaxpr.effects, debug_info=info)
+    return jaxpr_as_fun(ClosedJaxpr(pruned, closed.consts))
 
 
 def _layout(state: Any) -> Any:
