@@ -98,12 +98,8 @@ def test_value_rows_gathered_once_scatter_into_the_tables_once_outside_the_loops
         once = build_model(cfg, ops=dataclasses.replace(select(cfg), value_rows_once=True))
         nnx.update(once, nnx.state(model, nnx.Param))
         idx, tables = tokens(1), model.connections.value_tables.get_value().shape
-        loss = lambda m: jnp.mean(jnp.square(m(idx)))  # noqa: E731
-        scatters = {}
-        for m in (model, once):
-            graphdef, state = nnx.split(m)
-            grad = jax.grad(lambda s: loss(nnx.merge(graphdef, s)))  # noqa: B023
-            scatters[m.ops.value_rows_once] = _scatters(jax.make_jaxpr(grad)(state).jaxpr, tables)
+        program = lambda m: jax.make_jaxpr(square_loss_grads)(m, idx).jaxpr  # noqa: E731 - the gradient's program
+        scatters = {m.ops.value_rows_once: _scatters(program(m), tables) for m in (model, once)}
         assert scatters == {False: {False: 0, True: 1 if kw else 2}, True: {False: 1, True: 0}}, scatters
         np.testing.assert_allclose(np.asarray(forward(once, idx)), np.asarray(forward(model, idx)), rtol=0, atol=1e-6)
         got, want = (nnx.to_flat_state(square_loss_grads(m, idx)) for m in (once, model))
