@@ -35,6 +35,8 @@ def loss_fn(
     step, however they fall into microbatches. segments: see GPT.features."""
     if weights is not None:
         return loss_sum(model, inputs, targets, weights, segments, rngs) * scale
+    if model.cfg.loss_chunk is not None:
+        return head_loss(model.ops, model.cfg, head_weight(model), model.features(inputs, rngs), targets, None)
     return -token_logprobs(model, inputs, targets, rngs).mean()
 
 
@@ -49,6 +51,9 @@ def loss_sum(
     """Sum of the cross-entropy over every position, each times its weight (validation: 0 for the
     padding of a split's last batch; fine-tuning: 1 on the answers only). inputs, targets: (B, T)
     int32; weights: (B, T) float32; segments: see GPT.features."""
+    if model.cfg.loss_chunk is not None:
+        x = model.features(inputs, rngs, segments)  # (B, T, C)
+        return head_loss(model.ops, model.cfg, head_weight(model), x, targets, weights)
     return -(token_logprobs(model, inputs, targets, rngs, segments) * weights).sum()
 
 
@@ -111,7 +116,8 @@ def chunked_losses(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targe
     jax.checkpoint makes the backward pass recompute each chunk's logits instead of keeping
     them (for GPT-2's 50k vocabulary and 16 x 1024 tokens per microbatch, 3.3 GB of float32
     logits plus as much again for their gradient, against chunk x V x 4 bytes). The last chunk is
-    padded.
+    padded. What RL's per-token log-probabilities take; the mean and weighted losses take head_loss,
+    whose gradient needs no second pass over the logits.
     """
     N, C = x.shape
     chunk = min(cfg.loss_chunk, N)
@@ -130,3 +136,63 @@ def chunked_losses(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targe
 
     _, losses = jax.lax.scan(body, None, (x, targets))
     return losses.reshape(-1)[:N]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def head_loss(
+    ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array, weights: jax.Array | None
+) -> jax.Array:
+    """The head's cross-entropy over (B, T, C) features x: its mean (weights None) or its sum times the
+    (B, T) weights, `cfg.loss_chunk` rows at a time (chunked_losses), the same value.
+
+    Differentiated, each chunk's gradient is made in the forward pass, beside its loss (head_loss_fwd):
+    the loss is a scalar of known per-row coefficients, so the gradients with respect to w and x are
+    the backward pass's cotangent times those made forward, and the head's logits are computed once,
+    not again in the backward pass (chunked_losses' jax.checkpoint recomputes them: a fourth product
+    of the head's, 2 x N x C x V FLOPs, with the softmax's work)."""
+    ce = chunked_losses(ops, cfg, w, x.reshape(-1, x.shape[-1]), targets.reshape(-1)).reshape(targets.shape)
+    return ce.mean() if weights is None else (ce * weights).sum()
+
+
+def head_loss_fwd(
+    ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targets: jax.Array, weights: jax.Array | None
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """head_loss and its gradients with respect to w and x for a cotangent of 1, chunk by chunk."""
+    N, C = targets.size, x.shape[-1]
+    coeffs = jnp.full((N,), 1.0 / N, jnp.float32) if weights is None else weights.reshape(-1).astype(jnp.float32)
+    chunk = min(cfg.loss_chunk, N)
+    n = -(-N // chunk)
+    pad = n * chunk - N
+    xs = jnp.pad(x.reshape(N, C), ((0, pad), (0, 0))).reshape(n, chunk, C)
+    ys = jnp.pad(targets.reshape(N), (0, pad)).reshape(n, chunk)
+    cs = jnp.pad(coeffs, (0, pad)).reshape(n, chunk)  # padded rows weigh 0
+
+    def body(dw: jax.Array, chunk_in: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, tuple]:
+        xc, yc, cc = chunk_in
+        logits, vjp = jax.vjp(lambda w, xc: head_logits(ops, cfg, w, xc), w, xc)  # (chunk, V) float32
+        # The loss and d ce / d logits = softmax - one-hot (each row times its coefficient) from one exp of
+        # the shifted logits: jax.nn.softmax beside optax's loss kept one more (chunk, V) float32 buffer
+        # live, 0.7 GiB more for the 2026 step at 8 x 2048 (XLA's memory analysis on a CPU).
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        e = jnp.exp(shifted)
+        s = e.sum(axis=-1, keepdims=True)
+        ce = jnp.log(s[:, 0]) - jnp.take_along_axis(shifted, yc[:, None], axis=-1)[:, 0]  # (chunk,)
+        hot = jnp.arange(logits.shape[-1]) == yc[:, None]
+        dlogits = e * (cc[:, None] / s) - jnp.where(hot, cc[:, None], 0.0)
+        dw_c, dx_c = vjp(dlogits.astype(logits.dtype))
+        return dw + dw_c.astype(dw.dtype), (ce, dx_c)
+
+    dw, (ce, dx) = jax.lax.scan(body, jnp.zeros_like(w), (xs, ys, cs))
+    ce = ce.reshape(-1)[:N].reshape(targets.shape)
+    loss = ce.mean() if weights is None else (ce * weights).sum()
+    return loss, (dw, dx.reshape(-1, C)[:N].reshape(x.shape).astype(x.dtype))
+
+
+def head_loss_bwd(
+    ops: Ops, cfg: ModelConfig, made: tuple[jax.Array, jax.Array], g: jax.Array
+) -> tuple[jax.Array, jax.Array, None, None]:
+    dw, dx = made
+    return (g * dw).astype(dw.dtype), (g * dx).astype(dx.dtype), None, None
+
+
+head_loss.defvjp(head_loss_fwd, head_loss_bwd)
