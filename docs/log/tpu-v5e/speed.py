@@ -193,4 +193,18 @@ elif which == "next":  # the update amortised as shipped (k = 8 of the 32), then
         tpu_ops.BLOCK = block
         tpu_ops._kernel.cache_clear()
         variant("gpt2-small", "attention", 16, 1, steps=4, tag=f"block{block}")
+elif which == "headloss":  # hypothesis: the head's gradient made beside its loss (no recomputed logits) saves ~8 ms
+    import jaxgpt.model.loss as loss_mod
+    made = loss_mod.head_loss
+    def recomputed(ops, cfg, w, x, targets, weights):  # the loss before: chunked_losses' checkpointed scan
+        ce = loss_mod.chunked_losses(ops, cfg, w, x.reshape(-1, x.shape[-1]), targets.reshape(-1)).reshape(targets.shape)
+        return ce.mean() if weights is None else (ce * weights).sum()
+    for tag in ("made", "recomputed", "made", "recomputed"):
+        loss_mod.head_loss = made if tag == "made" else recomputed
+        variant("gpt2-small", "attention", 16, 1, steps=4, tag=tag)
+    for run, remat, B, k in (("gpt2-small-modern", "attention", 16, 1), ("gpt2-small-2026", "attention", 8, 2)):
+        for tag in ("made", "recomputed"):
+            loss_mod.head_loss = made if tag == "made" else recomputed
+            variant(run, remat, B, k, steps=4, tag=tag)
+    loss_mod.head_loss = made
 print("speed done", flush=True)
