@@ -119,12 +119,8 @@ def chunked_losses(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targe
     padded. What RL's per-token log-probabilities take; the mean and weighted losses take head_loss,
     whose gradient needs no second pass over the logits.
     """
-    N, C = x.shape
-    chunk = min(cfg.loss_chunk, N)
-    n = -(-N // chunk)
-    pad = n * chunk - N
-    x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, chunk, C)
-    targets = jnp.pad(targets, (0, pad)).reshape(n, chunk)
+    N = x.shape[0]
+    x, targets = in_chunks(cfg.loss_chunk, x, targets)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE barrier needed
     def chunk_losses(w: jax.Array, xc: jax.Array, yc: jax.Array) -> jax.Array:
@@ -136,6 +132,16 @@ def chunked_losses(ops: Ops, cfg: ModelConfig, w: jax.Array, x: jax.Array, targe
 
     _, losses = jax.lax.scan(body, None, (x, targets))
     return losses.reshape(-1)[:N]
+
+
+def in_chunks(size: int, *arrays: jax.Array) -> tuple[jax.Array, ...]:
+    """Arrays of the same N leading rows as (n, chunk, ...): chunks of `size` rows (all N if fewer), the
+    last one padded with zeros."""
+    N = arrays[0].shape[0]
+    chunk = min(size, N)
+    n = -(-N // chunk)
+    pad = [(0, n * chunk - N)]
+    return tuple(jnp.pad(a, pad + [(0, 0)] * (a.ndim - 1)).reshape(n, chunk, *a.shape[1:]) for a in arrays)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -160,12 +166,7 @@ def head_loss_fwd(
     """head_loss and its gradients with respect to w and x for a cotangent of 1, chunk by chunk."""
     N, C = targets.size, x.shape[-1]
     coeffs = jnp.full((N,), 1.0 / N, jnp.float32) if weights is None else weights.reshape(-1).astype(jnp.float32)
-    chunk = min(cfg.loss_chunk, N)
-    n = -(-N // chunk)
-    pad = n * chunk - N
-    xs = jnp.pad(x.reshape(N, C), ((0, pad), (0, 0))).reshape(n, chunk, C)
-    ys = jnp.pad(targets.reshape(N), (0, pad)).reshape(n, chunk)
-    cs = jnp.pad(coeffs, (0, pad)).reshape(n, chunk)  # padded rows weigh 0
+    xs, ys, cs = in_chunks(cfg.loss_chunk, x.reshape(N, C), targets.reshape(N), coeffs)  # padded rows weigh 0
 
     def body(dw: jax.Array, chunk_in: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, tuple]:
         xc, yc, cc = chunk_in

@@ -80,6 +80,11 @@ def test_a_weighted_sum_under_any_cotangent_is_the_whole_logits_one(kw: dict) ->
     assert float(loss_sum(chunked, idx, targets, weights)) == float(before)
 
 
+def recomputed_mean(model, w, x, targets) -> jax.Array:
+    """The mean loss as chunked_losses' checkpointed scan makes it: logits again in the backward pass."""
+    return chunked_losses(model.ops, model.cfg, w, x.reshape(-1, x.shape[-1]), targets.reshape(-1)).mean()
+
+
 def head_products(f, *args) -> int:
     """How many matrix products a program makes with the head: the dot_generals with a V-wide operand."""
     jaxpr = jax.make_jaxpr(f)(*args).jaxpr
@@ -100,12 +105,9 @@ def test_the_gradient_multiplies_by_the_head_three_times_not_four(kw: dict) -> N
     def made_forward(w, x):
         return head_loss(model.ops, model.cfg, w, x, targets, None)
 
-    def recomputed(w, x):
-        return chunked_losses(model.ops, model.cfg, w, x.reshape(-1, x.shape[-1]), targets.reshape(-1)).mean()
-
     grad = lambda f: jax.grad(f, argnums=(0, 1))  # noqa: E731
     assert head_products(grad(made_forward), w, x) == 3
-    assert head_products(grad(recomputed), w, x) == 4
+    assert head_products(grad(lambda w, x: recomputed_mean(model, w, x, targets)), w, x) == 4
     assert head_products(made_forward, w, x) == 1  # not differentiated: the forward alone
 
 
@@ -122,7 +124,5 @@ def test_its_gradient_never_holds_the_whole_logits() -> None:
         return lowered.compile().memory_analysis().temp_size_in_bytes
 
     made = temp(lambda w, x: head_loss(model.ops, cfg, w, x, targets, None))
-    recomputed = temp(
-        lambda w, x: chunked_losses(model.ops, cfg, w, x.reshape(-1, cfg.emb_dim), targets.reshape(-1)).mean()
-    )
+    recomputed = temp(lambda w, x: recomputed_mean(model, w, x, targets))
     assert made <= recomputed and made < targets.size * 4096 * 4, (made, recomputed)
